@@ -1,0 +1,92 @@
+"""The ``numvar`` command. Thin: parses options and calls the parts; no logic here.
+
+Each section below belongs to one part of numvar; keep edits inside your section.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from .errors import NumvarError
+
+app = typer.Typer(
+    name="numvar",
+    help="How much can you trust the numbers your PyTorch model produces? "
+         "Stochastic arithmetic, realizations, bitwise determinism and error bounds.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+demo_app = typer.Typer(help="Demos: the bundled digits model (default), the harmonic "
+                            "series, the rounding diagnostic.")
+app.add_typer(demo_app, name="demo")
+determinism_app = typer.Typer(help="Bitwise determinism: record a reference run, check a run against it.",
+                              no_args_is_help=True)
+app.add_typer(determinism_app, name="determinism")
+
+
+@app.callback()
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log diagnostics (INFO level)."),
+) -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+# ---------------------------------------------------------------- demo (workloads)
+@demo_app.callback(invoke_without_command=True)
+def demo(ctx: typer.Context) -> None:
+    """Without a subcommand: the digits demo (train or load the bundled CNN, SR and UD
+    realizations, HTML report)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    raise NumvarError("the digits demo is not available yet")
+
+
+# ---------------------------------------------------------------- rounding demos
+
+
+# ---------------------------------------------------------------- run (runner)
+
+
+# ---------------------------------------------------------------- report / compare (analysis)
+
+
+# ---------------------------------------------------------------- determinism
+
+
+# ---------------------------------------------------------------- bounds
+
+
+# ---------------------------------------------------------------- locate
+
+
+# ---------------------------------------------------------------- entry point
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: numvar's own errors print as one clean line and exit 2."""
+    try:
+        rv = app(args=argv, standalone_mode=False)
+    except NumvarError as exc:
+        typer.secho(f"error: {exc}", err=True, fg="red")
+        return 2
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        typer.secho("aborted", err=True)
+        return 130
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return rv if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

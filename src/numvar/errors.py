@@ -1,0 +1,51 @@
+"""The one exception hierarchy of numvar.
+
+Every error numvar raises on purpose derives from :class:`NumvarError`, so that
+callers (and the CLI) can tell numvar's own diagnostics from bugs.
+"""
+
+from __future__ import annotations
+
+
+class NumvarError(Exception):
+    """Base class of every error numvar raises on purpose."""
+
+
+class ConfigError(NumvarError, ValueError):
+    """A bad option, argument or environment variable (the message names it)."""
+
+
+class RoundingError(NumvarError, ValueError):
+    """Bad input to the rounding core (dtype, precision, shapes)."""
+
+
+class InstrumentError(NumvarError):
+    """The instrumentation cannot handle a model or an op as asked."""
+
+
+class StoreError(NumvarError):
+    """A run directory or reference file is missing, corrupt or inconsistent."""
+
+
+class CaptureError(NumvarError):
+    """A captured value is unusable: collision, non-numeric, shape/dtype mismatch."""
+
+
+class RunError(NumvarError):
+    """One or more realizations failed (the message lists which)."""
+
+
+class AnalysisError(NumvarError):
+    """The requested analysis does not fit the stored data."""
+
+
+class NondeterminismError(NumvarError):
+    """Two executions of the same op differ bitwise; ``.record`` holds the mismatch."""
+
+    def __init__(self, message: str, record: object | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+class BoundsError(NumvarError):
+    """A network contains layers the bound analysis cannot handle (named in the message)."""
