@@ -273,7 +273,9 @@ def round_bits(hi, mode, t, p, emin, emax, r):
         if (b & mask) != _U0:
             b = (b & ~mask) + ((r >> _U63) << nb)
     else:
-        b = (b + ((one >> _U1) - _U1) + ((b >> nb) & _U1)) & ~mask
+        # ties to even: the integer significand's last bit (always 1 when t == 1)
+        lsb = _U1 if t == 1 else (b >> nb) & _U1
+        b = (b + ((one >> _U1) - _U1) + lsb) & ~mask
         if mode == MODE_UD:
             be = np.int64((b >> np.uint64(52)) & _EXPMASK)
             if be <= 1023 + emax:
