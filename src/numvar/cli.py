@@ -57,6 +57,51 @@ def demo(ctx: typer.Context) -> None:
 
 
 # ---------------------------------------------------------------- determinism
+_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@determinism_app.command("record", context_settings=_PASSTHROUGH)
+def determinism_record(
+    ctx: typer.Context,
+    out: str = typer.Option(..., "--out", "-o", help="Folder for the recording (hashes.json)."),
+    stacks: bool = typer.Option(True, "--stacks/--no-stacks",
+                                help="Store each op's user stack (for reports)."),
+) -> None:
+    """Run a script under HashMode and record every op's output hash.
+
+    Example: numvar determinism record -o ref/ -- python train_step.py --steps 1
+    """
+    from rich.console import Console
+
+    from .determinism import record_script
+
+    res = record_script(list(ctx.args), out, stacks=stacks)
+    Console().print(f"recorded {res.n_ops} ops ({len(res.counts)} distinct) to {res.path}")
+
+
+@determinism_app.command("check", context_settings=_PASSTHROUGH)
+def determinism_check(
+    ctx: typer.Context,
+    reference: str = typer.Argument(..., help="A folder written by `numvar determinism record`."),
+) -> None:
+    """Run a script under HashMode and compare every op with a recording; print the
+    first divergent op with its stack, or "bitwise identical (N ops)". Exit status 1
+    on divergence.
+
+    Example: numvar determinism check ref/ -- python train_step.py --steps 1
+    """
+    from rich.console import Console
+
+    from .determinism import check_script
+
+    res = check_script(reference, list(ctx.args))
+    console = Console(highlight=False)
+    if res.identical:
+        console.print(f"[green]{res.message()}[/green]")
+        return
+    console.print(f"[red]not bitwise identical[/red]\n{res.message()}", markup=True)
+    raise typer.Exit(1)
+
 
 
 # ---------------------------------------------------------------- bounds

@@ -1,0 +1,77 @@
+"""Op tables shared by the modes: which ops return uninitialised memory, which must run
+only once, and which arguments an op writes to (from its schema)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["UNINITIALIZED_OPS", "RUN_ONCE_OPS", "RUN_ONCE_NAMESPACES", "op_name",
+           "is_uninitialized", "runs_once", "mutable_args"]
+
+# Ops whose outputs hold uninitialised memory: never hashed, never compared.
+UNINITIALIZED_OPS = frozenset({
+    "aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
+    "aten.new_empty_strided", "aten.empty_permuted", "aten._empty_affine_quantized",
+    "aten._empty_per_channel_affine_quantized", "aten.resize_", "aten.resize_as_",
+})
+# Ops with effects outside their tensors (assertions, streams, printing): run once.
+RUN_ONCE_OPS = frozenset({
+    "aten._assert_async", "aten._assert_scalar", "aten.sym_constrain_range",
+    "aten.sym_constrain_range_for_size", "aten._functional_assert_async",
+    "aten._functional_assert_scalar", "aten.record_stream", "aten._print",
+    "aten._make_dep_token",
+})
+# Collectives and profiler hooks: running them twice would communicate twice.
+RUN_ONCE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_autograd",
+                                 "_dtensor", "profiler", "higher_order"})
+
+_packet_cache: dict[Any, str] = {}
+_mutable_cache: dict[Any, tuple[tuple[int, str, bool], ...]] = {}
+
+
+def op_name(func: Any) -> str:
+    """``aten.add.Tensor`` style name of an OpOverload."""
+    return str(func)
+
+
+def _packet(func: Any) -> str:
+    p = _packet_cache.get(func)
+    if p is None:
+        ns = getattr(func, "namespace", "")
+        try:
+            base = func.overloadpacket.__name__
+        except AttributeError:
+            base = str(func)
+        p = _packet_cache[func] = f"{ns}.{base}"
+    return p
+
+
+def is_uninitialized(func: Any) -> bool:
+    return _packet(func) in UNINITIALIZED_OPS
+
+
+def runs_once(func: Any) -> bool:
+    return (getattr(func, "namespace", "") in RUN_ONCE_NAMESPACES
+            or _packet(func) in RUN_ONCE_OPS)
+
+
+def mutable_args(func: Any) -> tuple[tuple[int, str, bool], ...]:
+    """Schema arguments the op writes to: ``(position, name, kwarg_only)``."""
+    res = _mutable_cache.get(func)
+    if res is None:
+        res = []
+        schema = getattr(func, "_schema", None)
+        for i, a in enumerate(getattr(schema, "arguments", ()) or ()):
+            ai = a.alias_info
+            if ai is not None and ai.is_write:
+                res.append((i, a.name, bool(a.kwarg_only)))
+        res = _mutable_cache[func] = tuple(res)
+    return res
+
+
+def get_arg(args: tuple, kwargs: dict, pos: int, name: str, kwarg_only: bool) -> Any:
+    if not kwarg_only and pos < len(args):
+        return args[pos]
+    return kwargs.get(name)
