@@ -471,6 +471,7 @@ class Observer:
         leaves stay connected to ``value``'s autograd graph (the gradient passes through)."""
         key, occ = self._next_key(name)
         stack = user_stack()
+        _grad_was_enabled = torch.is_grad_enabled()
         with _quiet():
             leaves, spec = tree_flatten(value)
             if self.reference is None:
@@ -492,11 +493,12 @@ class Observer:
             if ref is None or ref.saved is None or self._structure_problems(ob, ref):
                 return value  # reported above; nothing sound to substitute
             new = []
-            for x, s in zip(leaves, ref.saved):
-                if isinstance(x, torch.Tensor):
-                    new.append(_substitute(x, self._saved_tensor(s)))
-                else:
-                    new.append(_decode_py(s))
+            with torch.enable_grad() if _grad_was_enabled else torch.no_grad():
+                for x, s in zip(leaves, ref.saved):
+                    if isinstance(x, torch.Tensor):
+                        new.append(_substitute(x, self._saved_tensor(s)))
+                    else:
+                        new.append(_decode_py(s))
             if any(a["hash"] != b["hash"] for a, b in zip(ob.leaves, ref.leaves)):
                 ob.note = "differed from the reference; reference value substituted"
                 self.substituted.append(key)
