@@ -144,7 +144,7 @@ class HashMode(TorchDispatchMode):
         name = op_name(func)
         occ = self.counts[name]
         self.counts[name] += 1
-        leaves, spec = tree_flatten(out)
+        leaves, spec = tree_flatten(out) if out is not None else ([], None)
         for pos, an, kwo in mutable_args(func):  # written args not returned
             v = get_arg(args, kwargs, pos, an, kwo)
             for t in (v if isinstance(v, (list, tuple)) else [v]):
