@@ -67,3 +67,13 @@ def remove_mode(mode: Any) -> bool:
     except Exception:
         pass
     return True
+
+
+def quiet_below() -> Any:
+    """Inside ``__torch_dispatch__``: a context hiding our own bookkeeping ops (hashing,
+    cloning, comparing) from the modes below us, at no cost when there are none."""
+    import contextlib
+
+    if pd._get_current_dispatch_mode_stack():
+        return pd._disable_current_modes()
+    return contextlib.nullcontext()

@@ -16,6 +16,7 @@ import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ._modes import quiet_below
 from ._ops import get_arg, is_uninitialized, mutable_args, op_name
 from ._stack import Frame, format_frames, frames_from_json, op_stack
 from ._tensors import describe, hash_value
@@ -150,16 +151,14 @@ class HashMode(TorchDispatchMode):
             for t in (v if isinstance(v, (list, tuple)) else [v]):
                 if isinstance(t, torch.Tensor) and all(t is not x for x in leaves):
                     leaves.append(t)
-        if is_uninitialized(func):
-            h = None
-        else:
-            h = _hash_leaves(leaves, spec)
-        rec = OpRecord(len(self.records), name, occ, h, [describe(x) for x in leaves])
-        if self.record_stacks:
-            rec.stack = self._stack_id(op_stack()[0])
-        self.records.append(rec)
-        if self.reference is not None and self._aligned:
-            self._check(rec)
+        with quiet_below():
+            h = None if is_uninitialized(func) else _hash_leaves(leaves, spec)
+            rec = OpRecord(len(self.records), name, occ, h, [describe(x) for x in leaves])
+            if self.record_stacks:
+                rec.stack = self._stack_id(op_stack()[0])
+            self.records.append(rec)
+            if self.reference is not None and self._aligned:
+                self._check(rec)
         return out
 
     def _ref_stack(self, r: OpRecord) -> list[Frame]:
