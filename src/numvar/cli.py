@@ -95,7 +95,7 @@ def determinism_check(
     from .determinism import check_script
 
     res = check_script(reference, list(ctx.args))
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     if res.identical:
         console.print(f"[green]{res.message()}[/green]")
         return

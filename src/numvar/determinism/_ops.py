@@ -31,9 +31,15 @@ _packet_cache: dict[Any, str] = {}
 _mutable_cache: dict[Any, tuple[tuple[int, str, bool], ...]] = {}
 
 
+_name_cache: dict[Any, str] = {}
+
+
 def op_name(func: Any) -> str:
     """``aten.add.Tensor`` style name of an OpOverload."""
-    return str(func)
+    n = _name_cache.get(func)
+    if n is None:
+        n = _name_cache[func] = str(func)
+    return n
 
 
 def _packet(func: Any) -> str:

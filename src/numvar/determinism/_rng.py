@@ -11,9 +11,28 @@ import torch
 __all__ = ["RngSnapshot"]
 
 
-def _cuda_generators() -> list[torch.Generator]:
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+def _mentions_cuda(args: Iterable[Any]) -> bool:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.device.type == "cuda":
+                return True
+        elif isinstance(a, torch.device):
+            if a.type == "cuda":
+                return True
+        elif isinstance(a, str) and a.startswith("cuda"):
+            return True
+    return False
+
+
+def _cuda_generators(args: list[Any]) -> list[torch.Generator]:
+    if not torch.cuda.is_available():
         return []
+    if not torch.cuda.is_initialized():
+        # An op about to create CUDA tensors initialises CUDA (and its generators) itself;
+        # do it first so their states can be saved before the first run.
+        if not _mentions_cuda(args):
+            return []
+        torch.cuda.init()
     try:
         if torch.cuda.is_current_stream_capturing():
             return []  # states cannot be read during graph capture
@@ -32,7 +51,10 @@ class RngSnapshot:
 
     @staticmethod
     def generators(args: Iterable[Any] = ()) -> list[torch.Generator]:
-        gens = [torch.default_generator, *_cuda_generators()]
+        """The CPU default generator, the CUDA default generators (when CUDA is in use)
+        and every generator among ``args``."""
+        args = list(args)
+        gens = [torch.default_generator, *_cuda_generators(args)]
         for a in args:
             if isinstance(a, torch.Generator) and all(a is not g for g in gens):
                 gens.append(a)

@@ -39,7 +39,7 @@ def _dense_bytes(t: torch.Tensor) -> memoryview:
 
 
 def _header(h: Any, kind: str, t: torch.Tensor) -> None:
-    h.update(f"{kind}|{t.layout}|{t.dtype}|{tuple(t.shape)}|".encode())
+    h.update(f"{kind}|{t.layout}|{t.dtype}|{list(t.shape)}|".encode())
 
 
 def _update(h: Any, t: torch.Tensor) -> None:

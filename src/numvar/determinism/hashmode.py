@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import torch
 import xxhash
@@ -94,9 +94,9 @@ def _shapes(outs: list[dict[str, Any]]) -> str:
     return ", ".join(f"{o.get('dtype', o.get('type'))}{o.get('shape', '')}" for o in outs) or "-"
 
 
-def _hash_leaves(leaves: Iterable[Any], spec: Any) -> str:
+def _hash_leaves(leaves: list[Any], out: Any) -> str:
     h = xxhash.xxh3_128()
-    h.update(str(spec).encode())
+    h.update(f"{type(out).__name__}|{len(leaves)}|".encode())  # the op fixes the rest
     for x in leaves:
         h.update(hash_value(x).encode())
     return h.hexdigest()
@@ -145,14 +145,14 @@ class HashMode(TorchDispatchMode):
         name = op_name(func)
         occ = self.counts[name]
         self.counts[name] += 1
-        leaves, spec = tree_flatten(out) if out is not None else ([], None)
+        leaves = tree_flatten(out)[0] if out is not None else []
         for pos, an, kwo in mutable_args(func):  # written args not returned
             v = get_arg(args, kwargs, pos, an, kwo)
             for t in (v if isinstance(v, (list, tuple)) else [v]):
                 if isinstance(t, torch.Tensor) and all(t is not x for x in leaves):
                     leaves.append(t)
         with quiet_below():
-            h = None if is_uninitialized(func) else _hash_leaves(leaves, spec)
+            h = None if is_uninitialized(func) else _hash_leaves(leaves, out)
             rec = OpRecord(len(self.records), name, occ, h, [describe(x) for x in leaves])
             if self.record_stacks:
                 rec.stack = self._stack_id(op_stack()[0])
