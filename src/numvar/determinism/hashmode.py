@@ -8,6 +8,7 @@ where determinism broke. Outputs of ``empty*`` ops (uninitialised memory) are no
 from __future__ import annotations
 
 import collections
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -22,6 +23,8 @@ from ._stack import Frame, format_frames, frames_from_json, op_stack
 from ._tensors import describe, hash_value
 
 __all__ = ["HashMode", "OpRecord", "OpDivergence", "compare_sequences"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -98,8 +101,19 @@ def _hash_leaves(leaves: list[Any], out: Any) -> str:
     h = xxhash.xxh3_128()
     h.update(f"{type(out).__name__}|{len(leaves)}|".encode())  # the op fixes the rest
     for x in leaves:
-        h.update(hash_value(x).encode())
+        try:
+            token = hash_value(x)
+        except Exception as exc:  # exotic tensor subclasses: never break the user's run
+            if type(x) not in _warned:
+                _warned.add(type(x))
+                log.warning("HashMode cannot hash a %s (%s); it counts as its type only",
+                            type(x).__name__, exc)
+            token = f"unhashable:{type(x).__module__}.{type(x).__qualname__}"
+        h.update(token.encode())
     return h.hexdigest()
+
+
+_warned: set[type] = set()
 
 
 class HashMode(TorchDispatchMode):
