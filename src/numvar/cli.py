@@ -67,7 +67,11 @@ def determinism_record(
     stacks: bool = typer.Option(True, "--stacks/--no-stacks",
                                 help="Store each op's user stack (for reports)."),
 ) -> None:
-    """Run a script under HashMode and record every op's output hash.
+    """Record a script's op hashes as a reference (usage: record -o DIR -- COMMAND).
+
+    Runs COMMAND (python SCRIPT.py ..., python -m MODULE ..., SCRIPT.py ...) under
+    HashMode and writes DIR/hashes.json: every aten op in call order, the hash of its
+    outputs and its user-code stack. Nothing is written when the script fails.
 
     Example: numvar determinism record -o ref/ -- python train_step.py --steps 1
     """
@@ -84,9 +88,11 @@ def determinism_check(
     ctx: typer.Context,
     reference: str = typer.Argument(..., help="A folder written by `numvar determinism record`."),
 ) -> None:
-    """Run a script under HashMode and compare every op with a recording; print the
-    first divergent op with its stack, or "bitwise identical (N ops)". Exit status 1
-    on divergence.
+    """Check a script's run against a recording, op by op (usage: check REF -- COMMAND).
+
+    Runs COMMAND under HashMode, compares every op's output hash with REF as it runs and
+    prints the first divergent op with both stacks, or "bitwise identical (N ops)".
+    Exit status 1 on divergence, 2 on a missing or corrupt recording.
 
     Example: numvar determinism check ref/ -- python train_step.py --steps 1
     """
