@@ -177,3 +177,28 @@ def test_uninitialised_outputs_are_not_compared():
         torch.empty_strided((10, 10), (1, 10))
     assert mode.get_mismatches() == []
     assert "bitwise identical" in mode.report()
+
+
+@torch.library.custom_op("numvar_test_det::noisy_scalar", mutates_args=())
+def noisy_scalar(x: torch.Tensor) -> float:
+    """A non-tensor output that changes between calls."""
+    return float(x.sum()) + float(_rng.standard_normal())
+
+
+@torch.library.custom_op("numvar_test_det::greedy", mutates_args=())
+def greedy(x: torch.Tensor) -> torch.Tensor:
+    """Deterministic output, but draws from torch's generator a varying number of times."""
+    for _ in range(next(_flip) % 2 + 1):
+        torch.rand(1)
+    return x.clone()
+
+
+def test_non_tensor_outputs_and_generator_advance_are_compared():
+    with BitwiseEquivalenceMode() as mode:
+        noisy_scalar(torch.ones(3))
+        greedy(torch.ones(3))
+        torch.ones(3).sum().item()  # _local_scalar_dense: same value twice, no alarm
+    m0, m1 = mode.get_mismatches()
+    assert m0.op.endswith("noisy_scalar.default") and "values differ" in m0.note
+    assert m1.op.endswith("greedy.default") and m1.output == "rng"
+    assert "random generator" in m1.note
