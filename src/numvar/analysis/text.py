@@ -54,9 +54,10 @@ def report_renderables(result: dict) -> list:
 
     t = Table(title="Captures", caption="std: dispersion of one execution (R−1); "
               "sem = std/√R: uncertainty of the estimated mean only")
-    for c in ("capture", "kind", "shape", "mean |x|", "std", "sem", "rel std",
-              "digits min", "digits median", "no var."):
-        t.add_column(c, justify="left" if c in ("capture", "kind", "shape") else "right")
+    for c in ("capture", "kind", "shape", "mean|x|", "std", "sem", "rel std",
+              "dig. min", "dig. median", "no var."):
+        t.add_column(c, justify="left" if c in ("capture", "kind", "shape") else "right",
+                     overflow="fold")
     for name, e in result["captures"].items():
         if e["kind"] in ("layer", "series") or name.split("@")[0].startswith(
                 ("weights.", "params.", "state_dict.")):
@@ -71,7 +72,7 @@ def report_renderables(result: dict) -> list:
     if result["layers"]:
         t = Table(title="Layers (network order)")
         for c in ("#", "layer", "numel", "std", "digits min", "digits p05", "digits median"):
-            t.add_column(c, justify="left" if c == "layer" else "right")
+            t.add_column(c, justify="left" if c == "layer" else "right", overflow="fold")
         for i, la in enumerate(result["layers"]):
             if la["all_no_variation"]:
                 cells = (NO_VARIATION, "", f"cap {fmt(la['digits_median'], 'd')}")
@@ -85,7 +86,7 @@ def report_renderables(result: dict) -> list:
         t = Table(title=f"Decisions: {name} ({c['samples']} samples, {c['classes']} classes, "
                         f"against {c['against']})")
         t.add_column("measure")
-        t.add_column("value", justify="right")
+        t.add_column("value", justify="right", overflow="fold")
         rows = [("flipped samples", fmt(c["flipped_samples"])), ("flip rate", fmt(c["flip_rate"], "p")),
                 ("unstable across realizations", fmt(c["unstable_samples"])),
                 ("agreement with IEEE", fmt(c["agreement_with_ieee"], "p")),
@@ -110,7 +111,7 @@ def report_renderables(result: dict) -> list:
                         f"{fmt(s['disagreement']['voxels'])} ({fmt(s['disagreement']['share'], 'p')}), "
                         f"Dice mean {fmt(s['dice_mean'], 'g')}, min {fmt(s['dice_min'], 'g')}")
         for c in ("label", "Dice mean", "Dice min", "volume mean", "volume std", "volume CV", "IEEE volume"):
-            t.add_column(c, justify="right")
+            t.add_column(c, justify="right", overflow="fold")
         for lab, v in s["labels"].items():
             t.add_row(lab, fmt(v["dice_mean"]), fmt(v["dice_min"]), fmt(v["volume_mean"]),
                       fmt(v["volume_std"]), fmt(v["volume_cv"]), fmt(v["volume_ieee"]))
@@ -119,7 +120,7 @@ def report_renderables(result: dict) -> list:
     for s in result["series"]:
         t = Table(title=f"Series {s['name']} (band across realizations)")
         for c in ("step", "mean", "std", "min", "max", "IEEE", "digits median"):
-            t.add_column(c, justify="right")
+            t.add_column(c, justify="right", overflow="fold")
         idx = list(range(len(s["steps"])))
         if len(idx) > 12:  # first 5, last 5
             idx = idx[:5] + [None] + idx[-5:]
@@ -135,7 +136,7 @@ def report_renderables(result: dict) -> list:
     if result["weights"]:
         t = Table(title="Final weights per layer")
         for c in ("layer", "numel", "std", "rel std", "digits min", "digits median"):
-            t.add_column(c, justify="left" if c == "layer" else "right")
+            t.add_column(c, justify="left" if c == "layer" else "right", overflow="fold")
         for w in result["weights"]:
             t.add_row(w["layer"], str(w["numel"]), fmt(w["std"]), fmt(w["rel_std"]),
                       fmt(w["digits_min"], "d"), fmt(w["digits_median"], "d"))
@@ -158,12 +159,14 @@ def compare_renderables(cmp: dict) -> list:
         out.append(Text(f"{'AB'[i]}: {p} {short}"))
     t = Table(title="Significant digits, A vs B")
     for c in ("capture", "A median", "B median", "B − A", "A min", "B min", "A std", "B std"):
-        t.add_column(c, justify="left" if c == "capture" else "right")
+        t.add_column(c, justify="left" if c == "capture" else "right", overflow="fold")
 
     def dcell(s):
         return "no var." if s["no_variation"] else fmt(s["digits_median"], "d")
 
     for c in cmp["captures"]:
+        if c["a"]["digits_median"] is None and c["b"]["digits_median"] is None:
+            continue
         t.add_row(c["name"], dcell(c["a"]), dcell(c["b"]), fmt(c["delta_median"], "d"),
                   fmt(c["a"]["digits_min"], "d"), fmt(c["b"]["digits_min"], "d"),
                   fmt(c["a"]["std"]), fmt(c["b"]["std"]))
@@ -171,7 +174,7 @@ def compare_renderables(cmp: dict) -> list:
     if cmp["classification"]:
         t = Table(title="Decisions, A vs B")
         for c in ("scores", "A flip rate", "B flip rate", "A agreement", "B agreement"):
-            t.add_column(c, justify="left" if c == "scores" else "right")
+            t.add_column(c, justify="left" if c == "scores" else "right", overflow="fold")
         for c in cmp["classification"]:
             t.add_row(c["name"], fmt(c["a"]["flip_rate"], "p"), fmt(c["b"]["flip_rate"], "p"),
                       fmt(c["a"]["agreement_with_ieee"], "p"), fmt(c["b"]["agreement_with_ieee"], "p"))
