@@ -188,6 +188,7 @@ def test_html_report(runs, tmp_path, capsys, monkeypatch):
                               "training", "weights"})
     alts = [a for a, _, _ in sizes]
     assert "digits histogram: output" in alts and "digits histogram: constant" in alts
+    assert not any(a.startswith("digits histogram: weights.") for a in alts)
     assert "significant digits per layer" in alts and "flips: logits" in alts
     assert "band: loss" in alts and "final weights per layer" in alts
     assert "&quot;granularity&quot;: &quot;flop&quot;" in text  # run configuration

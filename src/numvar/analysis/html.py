@@ -152,7 +152,7 @@ def disagreement_png(name: str, dis: np.ndarray) -> str:
 
 def series_png(s: dict) -> str:
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3))
     st = s["steps"]
     mean = np.asarray(s["mean"], dtype=float)
     std = np.asarray(s["std"], dtype=float)
@@ -165,6 +165,15 @@ def series_png(s: dict) -> str:
     ax.set_ylabel(s["name"])
     ax.legend(fontsize=7)
     ax.set_title(f"{s['name']}: band across realizations", fontsize=9)
+    # the band is often thinner than a line: its width on its own axis
+    ax2.plot(st, std, "o-", ms=3, label="std (R−1)")
+    width = np.asarray(s["max"], dtype=float) - np.asarray(s["min"], dtype=float)
+    ax2.plot(st, width, "s--", ms=3, label="max − min")
+    if np.all(np.concatenate([std, width]) > 0):
+        ax2.set_yscale("log")
+    ax2.set_xlabel("step")
+    ax2.set_title("spread across realizations", fontsize=9)
+    ax2.legend(fontsize=7)
     return _png(fig)
 
 
@@ -218,7 +227,8 @@ def render_html(result: dict, samples=None, path=None) -> str:
                          "digits min", "digits median"], rows))
 
     hist = [(n, e) for n, e in result["captures"].items()
-            if e["digits"] and e["kind"] not in ("layer", "series")]
+            if e["digits"] and e["kind"] not in ("layer", "series")
+            and not n.startswith(("weights.", "params.", "state_dict."))]
     if hist:
         parts.append("<h2 id='digits'>Significant digits per capture</h2>")
         for n, e in hist[:MAX_HISTOGRAMS]:
