@@ -116,6 +116,24 @@ def test_classification_detection_and_single_sample():
         analyze(samples_of({"y": torch.ones(R, 2)}), task="classification")
 
 
+def test_classification_frames_and_mismatched_labels():
+    # (R, N, T, C): every (sample, frame) is one decision; frame (1, 2) flips in 2 of 3
+    ref = torch.zeros(2, 3, 4)
+    ref[..., 0] = 1.0
+    x = ref.repeat(3, 1, 1, 1)
+    x[:2, 1, 2, 3] = 5.0
+    c = classify(x, ref, name="logits")
+    assert c["samples"] == 6 and [(f["index"], f["k"]) for f in c["flipped"]] == [(5, 2)]
+    # labels that do not fit the scores: noted in auto mode, an error when named
+    s = samples_of({"logits": x, "labels": torch.zeros(3, 5, dtype=torch.int64)}, {"logits": ref})
+    res = analyze(s)
+    assert res["classification"]["logits"]["accuracy"] is None
+    assert res["classification"]["logits"]["labels"] is None
+    assert any("labels 'labels' not used" in n for n in res["notes"])
+    with pytest.raises(AnalysisError, match="labels hold 5 values for 6 samples"):
+        analyze(s, labels="labels")
+
+
 # ---- segmentation: 4x4 maps, label 1 top-left 2x2, label 2 bottom-right 2x2
 def seg_case():
     ref = torch.zeros(4, 4, dtype=torch.int64)

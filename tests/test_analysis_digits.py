@@ -161,9 +161,10 @@ def test_cap_and_no_variation_float32():
     dg = res["captures"]["y"]["digits"]
     assert dg["no_variation"] == 4 and dg["no_variation_share"] == 0.8
     assert not dg["all_no_variation"] and dg["cap"] == 24.0
+    assert dg["median"] == 24.0 and dg["median_varying"] == pytest.approx(float(sd.digits[4]), abs=1e-6)
     assert sum(dg["histogram"]["counts"]) == 5
     same = analyze(samples_of({"y": base.repeat(R, 1)}, {"y": base}))["captures"]["y"]["digits"]
-    assert same["all_no_variation"] and same["median"] == 24.0
+    assert same["all_no_variation"] and same["median"] == 24.0 and same["median_varying"] is None
     # bfloat16 / float16 caps
     assert significant_digits(base.repeat(R, 1).bfloat16(), base.bfloat16()).cap == 8
     assert significant_digits(base.repeat(R, 1).half(), "mean", precision_bits=11).cap == 11

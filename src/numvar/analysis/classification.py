@@ -47,6 +47,8 @@ def classify(scores: torch.Tensor, reference: torch.Tensor | None = None,
              labels: torch.Tensor | None = None, *, name: str = "") -> dict:
     """Flip statistics of score realizations ``(R, N, C)`` or ``(R, C)``.
 
+    More leading axes (``(R, N, T, C)``) are flattened: each position is one decision.
+
     Keys: ``samples classes n against flipped_samples flip_rate unstable_samples
     flip_count_histogram flips_per_realization agreement_with_ieee
     agreement_per_realization scores_vary score_std_mean score_std_max
@@ -54,12 +56,12 @@ def classify(scores: torch.Tensor, reference: torch.Tensor | None = None,
     margin{mean_min, z_min} accuracy flipped``.
     """
     x = to_numpy(scores).astype(np.float64)
-    if x.ndim == 2:
-        x = x[:, None, :]
-    if x.ndim != 3:
-        raise AnalysisError(f"classification scores {name!r} must be (R, N, C) or (R, C), "
-                            f"got {tuple(scores.shape)}")
-    R, N, C = x.shape
+    if x.ndim < 1:
+        raise AnalysisError(f"classification scores {name!r} need a realization axis")
+    R = x.shape[0]
+    C = x.shape[-1] if x.ndim >= 2 else 1
+    x = x.reshape(R, -1, C)  # (R, *lead, C): every leading position is one decision
+    N = x.shape[1]
     preds = decisions(x, name)  # (R, N)
     ref_pred = None
     if reference is not None:

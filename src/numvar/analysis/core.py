@@ -251,9 +251,18 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
             if not x.is_floating_point():
                 continue
             lv = _label_values(samples, lab) if lab else None
-            result["classification"][name] = classify(
-                x, samples.reference.get(name), lv, name=name)
-            result["classification"][name]["labels"] = lab
+            ref_s = samples.reference.get(name)
+            try:
+                c = classify(x, ref_s, lv, name=name)
+            except AnalysisError as exc:
+                if lv is None or labels is not None:  # the user named the labels: an error
+                    raise
+                notes.append(f"{name}: labels {lab!r} not used ({exc})")
+                c, lab_used = classify(x, ref_s, None, name=name), None
+            else:
+                lab_used = lab
+            c["labels"] = lab_used
+            result["classification"][name] = c
         if lab is None and result["classification"]:
             notes.append("no 'labels'/'targets' capture: accuracy not computed")
     if task == "segmentation":

@@ -163,8 +163,9 @@ def _r(v: float, nd: int = 6):
 def summarize_digits(sd: SigDigits) -> dict:
     """min, median, mean, max, 5th percentile, counts, and a histogram with unit-wide bins.
 
-    Keys: ``min median mean max p05 cap no_variation no_variation_share undefined numel
-    all_no_variation histogram{edges,counts}``.
+    Keys: ``min median mean max p05 median_varying cap no_variation no_variation_share
+    undefined numel all_no_variation histogram{edges,counts}``; ``median_varying`` is the
+    median over the elements that varied (None when none did).
     """
     d = sd.digits.reshape(-1)
     n = d.size
@@ -173,12 +174,14 @@ def summarize_digits(sd: SigDigits) -> dict:
         edges.append(float(math.ceil(sd.cap)))
     counts, _ = np.histogram(d, bins=np.asarray(edges))
     nv = int(sd.no_variation.sum())
+    var = d[~sd.no_variation.reshape(-1)]
     return {
         "min": _r(d.min()) if n else None,
         "median": _r(np.median(d)) if n else None,
         "mean": _r(d.mean()) if n else None,
         "max": _r(d.max()) if n else None,
         "p05": _r(np.percentile(d, 5)) if n else None,
+        "median_varying": _r(np.median(var)) if var.size else None,
         "cap": _r(sd.cap),
         "numel": int(n),
         "no_variation": nv,
