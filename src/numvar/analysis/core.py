@@ -186,6 +186,16 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
             entry["digits"] = None
         result["captures"][name] = entry
 
+    if against == "reference" and samples.reference:
+        noref = [n for n, e in result["captures"].items()
+                 if e["digits"] is not None and e["against"] == "mean"]
+        if noref:
+            notes.append(f"{len(noref)} capture(s) without an IEEE reference, digits against "
+                         f"the sample mean: {', '.join(noref[:10])}{' …' if len(noref) > 10 else ''}")
+    if samples.failed:
+        notes.append(f"{len(samples.failed)} realization(s) failed and are left out: indices "
+                     f"{[f.get('index') for f in samples.failed]}")
+
     # layers, in network order (manifest order)
     for name, e in result["captures"].items():
         if e["kind"] != "layer" or e["digits"] is None:
