@@ -240,3 +240,19 @@ def test_cli_errors(runs, tmp_path, capsys, monkeypatch):
     assert rc == 0 and res["settings"]["basis"] == 10 and res["settings"]["method"] == "general"
     assert res["captures"]["output"]["against"] == "mean"
     assert res["captures"]["output"]["digits"]["cap"] == pytest.approx(24 * 0.30103, abs=1e-4)
+
+
+def test_notes_failed_and_missing_reference(tmp_path):
+    st = RunStore.create(tmp_path / "r", config={"mode": "ud"}, seeds=[0, 1, 2, 3])
+    st.save_reference({"y": torch.ones(3)})
+    for i in (0, 1, 3):
+        st.save_realization(i, {"y": torch.ones(3) * (1 + 1e-3 * i), "extra": torch.full((2,), float(i))})
+    st.mark_failed(2, exit_code=1)
+    res = analyze_run(tmp_path / "r")
+    assert res["run"]["n"] == 3 and res["run"]["failed"] == 1 and res["run"]["seeds"] == [0, 1, 3]
+    assert res["captures"]["y"]["against"] == "reference"
+    assert res["captures"]["extra"]["against"] == "mean"
+    assert any("without an IEEE reference" in n and "extra" in n for n in res["notes"])
+    assert any("1 realization(s) failed" in n and "[2]" in n for n in res["notes"])
+    # y: values 1, 1.001, 1.003 against 1: the first realization equals the reference
+    assert res["captures"]["y"]["max_abs_dev_ref"] == pytest.approx(3e-3, rel=1e-3)
