@@ -101,6 +101,8 @@ def test_table_equals_json_equals_api(runs, capsys, monkeypatch):
         else:
             assert row[7:10] == [fmt(e["digits"]["min"], "d"), fmt(e["digits"]["median"], "d"),
                                  fmt(e["digits"]["no_variation_share"], "p")]
+    c = api["classification"]["logits"]
+    assert caps["logits"][10] == f"{c['flipped_samples']}/12 flipped" and caps["output"][10] == ""
     layers = rows_of(table, "Layers (network order)")
     assert [r[1] for r in layers] == ["layers/conv1#0", "layers/fc#0", "layers/fc#1"]
     for r, la in zip(layers, api["layers"]):
@@ -202,6 +204,7 @@ def test_html_report(runs, tmp_path, capsys, monkeypatch):
     html = render_html(res, smp, tmp_path / "seg.html")
     assert (tmp_path / "seg.html").read_text() == html
     alts = [a for a, _, _ in check_html(html, {"segmentation"})]
+    assert f"<td>Dice min {fmt(seg['dice_min'])}</td>" in html
     assert "disagreement map: aseg" in alts and "Dice: aseg" in alts
 
 

@@ -29,7 +29,8 @@ from ..errors import AnalysisError
 from ..runner.store import SERIES_RE, Samples
 from ._util import fnum, gnum, to_numpy
 from .classification import classify, is_label_name, is_score_name
-from .digits import SigDigits, minimum_trials, precision_of, significant_digits, summarize_digits
+from .digits import (SigDigits, _check, minimum_trials, precision_of, significant_digits,
+                     summarize_digits)
 from .segmentation import label_maps, segment
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
         raise AnalysisError(f"task must be one of {TASKS}, not {task!r}")
     if against not in ("reference", "mean"):
         raise AnalysisError(f"against must be 'reference' or 'mean', not {against!r}")
+    _check(method, basis, error, probability, confidence)
     R = samples.n
     if R < 2:
         raise AnalysisError(f"need at least 2 realizations, the run has {R}")
@@ -180,7 +182,8 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
             sd = significant_digits(x, ref_t if use_ref else "mean", method=method, basis=basis,
                                     error=error, probability=probability, confidence=confidence,
                                     precision_bits=_cap_for(x, samples.config, precision_bits))
-            sds[name] = sd
+            if name.split("@")[0].startswith(WEIGHT_PREFIXES):
+                sds[name] = sd  # per-element digits kept only where the weights table needs them
             entry["digits"] = summarize_digits(sd)
         else:
             entry["digits"] = None

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_write_text
-from .text import NO_VARIATION, digits_cell, fmt
+from .text import NO_VARIATION, decision_cell, digits_cell, fmt
 
 MAX_HISTOGRAMS = 24
 CSS = """body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;
@@ -222,9 +222,10 @@ def render_html(result: dict, samples=None, path=None) -> str:
     for name, e in result["captures"].items():
         dmin, dmed = digits_cell(e["digits"])
         rows.append([name, e["kind"], "×".join(map(str, e["shape"])) or "scalar", fmt(e["mean_abs"]),
-                     fmt(e["std"]), fmt(e["sem"]), fmt(e["rel_std"]), dmin, dmed])
+                     fmt(e["std"]), fmt(e["sem"]), fmt(e["rel_std"]), dmin, dmed,
+                     decision_cell(result, name)])
     parts.append(_table(["capture", "kind", "shape", "mean |x|", "std", "sem", "rel std",
-                         "digits min", "digits median"], rows))
+                         "digits min", "digits median", "flips / Dice"], rows))
 
     hist = [(n, e) for n, e in result["captures"].items()
             if e["digits"] and e["kind"] not in ("layer", "series")

@@ -36,6 +36,18 @@ def digits_cell(d: dict | None) -> tuple[str, str]:
     return fmt(d["min"], "d"), fmt(d["median"], "d")
 
 
+def decision_cell(result: dict, name: str) -> str:
+    """Flips (classification) or minimum Dice (segmentation) of a capture, else empty."""
+    parts = []
+    c = result["classification"].get(name)
+    if c is not None:
+        parts.append(f"{c['flipped_samples']}/{c['samples']} flipped")
+    s = result["segmentation"].get(name)
+    if s is not None:
+        parts.append(f"Dice min {fmt(s['dice_min'])}")
+    return "; ".join(parts)
+
+
 def report_renderables(result: dict) -> list:
     """Rich renderables (tables and notes) for one analysis result."""
     from rich.table import Table
@@ -55,7 +67,7 @@ def report_renderables(result: dict) -> list:
     t = Table(title="Captures", caption="std: dispersion of one execution (R−1); "
               "sem = std/√R: uncertainty of the estimated mean only")
     for c in ("capture", "kind", "shape", "mean|x|", "std", "sem", "rel std",
-              "dig. min", "dig. median", "no var."):
+              "dig. min", "dig. median", "no var.", "flips / Dice"):
         t.add_column(c, justify="left" if c in ("capture", "kind", "shape") else "right",
                      overflow="fold")
     for name, e in result["captures"].items():
@@ -65,7 +77,8 @@ def report_renderables(result: dict) -> list:
         dmin, dmed = digits_cell(e["digits"])
         nv = fmt(e["digits"]["no_variation_share"], "p") if e["digits"] else "—"
         t.add_row(name, e["kind"], "×".join(map(str, e["shape"])) or "scalar", fmt(e["mean_abs"]),
-                  fmt(e["std"]), fmt(e["sem"]), fmt(e["rel_std"]), dmin, dmed, nv)
+                  fmt(e["std"]), fmt(e["sem"]), fmt(e["rel_std"]), dmin, dmed, nv,
+                  decision_cell(result, name))
     if t.row_count:
         out.append(t)
 
