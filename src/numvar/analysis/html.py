@@ -57,9 +57,16 @@ def digits_histogram_png(name: str, d: dict, unit: str) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(4, 2.6))
     edges = d["histogram"]["edges"]
-    counts = d["histogram"]["counts"]
-    ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="#4878a8", edgecolor="k")
+    counts = list(d["histogram"]["counts"])
+    nv = d["no_variation"]
+    counts[-1] -= nv  # elements with no variation sit at the cap: drawn apart, hatched
+    ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="#4878a8",
+           edgecolor="k", label="varying elements")
+    if nv:
+        ax.bar([edges[-1] + 0.5], [nv], width=1, align="edge", color="#ddd", hatch="//",
+               edgecolor="k", label=NO_VARIATION)
     ax.axvline(d["cap"], color="r", ls="--", lw=1, label="format precision")
+    ax.legend(fontsize=6)
     ax.set_xlabel(f"significant digits ({unit})")
     ax.set_ylabel("elements")
     title = name if not d["all_no_variation"] else f"{name}: {NO_VARIATION}"
