@@ -208,7 +208,7 @@ def test_html_report(runs, tmp_path, capsys, monkeypatch):
     assert "disagreement map: aseg" in alts and "Dice: aseg" in alts
 
 
-def test_compare(runs, capsys, monkeypatch):
+def test_compare(runs, tmp_path, capsys, monkeypatch):
     a, b = analyze_run(runs[0]), analyze_run(runs[1])
     cmp = compare(a, b)
     rc, out, _ = run_cli(capsys, monkeypatch, "compare", str(runs[0]), str(runs[1]), "-f", "json")
@@ -225,6 +225,15 @@ def test_compare(runs, capsys, monkeypatch):
                                   fmt(row["b"]["digits_median"], "d"), fmt(row["delta_median"], "d")]
     assert rows["constant"][1] == "no var." and "labels" not in rows
     assert rows_of(table, "Decisions, A vs B")[0][0] == "logits"
+    out = tmp_path / "cmp.html"
+    rc, _, _ = run_cli(capsys, monkeypatch, "compare", str(runs[0]), str(runs[1]), "-f", "html",
+                       "-o", str(out))
+    text = out.read_text()
+    assert rc == 0 and [a for a, _, _ in check_html(text, {"configuration", "captures",
+                                                           "decisions"})] == [
+        "median significant digits, A vs B"]
+    assert (f"<td>output</td><td>{fmt(row['a']['digits_median'], 'd')}</td>"
+            f"<td>{fmt(row['b']['digits_median'], 'd')}</td>") in text
 
 
 def test_cli_errors(runs, tmp_path, capsys, monkeypatch):

@@ -137,7 +137,8 @@ def report(
 def compare_cmd(
     run_a: str = typer.Argument(..., metavar="RUN_A", help="First run directory."),
     run_b: str = typer.Argument(..., metavar="RUN_B", help="Second run directory."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table or json."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json or html."),
+    output: str = typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
     method: str = typer.Option("cnh", "--method", help=_ANALYSIS_HELP["method"]),
     basis: int = typer.Option(2, "--basis", help=_ANALYSIS_HELP["basis"]),
     error: str = typer.Option("relative", "--error", help=_ANALYSIS_HELP["error"]),
@@ -154,16 +155,34 @@ def compare_cmd(
     from .analysis.text import compare_renderables
     from .errors import ConfigError
 
-    if fmt not in ("table", "json"):
-        raise ConfigError(f"--format must be table or json, not {fmt!r}")
+    if fmt not in ("table", "json", "html"):
+        raise ConfigError(f"--format must be table, json or html, not {fmt!r}")
+    if fmt == "html" and not output:
+        raise ConfigError("--format html needs -o FILE")
     opts = _analysis_options(method, basis, error, against, probability, confidence)
     cmp = compare(analyze_run(run_a, **opts), analyze_run(run_b, **opts))
-    if fmt == "json":
-        sys.stdout.write(json.dumps(cmp, indent=2, default=str) + "\n")
+    if fmt == "html":
+        from .analysis import render_compare_html
+
+        render_compare_html(cmp, output)
+        Console(stderr=True).print(f"wrote {output}")
         return
-    console = Console()
+    if fmt == "json":
+        text = json.dumps(cmp, indent=2, default=str) + "\n"
+        if output:
+            from ._io import atomic_write_text
+
+            atomic_write_text(output, text)
+        else:
+            sys.stdout.write(text)
+        return
+    console = Console(record=bool(output))
     for r in compare_renderables(cmp):
         console.print(r)
+    if output:
+        from ._io import atomic_write_text
+
+        atomic_write_text(output, console.export_text())
 
 
 

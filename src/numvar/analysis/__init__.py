@@ -11,7 +11,7 @@ render_html(res, samples, "report.html")
 from .classification import classify
 from .core import SCHEMA, analyze, compare, median_output_digits
 from .digits import SigDigits, minimum_trials, significant_digits, summarize_digits
-from .html import render_html
+from .html import render_compare_html, render_html
 from .segmentation import disagreement_map, label_maps, segment
 
 
@@ -22,6 +22,6 @@ def analyze_run(path, **kw) -> dict:
     return analyze(load_run(path), path=str(path), **kw)
 
 
-__all__ = ["analyze", "analyze_run", "compare", "significant_digits", "render_html",
+__all__ = ["analyze", "analyze_run", "compare", "significant_digits", "render_html", "render_compare_html",
            "median_output_digits", "minimum_trials", "summarize_digits", "SigDigits",
            "classify", "segment", "label_maps", "disagreement_map", "SCHEMA"]

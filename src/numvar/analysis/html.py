@@ -291,3 +291,71 @@ def render_html(result: dict, samples=None, path=None) -> str:
     if path is not None:
         atomic_write_text(Path(path), text)
     return text
+
+
+def compare_png(cmp: dict) -> str:
+    """Median digits per capture for runs A and B; with layers, the two layer curves."""
+    plt = _plt()
+    caps = [c for c in cmp["captures"] if c["kind"] != "layer"
+            and (c["a"]["digits_median"] is not None or c["b"]["digits_median"] is not None)]
+    panels = (1 if caps else 0) + (1 if cmp["layers"] else 0)
+    fig, axes = plt.subplots(1, max(panels, 1), figsize=(6 * max(panels, 1), 3.2), squeeze=False)
+    axes = list(axes[0])
+    if caps:
+        ax = axes.pop(0)
+        x = np.arange(len(caps))
+        for off, side in ((-0.2, "a"), (0.2, "b")):
+            ax.bar(x + off, [c[side]["digits_median"] or 0 for c in caps], 0.4,
+                   label=side.upper())
+        ax.set_xticks(x)
+        ax.set_xticklabels([c["name"] for c in caps], rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel("median significant digits")
+        ax.legend(fontsize=7)
+        ax.set_title("captures", fontsize=9)
+    if cmp["layers"]:
+        ax = axes.pop(0)
+        i = np.arange(len(cmp["layers"]))
+        ax.plot(i, [la["a"] for la in cmp["layers"]], "o-", label="A")
+        ax.plot(i, [la["b"] for la in cmp["layers"]], "s-", label="B")
+        ax.set_xticks(i)
+        ax.set_xticklabels([la["name"].removeprefix("layers/") for la in cmp["layers"]],
+                           rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("median significant digits")
+        ax.legend(fontsize=7)
+        ax.set_title("layers, network order", fontsize=9)
+    return _png(fig)
+
+
+def render_compare_html(cmp: dict, path=None) -> str:
+    """One self-contained HTML page for a :func:`compare` result (tables and a plot)."""
+    a, b = (p or "?" for p in cmp["runs"])
+    title = f"numvar compare: A = {a}, B = {b}"
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+             f"</title><style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts.append("<h2 id='configuration'>Run configurations</h2>")
+    parts.append(_table(["", "A", "B"], [[k, str(cmp["configs"][0].get(k, "—")),
+                                          str(cmp["configs"][1].get(k, "—"))]
+                                         for k in dict.fromkeys([*cmp["configs"][0],
+                                                                 *cmp["configs"][1]])]))
+    parts.append("<h2 id='captures'>Significant digits</h2>")
+    rows = [[c["name"], fmt(c["a"]["digits_median"], "d"), fmt(c["b"]["digits_median"], "d"),
+             fmt(c["delta_median"], "d"), fmt(c["a"]["digits_min"], "d"),
+             fmt(c["b"]["digits_min"], "d"), fmt(c["a"]["std"]), fmt(c["b"]["std"])]
+            for c in cmp["captures"]
+            if c["a"]["digits_median"] is not None or c["b"]["digits_median"] is not None]
+    parts.append(_table(["capture", "A median", "B median", "B − A", "A min", "B min",
+                         "A std", "B std"], rows))
+    if rows or cmp["layers"]:
+        parts.append(_img(compare_png(cmp), "median significant digits, A vs B"))
+    if cmp["classification"]:
+        parts.append("<h2 id='decisions'>Decisions</h2>")
+        parts.append(_table(["scores", "A flip rate", "B flip rate", "A agreement", "B agreement"],
+                            [[c["name"], fmt(c["a"]["flip_rate"], "p"), fmt(c["b"]["flip_rate"], "p"),
+                              fmt(c["a"]["agreement_with_ieee"], "p"),
+                              fmt(c["b"]["agreement_with_ieee"], "p")]
+                             for c in cmp["classification"]]))
+    parts.append("</body></html>\n")
+    text = "\n".join(parts)
+    if path is not None:
+        atomic_write_text(Path(path), text)
+    return text
