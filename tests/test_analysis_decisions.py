@@ -185,3 +185,29 @@ def test_segmentation_from_scores_and_analyze():
     # no reference: against the majority map (here the reference itself)
     s2 = segment(maps.numpy(), None)
     assert s2["against"] == "majority" and s2["labels"]["1"]["dice_min"] == round(6 / 7, 6)
+
+
+def test_segment_matches_slow_reference():
+    # the bincount/confusion-matrix path against per-label loops in exact arithmetic
+    rng = np.random.default_rng(7)
+    maps = rng.integers(0, 4, size=(5, 6, 7))
+    ref = rng.integers(0, 5, size=(6, 7))  # label 4 only in the reference
+    s = segment(maps, ref)
+    for lab in range(1, 5):
+        dice = []
+        for r in range(5):
+            a, b = maps[r] == lab, ref == lab
+            den = int(a.sum() + b.sum())
+            dice.append(Fraction(2 * int((a & b).sum()), den) if den else Fraction(1))
+        L = s["labels"][str(lab)]
+        assert L["dice_per_realization"] == [round(float(d), 6) for d in dice]
+        assert abs(L["dice_mean"] - float(sum(dice) / 5)) <= 5e-7
+        vols = [int((maps[r] == lab).sum()) for r in range(5)]
+        assert L["volume_mean"] == pytest.approx(statistics.mean(vols), rel=1e-5)
+        assert L["volume_std"] == pytest.approx(statistics.stdev(vols), rel=1e-5)
+        assert L["volume_ieee"] == int((ref == lab).sum())
+    dis = disagreement_map(maps)
+    for i in range(6):
+        for j in range(7):
+            top = max(Counter(maps[:, i, j].tolist()).values())
+            assert dis[i, j] == 1 - top / 5
