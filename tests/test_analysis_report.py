@@ -106,8 +106,9 @@ def test_table_equals_json_equals_api(runs, capsys, monkeypatch):
     layers = rows_of(table, "Layers (network order)")
     assert [r[1] for r in layers] == ["layers/conv1#0", "layers/fc#0", "layers/fc#1"]
     for r, la in zip(layers, api["layers"]):
-        assert r[4:7] == [fmt(la["digits_min"], "d"), fmt(la["digits_p05"], "d"),
-                          fmt(la["digits_median"], "d")]
+        assert r[4:9] == [fmt(la["digits_min"], "d"), fmt(la["digits_p05"], "d"),
+                          fmt(la["digits_median"], "d"), fmt(la["digits_median_varying"], "d"),
+                          fmt(la["no_variation_share"], "p")]
     dec = dict(rows_of(table, "Decisions: logits"))
     c = api["classification"]["logits"]
     assert dec["flip rate"] == fmt(c["flip_rate"], "p")

@@ -9,7 +9,7 @@ Result keys (schema ``numvar.analysis/1``; documented in the README):
   sem, rel_std, reference, max_abs_dev_ref, varying_elements, digits{...} (None for integer
   captures)
 - ``layers``: [{name, path, call, numel, std, digits_median, digits_min, digits_mean,
-  digits_p05, no_variation_share}] in network order
+  digits_p05, digits_median_varying, no_variation_share, all_no_variation}] in network order
 - ``series``: [{name, steps, captures, mean, std, min, max, reference, digits_median}]
 - ``weights``: [{layer, tensors, numel, std, rel_std, digits_median, digits_min}]
 - ``classification`` / ``segmentation``: {capture name: see classify() / segment()}
@@ -210,6 +210,7 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
             "call": int(m["call"]) if m and m["call"] else 0, "numel": e["numel"],
             "std": e["std"], "digits_median": d["median"], "digits_min": d["min"],
             "digits_mean": d["mean"], "digits_p05": d["p05"],
+            "digits_median_varying": d["median_varying"],
             "no_variation_share": d["no_variation_share"],
             "all_no_variation": d["all_no_variation"]})
 

@@ -83,6 +83,10 @@ def layers_png(layers: list[dict], unit: str) -> str:
                     label="min … median")
     ax.plot(i, [la["digits_p05"] for la in layers], "--", color="#468", lw=1, label="5th percentile")
     ax.plot(i, med, "o-", color="#246", label="median")
+    mv = [np.nan if la["digits_median_varying"] is None else la["digits_median_varying"]
+          for la in layers]
+    if any(np.isfinite(mv)) and mv != med:
+        ax.plot(i, mv, "x:", color="#a40", label="median over varying elements")
     ax.set_xticks(i)
     ax.set_xticklabels([la["path"] + (f"#{la['call']}" if la["call"] else "") for la in layers],
                        rotation=60, ha="right", fontsize=7)

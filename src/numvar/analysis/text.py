@@ -84,14 +84,16 @@ def report_renderables(result: dict) -> list:
 
     if result["layers"]:
         t = Table(title="Layers (network order)")
-        for c in ("#", "layer", "numel", "std", "digits min", "digits p05", "digits median"):
+        for c in ("#", "layer", "numel", "std", "digits min", "digits p05", "digits median",
+                  "median (varying)", "no var."):
             t.add_column(c, justify="left" if c == "layer" else "right", overflow="fold")
         for i, la in enumerate(result["layers"]):
             if la["all_no_variation"]:
-                cells = (NO_VARIATION, "", f"cap {fmt(la['digits_median'], 'd')}")
+                cells = (NO_VARIATION, "", f"cap {fmt(la['digits_median'], 'd')}", "—")
             else:
                 cells = (fmt(la["digits_min"], "d"), fmt(la["digits_p05"], "d"),
-                         fmt(la["digits_median"], "d"))
+                         fmt(la["digits_median"], "d"), fmt(la["digits_median_varying"], "d"))
+            cells += (fmt(la["no_variation_share"], "p"),)
             t.add_row(str(i), la["name"], str(la["numel"]), fmt(la["std"]), *cells)
         out.append(t)
 
