@@ -91,7 +91,7 @@ def layers_png(layers: list[dict], unit: str) -> str:
     ax.set_xticklabels([la["path"] + (f"#{la['call']}" if la["call"] else "") for la in layers],
                        rotation=60, ha="right", fontsize=7)
     ax.set_ylabel(f"significant digits ({unit})")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title("significant digits per layer, network order", fontsize=9)
     return _png(fig)
 
