@@ -12,6 +12,8 @@ import pytest
 import scipy.stats as ss
 import significantdigits as sdp
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from numvar.analysis import analyze, minimum_trials, significant_digits
 from numvar.errors import AnalysisError
@@ -207,3 +209,21 @@ def test_minimum_trials_and_errors():
         significant_digits(torch.ones(3, 2), torch.ones(3))
     with pytest.raises(AnalysisError):
         analyze(samples_of({"y": torch.ones(1, 2)}))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 12), st.integers(1, 6), st.integers(-30, 30), st.integers(0, 2 ** 31),
+       st.sampled_from(["cnh", "general"]), st.sampled_from([2, 10]))
+def test_digits_invariants(R, M, k, seed, method, basis):
+    # digits lie in [0, cap]; no-variation elements sit exactly at the cap; the relative
+    # error is invariant under scaling by 2^k (exact in binary floating point)
+    g = torch.Generator().manual_seed(seed)
+    x = (1 + 2.0 ** -20 * torch.randn(R, M, generator=g, dtype=torch.float64)).float()
+    x[:, 0] = 1.0  # one element never varies
+    ref = torch.ones(M)
+    a = significant_digits(x, ref, method=method, basis=basis)
+    b = significant_digits(x * 2.0 ** k, ref * 2.0 ** k, method=method, basis=basis)
+    assert np.all((a.digits >= 0) & (a.digits <= a.cap))
+    assert a.no_variation[0] and a.digits[0] == a.cap
+    np.testing.assert_array_equal(a.digits, b.digits)
+    np.testing.assert_array_equal(a.no_variation, b.no_variation)
