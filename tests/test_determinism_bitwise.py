@@ -202,3 +202,14 @@ def test_non_tensor_outputs_and_generator_advance_are_compared():
     assert m0.op.endswith("noisy_scalar.default") and "values differ" in m0.note
     assert m1.op.endswith("greedy.default") and m1.output == "rng"
     assert "random generator" in m1.note
+
+
+@torch.library.custom_op("numvar_test_det::both_noisy", mutates_args=())
+def both_noisy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return noisy(x), x + 1, noisy(x[:2])
+
+
+def test_every_differing_output_is_recorded():
+    with BitwiseEquivalenceMode() as mode:
+        both_noisy(torch.ones(4))
+    assert [(m.output, m.n_differing) for m in mode.get_mismatches()] == [(0, 4), (2, 2)]

@@ -25,6 +25,8 @@ def test_extra_missing_reordered_are_reported_as_such(tmp_path):
     _obs_run(tmp_path, "ref", ["a", "b", "a", "c"])
     ok = _obs_run(tmp_path, "ok", ["a", "b", "a", "c"], reference="ref")
     assert ok.mismatches == []
+    for ref in (tmp_path / "ref.json", tmp_path / "ref"):  # a path, with or without .json
+        assert _obs_run(tmp_path, "ok2", ["a", "b", "a", "c"], reference=ref).mismatches == []
     got = _obs_run(tmp_path, "run", ["b", "a", "c", "d"], reference="ref")
     kinds = sorted((m.kind, m.key) for m in got.mismatches)
     assert kinds == [("extra", "d#0"), ("missing", "a#1"), ("reordered", "a#0")]
@@ -152,3 +154,18 @@ def test_module_functions_are_no_ops_outside_a_context():
     assert nd.observe_grad("c", t) is t and nd.observe_non_deterministic_grad("d", t) is t
     assert nd.enable_hash_mode() is None and nd.current_observer() is None
     nd.disable_hash_mode()
+
+
+def test_saved_values_are_clones_taken_at_observation_time(tmp_path):
+    t = torch.ones(3)
+    with ObserverContext(tmp_path, "ref"):
+        nd.observe_non_deterministic("n", t)
+        nd.observe("o", t)
+        t.add_(1)  # later in-place changes do not leak into the reference
+    run = load_observer_run(tmp_path / "ref.json")
+    assert torch.equal(run.tensors["n#0/0"], torch.ones(3))
+    with ObserverContext(tmp_path, "ver", reference="ref") as ver:
+        nd.observe("o", torch.ones(3))
+        got = nd.observe_non_deterministic("n", torch.zeros(3))
+    assert torch.equal(got, torch.ones(3))
+    assert [(m.kind, m.key) for m in ver.mismatches] == [("reordered", "n#0")]

@@ -200,6 +200,8 @@ def _resolve_reference(reference: str | os.PathLike, dump_dir: Path) -> Path:
             raise StoreError(f"no observer run (*.json) in reference folder {p}")
         raise ConfigError(f"reference folder {p} holds several runs "
                           f"({', '.join(q.name for q in found)}): pass the .json file")
+    if p.with_name(p.name + ".json").is_file():
+        return p.with_name(p.name + ".json")
     if os.sep not in str(reference) and (dump_dir / f"{reference}.json").is_file():
         return dump_dir / f"{reference}.json"
     raise StoreError(f"reference not found: {p} (record a reference run first: "
