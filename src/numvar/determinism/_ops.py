@@ -81,3 +81,32 @@ def get_arg(args: tuple, kwargs: dict, pos: int, name: str, kwarg_only: bool) ->
     if not kwarg_only and pos < len(args):
         return args[pos]
     return kwargs.get(name)
+
+
+def flat(obj: Any, out: list | None = None) -> list:
+    """Leaves of an aten op's arguments or outputs (tensors, scalars, generators...):
+    nested tuples/lists/dicts flattened in order. Faster than a general pytree."""
+    if out is None:
+        out = []
+    if isinstance(obj, (tuple, list)):
+        for x in obj:
+            if isinstance(x, (tuple, list, dict)):
+                flat(x, out)
+            else:
+                out.append(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            if isinstance(x, (tuple, list, dict)):
+                flat(x, out)
+            else:
+                out.append(x)
+    else:
+        out.append(obj)
+    return out
+
+
+def shape_of(obj: Any) -> Any:
+    """A cheap structure token of an op output: types and lengths of containers."""
+    if isinstance(obj, (tuple, list)):
+        return (type(obj).__name__, tuple(shape_of(x) for x in obj))
+    return "leaf"

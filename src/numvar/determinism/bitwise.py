@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from ..errors import NondeterminismError
 from ._modes import quiet_below
-from ._ops import get_arg, is_uninitialized, mutable_args, op_name, runs_once
+from ._ops import flat, get_arg, is_uninitialized, mutable_args, op_name, runs_once, shape_of
 from ._rng import RngSnapshot
 from ._stack import Frame, format_frames, op_stack
 from ._tensors import diff_tensors, values_equal
@@ -144,7 +144,9 @@ class BitwiseEquivalenceMode(TorchDispatchMode):
         if runs_once(func):
             self.ops_run_once += 1
             return func(*args, **kwargs)
-        flat_in, _ = tree_flatten((args, kwargs))
+        flat_in = flat(args)
+        if kwargs:
+            flat(kwargs, flat_in)
         # Storages the op writes to: clone them (whole storage, so offsets/strides hold).
         written: list[tuple[str, torch.Tensor]] = []
         for pos, name, kwo in mutable_args(func):
@@ -221,11 +223,10 @@ class BitwiseEquivalenceMode(TorchDispatchMode):
         return args2, kwargs2, written2
 
     def _compare(self, func, out1, out2, written, written2) -> None:
-        f1, spec1 = tree_flatten(out1)
-        f2, spec2 = tree_flatten(out2)
-        if spec1 != spec2 or len(f1) != len(f2):
+        f1, f2 = flat(out1), flat(out2)
+        if len(f1) != len(f2) or shape_of(out1) != shape_of(out2):
             self._record(func, "-", None, None, -1, math.nan,
-                         f"output structures differ: {spec1} vs {spec2}")
+                         f"output structures differ: {shape_of(out1)} vs {shape_of(out2)}")
             return
         seen = set()
         for i, (x, y) in enumerate(zip(f1, f2)):

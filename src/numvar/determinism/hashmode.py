@@ -15,10 +15,9 @@ from typing import Any, Sequence
 import torch
 import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ._modes import quiet_below
-from ._ops import get_arg, is_uninitialized, mutable_args, op_name
+from ._ops import flat, get_arg, is_uninitialized, mutable_args, op_name
 from ._stack import Frame, format_frames, frames_from_json, op_stack
 from ._tensors import describe, hash_value
 
@@ -159,7 +158,7 @@ class HashMode(TorchDispatchMode):
         name = op_name(func)
         occ = self.counts[name]
         self.counts[name] += 1
-        leaves = tree_flatten(out)[0] if out is not None else []
+        leaves = flat(out) if out is not None else []
         for pos, an, kwo in mutable_args(func):  # written args not returned
             v = get_arg(args, kwargs, pos, an, kwo)
             for t in (v if isinstance(v, (list, tuple)) else [v]):
