@@ -195,7 +195,8 @@ def determinism_record(
     ctx: typer.Context,
     out: str = typer.Option(..., "--out", "-o", help="Folder for the recording (hashes.json)."),
     stacks: bool = typer.Option(True, "--stacks/--no-stacks",
-                                help="Store each op's user stack (for reports)."),
+                                help="Store each op's user stack (ops run in backward: "
+                                     "the forward call, via autograd anomaly mode)."),
 ) -> None:
     """Record a script's op hashes as a reference (usage: record -o DIR -- COMMAND).
 

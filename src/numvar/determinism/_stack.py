@@ -7,10 +7,11 @@ created the autograd node, as recorded by autograd's anomaly mode
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
+import sys
 import sysconfig
-import traceback
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
@@ -72,9 +73,18 @@ def _filter(frames: Iterable[Frame]) -> list[Frame]:
 
 def user_stack() -> list[Frame]:
     """The current call stack (outermost first), without torch, numvar, stdlib and
-    test-runner frames."""
-    return _filter(Frame(fs.filename, fs.lineno or 0, fs.name, (fs.line or "").strip())
-                   for fs in traceback.extract_stack()[:-1])
+    test-runner frames. Walks the frames directly; source lines come from linecache."""
+    out = []
+    f = sys._getframe(1)
+    while f is not None:
+        co = f.f_code
+        fn = co.co_filename
+        if not _is_internal(fn):
+            line = f.f_lineno or 0
+            out.append(Frame(fn, line, co.co_name, linecache.getline(fn, line).strip()))
+        f = f.f_back
+    out.reverse()
+    return out
 
 
 _FRAME_RE = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+), in (?P<fn>[^\n]*)\n?(?P<code>.*)',
@@ -119,13 +129,16 @@ def op_stack() -> tuple[list[Frame], str | None]:
         except Exception:
             pass
     try:
-        tb = node.metadata.get("traceback_")
+        md = node.metadata
+        frames = md.get("numvar_frames_")  # parsed once per node, kept with it
+        if frames is None:
+            tb = md.get("traceback_")
+            frames = _filter(parse_formatted(tb)) if tb else []
+            md["numvar_frames_"] = frames
     except Exception:
-        tb = None
-    if tb:
-        frames = _filter(parse_formatted(tb))
-        if frames:
-            return frames, name
+        frames = []
+    if frames:
+        return list(frames), name
     return user_stack(), name
 
 

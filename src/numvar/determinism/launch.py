@@ -83,8 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_json(ns.result, result)
         return 2
 
-    with mode:
-        rc = _run_target(ns, args)
+    # Anomaly mode (without NaN checks) makes autograd remember each node's forward
+    # call, so that ops run in backward report the user line that created them.
+    prev = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+    if not ns.no_stacks:
+        torch.set_anomaly_enabled(True, False)
+    try:
+        with mode:
+            rc = _run_target(ns, args)
+    finally:
+        torch.set_anomaly_enabled(*prev)
     sys.stdout.flush()
     result.update({"returncode": rc, "n_ops": len(mode.records), "counts": dict(mode.counts)})
     if ns.check:
