@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import warnings
 
@@ -73,6 +74,8 @@ def test_noisy_custom_op_caught_with_user_stack_forward_and_backward():
         assert m.stack[-1].file == __file__ and "FORWARD-LINE" in m.stack[-1].code
     assert bwd.autograd_node and "noisy" in bwd.autograd_node
     assert "in backward" in bwd.format() and "FORWARD-LINE" in bwd.format()
+    js = json.loads(json.dumps(bwd.to_json()))
+    assert js["in_backward"] and js["n_differing"] == 12 and js["stack"][-1]["file"] == __file__
 
 
 def test_raise_on_mismatch_and_restores_global_state():

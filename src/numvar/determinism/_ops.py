@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 __all__ = ["UNINITIALIZED_OPS", "RUN_ONCE_OPS", "RUN_ONCE_NAMESPACES", "op_name",
-           "is_uninitialized", "runs_once", "mutable_args"]
+           "is_uninitialized", "runs_once", "mutable_args", "get_arg", "flat", "shape_of"]
 
 # Ops whose outputs hold uninitialised memory: never hashed, never compared.
 UNINITIALIZED_OPS = frozenset({

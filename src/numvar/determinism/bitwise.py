@@ -62,6 +62,15 @@ class Mismatch:
 
     __str__ = format
 
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "output": self.output,
+                "shapes": None if self.shapes is None else [list(x) for x in self.shapes],
+                "dtypes": None if self.dtypes is None else list(self.dtypes),
+                "n_differing": self.n_differing,
+                "max_abs_diff": None if math.isnan(self.max_abs_diff) else self.max_abs_diff,
+                "stack": [f.to_json() for f in self.stack], "in_backward": self.in_backward,
+                "autograd_node": self.autograd_node, "note": self.note}
+
 
 def _storage_key(t: torch.Tensor) -> Any:
     return t.untyped_storage()._cdata
