@@ -74,3 +74,23 @@ def test_check_errors_are_clear(tmp_path, capfd):
     assert "exited with status 3" in capfd.readouterr().err
     assert not (tmp_path / "r" / "hashes.json").exists()
     assert main(["determinism", "record", "-o", str(tmp_path / "r"), "--", "ls"]) == 2
+
+
+def test_launcher_command_parsing(tmp_path):
+    import pytest
+
+    from numvar.determinism.script import launcher_command
+    from numvar.errors import ConfigError
+
+    s = tmp_path / "t.py"
+    s.write_text("")
+    head, target = launcher_command(["python", "-u", "-W", "ignore", str(s), "a", "--b"])
+    assert head[1:] == ["-u", "-W", "ignore", "-m", "numvar.determinism.launch"]
+    assert target == ["--script", str(s), "--", "a", "--b"]
+    head, target = launcher_command(["python3", "-m", "pkg.mod", "x"])
+    assert target == ["--module", "pkg.mod", "--", "x"]
+    head, target = launcher_command([str(s)])
+    assert head[0] == sys.executable and target == ["--script", str(s), "--"]
+    for bad in ([], ["ls"], ["python"], ["python", "-m"], ["python", str(tmp_path / "no.py")]):
+        with pytest.raises(ConfigError):
+            launcher_command(bad)
