@@ -438,8 +438,25 @@ def _check_graph(gm: torch.fx.GraphModule) -> None:
                           "flatten/view/reshape")
 
 
+class _Root(nn.Module):
+    """Wraps a model that is itself a single layer, so that fx sees it as a call."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.root = layer
+
+    def forward(self, x):
+        return self.root(x)
+
+
+ROOT_NAME = "root"
+
+
 def trace(model: nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace`` with a BoundsError (naming the cause) on failure."""
+    """``torch.fx.symbolic_trace`` with a BoundsError (naming the cause) on failure.
+    A model that is itself one supported layer is traced as a call named ``root``."""
+    if type(model) in MODULE_HANDLERS or isinstance(model, MOVE_MODULES):
+        model = _Root(model)
     try:
         return torch.fx.symbolic_trace(model)
     except Exception as exc:  # fx raises many kinds (TraceError, TypeError, ...)
@@ -481,10 +498,11 @@ def network_bounds(model: nn.Module, x: torch.Tensor, *, precision: str | Precis
         xin = x.detach().to(torch.float32)
         amax = _maxf(xin.double().abs())
         A0 = amax if input_bound is None else float(input_bound)
-        if A0 < amax:
-            raise BoundsError(f"input bound A = {A0:g} is below max|input| = {amax:g}")
         if input_error < 0:
             raise BoundsError("input_error must be >= 0")
+        if A0 + input_error < amax:
+            raise BoundsError(f"input bound A = {A0:g} (+ input error {input_error:g}) is "
+                              f"below max|input| = {amax:g}")
         fp_in = xin.to(ctx.dtype)
         x0 = Tracked(fp=fp_in, ref=xin.double(),
                      dd=torch.full(xin.shape, float(input_error), dtype=torch.float64),

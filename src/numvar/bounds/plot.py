@@ -36,7 +36,7 @@ def plot_bounds(result: Any, path) -> None:
     ax.set_ylabel("log10 error")
     ax.set_title(f"rounding error per layer ({result.precision})")
     ax.set_xticks(depth)
-    ax.set_xticklabels([r.name for r in rows], rotation=70, fontsize=7)
+    ax.set_xticklabels([f"{r.name} ({r.kind})" for r in rows], rotation=70, fontsize=7)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
