@@ -290,3 +290,64 @@ def test_plot_and_json(tmp_path):
     assert set(d["layers"][0]) == {"index", "name", "kind", "fan_in", "w", "A", "gain",
                                    "apriori", "data_dependent", "measured", "sr_std"}
     assert d["final"]["ratio_apriori"] == pytest.approx(r.ratio_apriori)
+
+
+class TVBasicBlock(nn.Module):
+    """torchvision's BasicBlock shape: in-place ReLU, ``out += identity``, downsample."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                         nn.BatchNorm2d(cout)) if stride != 1 or cin != cout
+                           else None)
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class TinyResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.layer1 = nn.Sequential(TVBasicBlock(8, 8, 1), TVBasicBlock(8, 16, 2))
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer1(x)
+        x = torch.flatten(self.avgpool(x), 1)
+        return self.fc(x)
+
+
+def test_torchvision_style_resnet():
+    torch.manual_seed(5)
+    model = TinyResNet()
+    for mod in model.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.3, 0.3)
+            mod.running_var.uniform_(0.5, 1.5)
+    x = torch.rand(2, 3, 10, 10)
+    r = network_bounds(model, x, input_bound=1.0, keep_tensors=True)
+    r64 = network_bounds(model, x, precision="fp64", input_bound=1.0, keep_tensors=True)
+    names = [row.name for row in r.layers]
+    assert "layer1.1.downsample.0" in names and names.count("layer1.0.relu") == 2
+    for row, row64 in zip(r.layers, r64.layers):
+        fp, ref = row.tensors["fp"].double(), row.tensors["ref"]
+        assert ((fp - ref).abs() <= row.tensors["dd"] + row64.tensors["dd"]).all(), row.name
+        assert row.data_dependent <= row.apriori * (1 + REL)
+    with torch.no_grad():
+        assert torch.equal(r.tensors["fp"], model.eval()(x))   # in-place ReLU did no harm

@@ -369,9 +369,12 @@ MODULE_HANDLERS: dict[type, Callable] = {
     nn.Conv2d: _conv,
     nn.Conv3d: _conv,
     nn.Linear: _linear,
-    nn.ReLU: lambda ctx, name, mod, x: _relu_like(ctx, name, mod, x),
-    nn.ReLU6: lambda ctx, name, mod, x: _relu_like(ctx, name, mod, x, "relu6"),
-    nn.Hardtanh: lambda ctx, name, mod, x: _relu_like(ctx, name, mod, x, "hardtanh"),
+    # never in place (inplace=True would overwrite values other branches still use)
+    nn.ReLU: lambda ctx, name, mod, x: _relu_like(ctx, name, torch.relu, x),
+    nn.ReLU6: lambda ctx, name, mod, x: _relu_like(
+        ctx, name, lambda v: F.hardtanh(v, 0.0, 6.0), x, "relu6"),
+    nn.Hardtanh: lambda ctx, name, mod, x: _relu_like(
+        ctx, name, lambda v: F.hardtanh(v, mod.min_val, mod.max_val), x, "hardtanh"),
     nn.MaxPool1d: _maxpool,
     nn.MaxPool2d: _maxpool,
     nn.MaxPool3d: _maxpool,
