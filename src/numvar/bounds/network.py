@@ -452,9 +452,6 @@ class _Root(nn.Module):
         return self.root(x)
 
 
-ROOT_NAME = "root"
-
-
 def trace(model: nn.Module) -> torch.fx.GraphModule:
     """``torch.fx.symbolic_trace`` with a BoundsError (naming the cause) on failure.
     A model that is itself one supported layer is traced as a call named ``root``."""
@@ -478,9 +475,9 @@ def network_bounds(model: nn.Module, x: torch.Tensor, *, precision: str | Precis
     layer, with the measured error ``|computed - float64|`` and, given a run directory
     (or :class:`~numvar.runner.store.Samples`), the SR standard deviation per layer.
 
-    ``input_bound``: A of the input (default ``max|x|``); ``input_error``: E of the input
-    (the input is taken as exact by default). The model is analysed in eval mode with
-    float32 parameters. ``keep_tensors``: keep each layer's per-element ``fp``, ``ref``
+    ``input_bound``: A >= |exact input| (default ``max|x|``); ``input_error``: E, the
+    input's own error bound (default 0: ``x`` is the exact input). The model is analysed
+    in eval mode with float32 parameters. ``keep_tensors``: keep each layer's per-element ``fp``, ``ref``
     and ``dd`` tensors in ``LayerBound.tensors`` (and the output's in ``.tensors``).
     """
     p = get_precision(precision)
