@@ -477,7 +477,7 @@ def network_bounds(model: nn.Module, x: torch.Tensor, *, precision: str | Precis
 
     ``input_bound``: A >= |exact input| (default ``max|x|``); ``input_error``: E, the
     input's own error bound (default 0: ``x`` is the exact input). The model is analysed
-    in eval mode with float32 parameters. ``keep_tensors``: keep each layer's per-element ``fp``, ``ref``
+    in eval mode with float32 parameters, on the CPU (a model elsewhere is copied there). ``keep_tensors``: keep each layer's per-element ``fp``, ``ref``
     and ``dd`` tensors in ``LayerBound.tensors`` (and the output's in ``.tensors``).
     """
     p = get_precision(precision)
@@ -487,6 +487,12 @@ def network_bounds(model: nn.Module, x: torch.Tensor, *, precision: str | Precis
         if prm.is_floating_point() and prm.dtype != torch.float32:
             raise BoundsError(f"parameter {pname!r} is {prm.dtype}; bounds analyse float32 "
                               "models (bf16-mixed is emulated from float32 parameters)")
+    tensors = list(model.parameters()) + list(model.buffers())
+    if any(t.device.type != "cpu" for t in tensors):
+        import copy
+
+        log.info("bounds: analysing a CPU copy of the model")
+        model = copy.deepcopy(model).cpu()
     was_training = model.training
     model.eval()
     try:
@@ -495,7 +501,7 @@ def network_bounds(model: nn.Module, x: torch.Tensor, *, precision: str | Precis
         if _count_placeholders(gm) != 1:
             raise BoundsError("bounds analyse models with exactly one tensor input")
         ctx = _Ctx(p, keep_tensors)
-        xin = x.detach().to(torch.float32)
+        xin = x.detach().cpu().to(torch.float32)
         amax = _maxf(xin.double().abs())
         A0 = amax if input_bound is None else float(input_bound)
         if input_error < 0:
