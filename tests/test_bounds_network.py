@@ -279,6 +279,15 @@ def test_sr_std_from_run_directory(tmp_path):
     assert r.to_dict()["final"]["sr_std"] == pytest.approx(want["output"], rel=1e-12)
 
 
+def test_layer_capture_names():
+    from numvar.bounds.runs import layer_captures
+
+    caps = dict.fromkeys(["layers/a.b#2", "layers/a.b#10", "layers/c", "layers/a.b#1",
+                          "output", "modules/000.Linear"])
+    assert layer_captures(caps) == {"a.b": ["layers/a.b#1", "layers/a.b#2", "layers/a.b#10"],
+                                    "c": ["layers/c"]}
+
+
 def test_plot_and_json(tmp_path):
     r = network_bounds(resnetish(), torch.rand(2, 1, 12, 12), input_bound=1.0)
     r.plot(tmp_path / "curves.png")

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
+LAYER_RE = re.compile(r"^layers/(?P<path>.*?)(#(?P<call>\d+))?$")
 
 
 def sr_std(values: torch.Tensor) -> float | None:
@@ -30,14 +32,14 @@ def sr_std(values: torch.Tensor) -> float | None:
 
 
 def layer_captures(captures: dict[str, torch.Tensor]) -> dict[str, list[str]]:
-    """Module path → its ``layers/path#k`` capture names, ordered by k."""
+    """Module path → its ``layers/path#k`` capture names, ordered by k (a bare
+    ``layers/path`` counts as the first call)."""
     groups: dict[str, list[tuple[int, str]]] = {}
     for name in captures:
-        if not name.startswith("layers/"):
-            continue
-        path, sep, k = name[len("layers/"):].rpartition("#")
-        if sep and k.isdigit():
-            groups.setdefault(path, []).append((int(k), name))
+        m = LAYER_RE.match(name)
+        if m:
+            k = int(m["call"]) if m["call"] is not None else -1   # bare path: first
+            groups.setdefault(m["path"], []).append((k, name))
     return {p: [n for _, n in sorted(v)] for p, v in groups.items()}
 
 
