@@ -1,4 +1,5 @@
-"""log10 of the bound curves against depth, as a PNG (matplotlib, Agg backend)."""
+"""log10 of the bound curves against depth, as a PNG (a bare matplotlib Figure, rendered
+by Agg; pyplot and the user's backend are left alone)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,7 @@ def _log10(values: list[float | None]) -> list[float]:
 
 def plot_bounds(result: Any, path) -> None:
     """Plot a-priori, data-dependent, measured error (and SR std) per layer; write ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure   # no pyplot: the user's backend stays untouched
 
     rows = result.layers
     depth = [r.index for r in rows]
