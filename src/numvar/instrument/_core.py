@@ -23,6 +23,7 @@ class Ctx:
     granularity: str
     precision: int | None
     stream: R.Stream
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         self.code = RK.mode_code(self.mode)
@@ -45,40 +46,52 @@ class Ctx:
     # -- elementwise roundings (one stream key per call) ---------------------------
     def add(self, a, b):
         a, b = operands(a, b)
-        return R.add(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype))
+        return R.add(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype),
+                     backend=self.backend)
 
     def sub(self, a, b):
         a, b = operands(a, b)
-        return R.sub(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype))
+        return R.sub(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype),
+                     backend=self.backend)
 
     def mul(self, a, b):
         a, b = operands(a, b)
-        return R.mul(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype))
+        return R.mul(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype),
+                     backend=self.backend)
 
     def div(self, a, b):
         a, b = operands(a, b)
-        return R.div(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype))
+        return R.div(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype),
+                     backend=self.backend)
 
     def sqrt(self, a):
         (a,) = operands(a)
-        return R.sqrt(a, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype))
+        return R.sqrt(a, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype),
+                      backend=self.backend)
 
     def round(self, hi: torch.Tensor, dtype: torch.dtype, lo: torch.Tensor | None = None):
         """Round the exact value ``hi + lo`` (float64 tensors) to ``dtype``."""
         if hi.dtype != torch.float64:
             hi = hi.to(torch.float64)
         return R.round(hi, lo, dtype=dtype, mode=self.mode, stream=self.stream,
-                       precision=self.prec(dtype))
+                       precision=self.prec(dtype), backend=self.backend)
 
 
 def result_dtype(*xs) -> torch.dtype:
-    return torch.result_type(*xs) if len(xs) > 1 else (
-        xs[0].dtype if isinstance(xs[0], torch.Tensor) else torch.result_type(xs[0], xs[0]))
+    """PyTorch's type promotion over any number of tensors and Python numbers."""
+    if len(xs) == 2:
+        return torch.result_type(*xs)
+    if len(xs) == 1:
+        x = xs[0]
+        return x.dtype if isinstance(x, torch.Tensor) else torch.result_type(x, x)
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    return elementwise_dtypes(*xs, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
 
 
 def operands(*xs) -> list[torch.Tensor]:
     """Tensors of one dtype (PyTorch's type promotion) on one device; scalars become 0-dim."""
-    dtype = torch.result_type(*xs) if len(xs) > 1 else xs[0].dtype
+    dtype = result_dtype(*xs)
     device = next((x.device for x in xs if isinstance(x, torch.Tensor) and x.dim() > 0),
                   next((x.device for x in xs if isinstance(x, torch.Tensor)), torch.device("cpu")))
     out = []

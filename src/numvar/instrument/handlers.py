@@ -17,7 +17,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from . import flop
-from ._core import FLOATS, Ctx, is_float_tensor
+from ._core import FLOATS, Ctx, is_float_tensor, result_dtype
 
 Handler = Callable[[Ctx, object, tuple, dict], object]
 FLOP_HANDLERS: dict[str, Handler] = {}
@@ -116,7 +116,7 @@ def f64_once(ctx: Ctx, func, args, kwargs):
 
 # ------------------------------------------------------------------ pointwise arithmetic
 def _float_result(*xs) -> bool:
-    return torch.result_type(*xs) in FLOATS if len(xs) > 1 else xs[0].dtype in FLOATS
+    return result_dtype(*xs) in FLOATS
 
 
 @register("aten.add", "prims.add", how="elementwise")

@@ -68,8 +68,20 @@ def _decomps() -> dict:
             p = getattr(getattr(torch.ops, ns), name, None)
             if p is not None:
                 packets.append(p)
-        _DECOMPS = get_decompositions(packets)
+        _DECOMPS = dict(get_decompositions(packets))
+        aten = torch.ops.aten
+        _DECOMPS[aten.softmax.int] = _softmax_int
+        _DECOMPS[aten.log_softmax.int] = _log_softmax_int
     return _DECOMPS
+
+
+def _softmax_int(x, dim, dtype=None):
+    """``softmax.int`` (reached from decompositions) as ``_softmax``, itself decomposed."""
+    return torch.ops.aten._softmax.default(x if dtype is None else x.to(dtype), dim, False)
+
+
+def _log_softmax_int(x, dim, dtype=None):
+    return torch.ops.aten._log_softmax.default(x if dtype is None else x.to(dtype), dim, False)
 
 
 @dataclass
@@ -376,8 +388,9 @@ class Fuzzy:
     reproduces a realization bit for bit. The report accumulates over entries.
     """
 
-    def __init__(self, config: FuzzyConfig) -> None:
+    def __init__(self, config: FuzzyConfig, *, backend: str = "auto") -> None:
         self.config = config
+        self.backend = backend  # numvar.rounding backend of elementwise roundings
         self._infos: dict = {}
         self._selected: dict = {}
         self._counts: dict[str, Counter] = {k: Counter() for k in (
@@ -416,7 +429,7 @@ class Fuzzy:
         if self._mode is not None:
             raise ConfigError("this fuzzy block is already active")
         c = self.config
-        self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed))
+        self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend)
         if c.modules is not None:
             self._filter = _ModuleFilter(c.modules, c.model)
             self._filter.install()

@@ -93,6 +93,11 @@ EXACT_OPS: frozenset[str] = frozenset(
     upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d
     _upsample_nearest_exact2d _upsample_nearest_exact3d fill_diagonal_ diag_embed diag
     block_diag tensor_split hsplit vsplit dsplit swapaxes swapdims mT mH adjoint rot90
+    select_backward slice_backward slice_scatter select_scatter diagonal_backward
+    diagonal_scatter as_strided_scatter _unsafe_index _unsafe_masked_index
+    _unsafe_index_put new_zeros_like stack_ _reshape_copy view_copy expand_copy
+    permute_copy transpose_copy t_copy unsqueeze_copy squeeze_copy alias_copy
+    max_unpool1d index_fill index_fill_ masked_scatter_ scatter_ gather_backward
 
     """.split()
 ) | frozenset(
