@@ -4,6 +4,7 @@ exact results exact; in-place/out= semantics; never-perturbed ops; granularity o
 import logging
 import math
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -14,6 +15,7 @@ from numvar.instrument.config import FuzzyConfig
 from numvar.instrument.mode import Fuzzy
 
 torch.set_num_threads(1)
+numba.set_num_threads(1)  # parallel regions stall on a loaded 2-core CI box
 U32 = 2.0 ** -24  # unit roundoff of binary32
 
 
