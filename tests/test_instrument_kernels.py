@@ -113,7 +113,7 @@ def test_mm_through_the_mode_matches_reference():
 def _conv2d_reference(x, w, stride, padding, dilation, groups, key, code, t):
     """Direct convolution loops, independent of im2col: per output element the terms
     (input channel of the group, kernel row, kernel column) in that order, zero-padding
-    positions included; term q = ((b·M + i)·K + k)·L + l with b = n·G + g."""
+    positions included; term q = ((g·M + i)·K + k)·(N·L) + n·L + l."""
     n_, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     og = o // groups
@@ -125,7 +125,6 @@ def _conv2d_reference(x, w, stride, padding, dilation, groups, key, code, t):
     mul, add = RK.mul_f32, RK.add_f32
     for n in range(n_):
         for g in range(groups):
-            bidx = n * groups + g
             for i in range(og):
                 for y in range(oh):
                     for z in range(ow):
@@ -139,7 +138,7 @@ def _conv2d_reference(x, w, stride, padding, dilation, groups, key, code, t):
                                     zz = z * stride - padding + v * dilation
                                     inside = 0 <= yy < h and 0 <= zz < wd
                                     xv = x[n, g * cg + ci, yy, zz] if inside else np.float32(0)
-                                    q = ((bidx * og + i) * K + k) * L + l_
+                                    q = ((g * og + i) * K + k) * (n_ * L) + n * L + l_
                                     r = int(RK.bits64(np.uint64(key), np.uint64(q)))
                                     r2 = ((r << 29) | (r >> 35)) & (2**64 - 1)
                                     p = mul(w[g * og + i, ci, u, v], xv, code, t, np.uint64(r))

@@ -10,7 +10,8 @@ Orders (every product and every add rounded):
 * convolution (1d/2d/3d, stride, zero padding, dilation, groups): im2col, then per output
   element the sum over (input channel of the group, kernel position in C order) in that
   order, zero-padding positions included as terms (as an im2col + GEMM implementation
-  does); then the bias add. Transposed convolution is the direct convolution of the
+  does); then the bias add. Per group it is one product ``W_g (O/G × K) @ cols_g (K × N·L)``
+  (batch and output positions as columns, n-major), which fixes the random bits. Transposed convolution is the direct convolution of the
   stride-dilated, padded input with the flipped kernel, whose inserted zeros are terms too.
 * convolution backward: grad_input is the transposed convolution of grad_output (direct
   form above); grad_weight sums over (batch, output position) in that order; grad_bias
@@ -121,9 +122,11 @@ def conv(x, w, bias, stride, padding, dilation, groups, ctx: Ctx) -> torch.Tenso
     ks = tuple(w.shape[2:])
     cols, ls = im2col(x, ks, stride, padding, dilation)
     kk = (c // g) * math.prod(ks)
-    cols = cols.reshape(n * g, kk, -1)
-    out = bmm(w.reshape(g, o // g, kk), cols, ctx, dtype)  # (n*g, o/g, L)
-    out = out.reshape(n, o, *ls)
+    L = cols.shape[-1]
+    # one product per group: (o/g, kk) @ (kk, n·L), the batch inside the columns
+    cols = cols.reshape(n, g, kk, L).permute(1, 2, 0, 3).reshape(g, kk, n * L)
+    out = bmm(w.reshape(g, o // g, kk), cols, ctx, dtype)  # (g, o/g, n·L)
+    out = out.reshape(g, o // g, n, L).permute(2, 0, 1, 3).reshape(n, o, *ls)
     if bias is not None:
         out = ctx.add(out, bias.to(dtype).reshape(1, o, *([1] * nd)))
     return out[0] if unbatched else out

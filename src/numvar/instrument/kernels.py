@@ -143,22 +143,39 @@ def _loop32(o, bb, aik, ukey, qb, first, mode, bad):
     return nbad
 
 
+@njit(inline="always")
+def _tile_fast(o, arow, bmat, ukey, base, N, j0, mode, t, bad):
+    """All k-steps of one row tile ``o`` (= out[b, i, j0:j0+len]) on the binary32 fast
+    path, with the full path (numvar.rounding.kernels) for the elements it rejects."""
+    Kd = arow.size
+    for k in range(Kd):
+        aik = np.float64(arow[k])
+        bb = bmat[k, j0:j0 + o.size]
+        qb = (base + np.uint64(k)) * np.uint64(N) + np.uint64(j0)
+        if _loop32(o, bb, aik, ukey, qb, k == 0, mode, bad) == 0:
+            continue
+        for jj in range(o.size):
+            if bad[jj]:
+                r = _bits(ukey, qb + np.uint64(jj))
+                p = K.mul_f32(aik, np.float64(bb[jj]), mode, t, r)
+                if k == 0:
+                    o[jj] = p
+                else:
+                    o[jj] = K.add_f32(np.float64(o[jj]), np.float64(p), mode, t, _rot(r))
+
+
 @njit(cache=True)
-def _step32(orow, brow, aik, ukey, q0, j0, j1, first, mode, bad):  # pragma: no cover
-    """One k-step of a row tile on the binary32 fast path. Elements it cannot do
-    (outside the normal range, inexact sum) are left unchanged and flagged in ``bad``;
-    returns their number. One loop per mode (constant-folded) so that LLVM vectorises
-    each; slices indexed from 0 for the same reason."""
-    o = orow[j0:j1]
-    bb = brow[j0:j1]
-    qb = q0 + np.uint64(j0)
+def _tile32(o, arow, bmat, ukey, base, N, j0, mode, t, bad):  # pragma: no cover - compiled
+    """One row tile, binary32 at 24 bits. One copy of the loops per mode (constants
+    folded) so that LLVM vectorises each; slices indexed from 0 for the same reason."""
     if mode == _SR:
-        return _loop32(o, bb, aik, ukey, qb, first, _SR, bad)
-    if mode == _IEEE:
-        return _loop32(o, bb, aik, ukey, qb, first, _IEEE, bad)
-    if mode == _UD:
-        return _loop32(o, bb, aik, ukey, qb, first, _UD, bad)
-    return _loop32(o, bb, aik, ukey, qb, first, _RANDOM, bad)
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _SR, t, bad)
+    elif mode == _IEEE:
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _IEEE, t, bad)
+    elif mode == _UD:
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _UD, t, bad)
+    else:
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _RANDOM, t, bad)
 
 
 @njit(parallel=True, cache=True)
@@ -183,17 +200,15 @@ def _contract_kernel(a, b, out, key, mode, t, is32):  # pragma: no cover - compi
         orow = out[bo, i]
         arow = a[ab, i]
         base = np.uint64(row) * np.uint64(Kd)
-        bad = np.ones(j1 - j0, dtype=np.bool_)
+        if fast:
+            bad = np.empty(j1 - j0, dtype=np.bool_)
+            _tile32(orow[j0:j1], arow, b[bb], ukey, base, N, j0, mode, t, bad)
+            continue
         for k in range(Kd):
             aik = np.float64(arow[k])
             brow = b[bb, k]
             q0 = (base + np.uint64(k)) * np.uint64(N)
-            if fast:
-                if _step32(orow, brow, aik, ukey, q0, j0, j1, k == 0, mode, bad) == 0:
-                    continue
             for j in range(j0, j1):
-                if not bad[j - j0]:
-                    continue
                 r = _bits(ukey, q0 + np.uint64(j))
                 if is32:
                     p32 = K.mul_f32(aik, np.float64(brow[j]), mode, t, r)

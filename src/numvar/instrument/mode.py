@@ -410,6 +410,7 @@ class Fuzzy:
         self._ctx: Ctx | None = None
         self._mode: FuzzyMode | None = None
         self._sdpa = None
+        self._fastpath: bool | None = None
 
     def _selection(self, func) -> tuple[bool, bool]:
         included = True if self._include is None else O.op_matches(func, self._include)
@@ -440,6 +441,13 @@ class Fuzzy:
             self._sdpa.__enter__()
         except ImportError:  # torch < 2.3
             self._sdpa = None
+        # the fused inference fast path of nn.TransformerEncoderLayer / MultiheadAttention
+        # (_transformer_encoder_layer_fwd, _native_multi_head_attention) has no
+        # decomposition: use the modules' composite path inside the block
+        mha = getattr(torch.backends, "mha", None)
+        self._fastpath = mha.get_fastpath_enabled() if mha is not None else None
+        if mha is not None:
+            mha.set_fastpath_enabled(False)
         self._mode = FuzzyMode(self)
         self._mode.__enter__()
         return self
@@ -455,6 +463,9 @@ class Fuzzy:
                 self._sdpa = None
             if self._filter is not None:
                 self._filter.remove()
+            if self._fastpath is not None:
+                torch.backends.mha.set_fastpath_enabled(self._fastpath)
+                self._fastpath = None
         return None
 
     def report(self) -> FuzzyReport:
