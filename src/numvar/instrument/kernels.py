@@ -179,36 +179,45 @@ def _tile32(o, arow, bmat, ukey, base, N, j0, mode, t, bad):  # pragma: no cover
 
 
 @njit(parallel=True, cache=True)
-def _contract_kernel(a, b, out, key, mode, t, is32):  # pragma: no cover - compiled
+def _contract_fast32(a, b, out, key, mode):  # pragma: no cover - compiled
+    """binary32 at 24 bits: vectorised fast path per row tile, full path for rejects."""
     BO, M, N = out.shape
     Kd = b.shape[1]
     BA = a.shape[0]
     BB = b.shape[0]
     ntile = (N + TILE - 1) // TILE
     ukey = np.uint64(key)
-    # binary32 at full precision: vectorised fast path, then the full path for rejects
-    fast = is32 and t == 24
     for task in prange(BO * M * ntile):
         row = task // ntile
         tile = task - row * ntile
         bo = row // M
         i = row - bo * M
-        ab = bo % BA
-        bb = bo % BB
         j0 = tile * TILE
         j1 = min(N, j0 + TILE)
+        bad = np.empty(j1 - j0, dtype=np.bool_)
+        _tile32(out[bo, i, j0:j1], a[bo % BA, i], b[bo % BB], ukey,
+                np.uint64(row) * np.uint64(Kd), N, j0, mode, 24, bad)
+
+
+@njit(parallel=True, cache=True)
+def _contract_kernel(a, b, out, key, mode, t, is32):  # pragma: no cover - compiled
+    """Any precision, binary32 or binary64: numvar.rounding's scalar functions."""
+    BO, M, N = out.shape
+    Kd = b.shape[1]
+    BA = a.shape[0]
+    BB = b.shape[0]
+    ukey = np.uint64(key)
+    for row in prange(BO * M):
+        bo = row // M
+        i = row - bo * M
         orow = out[bo, i]
-        arow = a[ab, i]
+        arow = a[bo % BA, i]
         base = np.uint64(row) * np.uint64(Kd)
-        if fast:
-            bad = np.empty(j1 - j0, dtype=np.bool_)
-            _tile32(orow[j0:j1], arow, b[bb], ukey, base, N, j0, mode, t, bad)
-            continue
         for k in range(Kd):
             aik = np.float64(arow[k])
-            brow = b[bb, k]
+            brow = b[bo % BB, k]
             q0 = (base + np.uint64(k)) * np.uint64(N)
-            for j in range(j0, j1):
+            for j in range(N):
                 r = _bits(ukey, q0 + np.uint64(j))
                 if is32:
                     p32 = K.mul_f32(aik, np.float64(brow[j]), mode, t, r)
@@ -258,44 +267,60 @@ def _scanstep32(prow, xrow, orow, ukey, q0, mode, use_mul, bad):  # pragma: no c
 
 
 @njit(parallel=True, cache=True)
-def _scan_kernel(x, out, key, mode, t, is32, use_mul, cumulative):  # pragma: no cover
+def _scan_fast32(x, out, key, mode, use_mul, cumulative):  # pragma: no cover
+    """binary32 at 24 bits: vectorised fast path per column tile, full path for rejects."""
     Kd, M = x.shape
     ntile = (M + TILE - 1) // TILE
     ukey = np.uint64(key)
-    fast = is32 and t == 24
     for tile in prange(ntile):
         j0 = tile * TILE
         j1 = min(M, j0 + TILE)
         for j in range(j0, j1):
             out[0, j] = x[0, j]
-        bad = np.ones(j1 - j0, dtype=np.bool_)
+        bad = np.empty(j1 - j0, dtype=np.bool_)
         prev = 0
         for k in range(1, Kd):
             cur = k if cumulative else 0
-            q0 = np.uint64(k) * np.uint64(M)
+            q0 = np.uint64(k) * np.uint64(M) + np.uint64(j0)
             xrow = x[k, j0:j1]
             prow = out[prev, j0:j1]
             orow = out[cur, j0:j1]
-            if fast:
-                if _scanstep32(prow, xrow, orow, ukey, q0 + np.uint64(j0), mode, use_mul, bad) == 0:
-                    prev = cur
-                    continue
-            for jj in range(j1 - j0):
-                if not bad[jj]:
-                    continue
-                r = _bits(ukey, q0 + np.uint64(j0 + jj))
-                a = np.float64(prow[jj])
-                xv = np.float64(xrow[jj])
-                if is32:
-                    if use_mul:
-                        orow[jj] = K.mul_f32(a, xv, mode, t, r)
-                    else:
-                        orow[jj] = K.add_f32(a, xv, mode, t, r)
+            if _scanstep32(prow, xrow, orow, ukey, q0, mode, use_mul, bad) != 0:
+                for jj in range(j1 - j0):
+                    if bad[jj]:
+                        r = _bits(ukey, q0 + np.uint64(jj))
+                        a = np.float64(prow[jj])
+                        xv = np.float64(xrow[jj])
+                        if use_mul:
+                            orow[jj] = K.mul_f32(a, xv, mode, 24, r)
+                        else:
+                            orow[jj] = K.add_f32(a, xv, mode, 24, r)
+            prev = cur
+
+
+@njit(parallel=True, cache=True)
+def _scan_kernel(x, out, key, mode, t, is32, use_mul, cumulative):  # pragma: no cover
+    """Any precision, binary32 or binary64: numvar.rounding's scalar functions."""
+    Kd, M = x.shape
+    ukey = np.uint64(key)
+    for j in prange(M):
+        out[0, j] = x[0, j]
+        prev = 0
+        for k in range(1, Kd):
+            cur = k if cumulative else 0
+            r = _bits(ukey, np.uint64(k) * np.uint64(M) + np.uint64(j))
+            a = np.float64(out[prev, j])
+            xv = np.float64(x[k, j])
+            if is32:
+                if use_mul:
+                    out[cur, j] = K.mul_f32(a, xv, mode, t, r)
                 else:
-                    if use_mul:
-                        orow[jj] = K.mul_f64(a, xv, mode, t, r)
-                    else:
-                        orow[jj] = K.add_f64(a, xv, mode, t, r)
+                    out[cur, j] = K.add_f32(a, xv, mode, t, r)
+            else:
+                if use_mul:
+                    out[cur, j] = K.mul_f64(a, xv, mode, t, r)
+                else:
+                    out[cur, j] = K.add_f64(a, xv, mode, t, r)
             prev = cur
 
 
@@ -323,10 +348,11 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int) -> np.nd
         raise ValueError(f"batch sizes {BA} and {BB} are incompatible")
     out = np.empty((BO, a.shape[1], b.shape[2]), dtype=a.dtype)
     if out.size:
-        _contract_kernel(
-            np.ascontiguousarray(a), np.ascontiguousarray(b), out, np.uint64(key), mode, t,
-            a.dtype == np.float32,
-        )
+        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        if a.dtype == np.float32 and t == 24:
+            _contract_fast32(a, b, out, np.uint64(key), mode)
+        else:
+            _contract_kernel(a, b, out, np.uint64(key), mode, t, a.dtype == np.float32)
     return out
 
 
@@ -342,7 +368,10 @@ def scan(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
     x = np.ascontiguousarray(x)
     out = np.empty((x.shape[0] if cumulative else 1, x.shape[1]), dtype=x.dtype)
     if x.shape[1]:
-        _scan_kernel(x, out, np.uint64(key), mode, t, x.dtype == np.float32, mul, cumulative)
+        if x.dtype == np.float32 and t == 24:
+            _scan_fast32(x, out, np.uint64(key), mode, mul, cumulative)
+        else:
+            _scan_kernel(x, out, np.uint64(key), mode, t, x.dtype == np.float32, mul, cumulative)
     return out
 
 
