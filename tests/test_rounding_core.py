@@ -93,7 +93,8 @@ def test_numba_equals_torch_bitwise(dtype):
             for t in (FULL[dtype], SMALL_T[dtype]):
                 a = run(op, xs, dtype, mode, t, "numba")
                 b = run(op, xs, dtype, mode, t, "torch")
-                assert same_bits(a, b), (op, mode, t, torch.nonzero((a != b) & ~(a.isnan() & b.isnan())))
+                bad = torch.nonzero((a != b) & ~(a.isnan() & b.isnan()))
+                assert same_bits(a, b), (op, mode, t, bad)
 
 
 def test_bits_three_implementations():

@@ -74,8 +74,8 @@ def _as_tensors(args) -> tuple[list[torch.Tensor], torch.dtype]:
     dtype = _result_type(args)
     target_format(dtype)
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
-    ts = [a.to(dtype) if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=dtype, device=device)
-          for a in args]
+    ts = [a.to(dtype) if isinstance(a, torch.Tensor)
+          else torch.tensor(a, dtype=dtype, device=device) for a in args]
     if len({t.device for t in ts}) > 1:
         raise RoundingError("operands are on different devices")
     return ts, dtype
@@ -207,7 +207,8 @@ def round(hi, lo=None, *, dtype: torch.dtype, mode: str = "sr", stream: Stream,
         if out.numel():
             import numpy as np
 
-            K.k_round(h.detach().numpy(), lo_.detach().numpy(), out.view(-1).numpy(), lo is not None,
+            K.k_round(h.detach().numpy(), lo_.detach().numpy(), out.view(-1).numpy(),
+                      lo is not None,
                       fmt.p, fmt.emin, fmt.emax, m, t, np.uint64(key))
         return out if carrier == dtype else out.to(dtype)
     flats, shape = _flat(ts, torch.float64)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .kernels import GAMMA, MIX1, MIX2, MODE_IEEE, MODE_RANDOM, MODE_SR, MODE_UD, OP_ADD, \
-    OP_DIV, OP_MUL, OP_SUB
+    OP_MUL, OP_SUB
 
 F64 = torch.float64
 I64 = torch.int64

@@ -1,7 +1,9 @@
 """numba kernels of the stochastic arithmetic core.
 
-Scalar functions (``@njit(inline="always")``) that other parts' kernels call, plus four
-array kernels (one per op family: round, binary, sqrt, fma) used by
+Scalar functions that other parts' kernels call (the common ones are
+``@njit(inline="always")``: their fast paths inline into the caller, the general
+algorithm ``round_core`` stays out of line), plus four parallel array kernels, one per
+op family (``k_round``, ``k_binary``, ``k_sqrt``, ``k_fma``), used by
 :mod:`numvar.rounding`. ``mode`` and the virtual precision ``t`` are runtime integers.
 
 Rounding model (see ``numvar.rounding`` for the full statement)
@@ -184,10 +186,11 @@ def round_core(hi, lo, k, mode, t, p, emin, emax, r):
 
 @njit(cache=True, error_model="numpy")
 def round_core3(hi, lo, lo2, k, mode, t, p, emin, emax, r):
-    """Round x = (hi + lo + lo2) * 2**-k (lo2: a tiny term that only breaks ties) to the t-bit grid of the format (p, emin, emax).
+    """Round x = (hi + lo + lo2) * 2**-k to the t-bit grid of the format (p, emin, emax);
+    lo2 is a tiny term that only decides ties and the sign of the error.
 
-    Requires sign(hi) == sign(x) and |lo| < ulp-of-the-grid at hi (true of every EFT
-    output here). Returns a float64 on the target grid (or +-inf / nan / +-0).
+    Requires sign(hi) == sign(x) and |lo| below the grid spacing at hi (true of every
+    EFT output here). Returns a float64 on the target grid (or +-inf / nan / +-0).
     """
     if not (abs(hi) < np.inf):
         return hi  # nan stays nan, +-inf stays
