@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import numvar.rounding as R
+from numvar.errors import RoundingError
 from numvar.rounding import _torch as RT
 from numvar.rounding import kernels as K
 from numvar.rounding.reference import ref_op
@@ -110,6 +111,20 @@ def test_bits_three_implementations():
     for b in (0, 11, 35, 63):
         c = sum((x >> b) & 1 for x in v)
         assert abs(c - 2048) < 192
+
+
+def test_round_out_argument():
+    x = torch.randn(100, dtype=torch.float64)
+    for dtype in (torch.float32, torch.bfloat16):
+        for backend in ("numba", "torch"):
+            out = torch.empty(100, dtype=dtype)
+            got = R.round(x, dtype=dtype, mode="sr", stream=R.Stream(4), backend=backend,
+                          out=out)
+            assert got is out
+            assert same_bits(out, R.round(x, dtype=dtype, mode="sr", stream=R.Stream(4),
+                                          backend=backend))
+    with pytest.raises(RoundingError, match="out must be"):
+        R.round(x, dtype=torch.float32, stream=R.Stream(0), out=torch.empty(99))
 
 
 def test_stream_reproducible_and_distinct():
