@@ -51,6 +51,105 @@ def demo(ctx: typer.Context) -> None:
 
 
 # ---------------------------------------------------------------- run (runner)
+@app.command("run")
+def run(
+    command: list[str] = typer.Argument(
+        None, metavar="-- python SCRIPT.py [ARGS] | -- -m MODULE [ARGS]",
+        help="The script to run, after `--`, exactly as you would run it."),
+    n: int = typer.Option(None, "-n", "--n", help="Number of realizations (default: 10)."),
+    mode: str = typer.Option(None, "--mode", help="ieee | sr | ud | random (default: sr)."),
+    granularity: str = typer.Option(None, "--granularity", help="flop | op (default: flop)."),
+    precision: int = typer.Option(None, "--precision",
+                                  help="Virtual precision in significand bits."),
+    seed: int = typer.Option(None, "--seed", help="Realization i uses seed+i (default: 0)."),
+    jobs: int = typer.Option(None, "--jobs", "-j",
+                             help="Realizations run at once (default: number of cores)."),
+    out: str = typer.Option(None, "--out", "-o",
+                            help="Run directory (default: runs/SCRIPT-DATE-TIME)."),
+    capture: str = typer.Option(None, "--capture",
+                                help="What to capture, comma-separated: api (numvar.capture "
+                                     "calls), modules (top-level nn.Module outputs), stdout "
+                                     "(printed floats), or none (default: api,modules,stdout)."),
+    capture_layers: list[str] = typer.Option(
+        None, "--capture-layers", help="Globs over named_modules() paths whose outputs to "
+                                       "capture, e.g. 'features.*' (repeatable)."),
+    files: list[str] = typer.Option(
+        None, "--files", help="Globs of .npy/.npz/.safetensors files the script writes in "
+                              "its working directory, e.g. 'out/*.npy' (repeatable)."),
+    exclude: str = typer.Option(None, "--exclude",
+                                help="Aten op globs or op kinds left uninstrumented."),
+    include: str = typer.Option(None, "--include",
+                                help="Instrument only these aten op globs or op kinds."),
+    executor: str = typer.Option(None, "--executor", help="local | dask (default: local)."),
+    scheduler: str = typer.Option(None, "--scheduler",
+                                  help="Dask scheduler address (tcp://host:8786); without "
+                                       "it --executor dask starts a LocalCluster."),
+    resume: str = typer.Option(None, "--resume", metavar="RUN_DIR",
+                               help="Complete an interrupted run: only what is missing runs."),
+) -> None:
+    """Run an unmodified script N times under random rounding, after one IEEE reference.
+
+    Each realization is a fresh `python -m numvar.exec` process, instrumented before
+    the script starts; results are stored atomically in the run directory.
+    Example: numvar run -n 10 --jobs 2 --out runs/mnist -- python infer.py --batch 64
+    """
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    from .errors import ConfigError
+    from .runner.script import resume_script, run_script
+
+    console = Console(stderr=True)
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("[red]{task.fields[failed]} failed"), TimeElapsedColumn(),
+                   TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                   transient=False)
+    state: dict = {"task": None, "failed": 0}
+
+    def progress(event: str, payload) -> None:
+        if event == "total":
+            state["task"] = bar.add_task("realizations", total=payload, failed=0)
+        elif event == "done":
+            state["failed"] += payload["status"] != "ok"
+            bar.update(state["task"], advance=1, failed=state["failed"])
+
+    if resume is not None:
+        given = {"-n": n, "--mode": mode, "--granularity": granularity, "--precision": precision,
+                 "--seed": seed, "--out": out, "--capture": capture,
+                 "--capture-layers": capture_layers, "--files": files, "--exclude": exclude,
+                 "--include": include, "script": command}
+        extra = [k for k, v in given.items() if v not in (None, [], ())]
+        if extra:
+            raise ConfigError(f"--resume takes its configuration from {resume}/manifest.json; "
+                              f"drop {', '.join(extra)} (only --jobs, --executor and "
+                              f"--scheduler may change)")
+        with bar:
+            result = resume_script(resume, jobs=jobs, executor=executor, scheduler=scheduler,
+                                   progress=progress)
+    else:
+        with bar:
+            result = run_script(
+                command or [], n=10 if n is None else n, mode=mode or "sr",
+                granularity=granularity or "flop", precision=precision,
+                seed=0 if seed is None else seed, jobs=jobs, out=out, capture=capture,
+                capture_layers=capture_layers, files=files, exclude=exclude, include=include,
+                executor=executor or "local", scheduler=scheduler, progress=progress)
+    m = result.store.manifest
+    ok = sum(r["status"] == "ok" for r in m["realizations"])
+    console.print(f"{ok} of {len(m['realizations'])} realizations stored in "
+                  f"[bold]{result.path}[/] ({len(m['captures'])} captures, "
+                  f"{result.wall_s:.1f} s); next: numvar report {result.path}")
+    if result.failed:
+        from .runner.engine import failure_summary
+
+        console.print(f"[red]{failure_summary(result.failed, len(result.ran))}[/]",
+                      markup=True, highlight=False)
+        console.print(f"logs: {result.path / 'logs'}; rerun the failed ones with "
+                      f"numvar run --resume {result.path}")
+        raise typer.Exit(1)
+
+
 
 
 # ---------------------------------------------------------------- report / compare (analysis)
