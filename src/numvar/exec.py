@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if spec and spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
 
-    from .runner.capture import Collector, ModuleHooks, collecting
+    from .runner.collect import Collector, ModuleHooks, collecting
 
     # sys.path[0] as `python script.py` / `python -m module` would set it
     if script is not None:

@@ -6,7 +6,7 @@
 - :class:`RunStore`, :class:`Samples`, :func:`load_run` — the run directory.
 """
 
-from .capture import capture
+from .collect import capture
 from .sample import sample
 from .script import resume_script, run_script
 from .store import RunStore, Samples, load_run

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import ConfigError, RunError
-from .capture import Collector, ModuleHooks, collecting, parse_globs
+from .collect import Collector, ModuleHooks, collecting, parse_globs
 from .engine import Recorder, default_jobs, raise_if_failed, tag_of, thread_share
 from .store import RunStore, Samples
 from .transport import pack

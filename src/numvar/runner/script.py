@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import CaptureError, ConfigError, RunError
-from .capture import parse_globs
+from .collect import parse_globs
 from .engine import Recorder, default_jobs, failure_summary, tag_of, thread_share
 from .store import RunStore, Samples
 from .transport import pack, stdout_numbers, unpack

@@ -75,14 +75,6 @@ def _leaf_tensor(value: Any, where: str, *, strict: bool) -> torch.Tensor | None
         if t.device.type == "meta":
             raise CaptureError(f"capture {where!r}: meta tensors hold no values")
         return t.to("cpu", copy=True).contiguous()
-    if isinstance(value, bool):
-        return torch.tensor(value)
-    if isinstance(value, numbers.Integral):
-        return torch.tensor(int(value), dtype=torch.int64)
-    if isinstance(value, numbers.Real):
-        return torch.tensor(float(value), dtype=torch.float64)
-    if isinstance(value, numbers.Complex):
-        return torch.tensor(complex(value), dtype=torch.complex128)
     np = _numpy()
     if np is not None and isinstance(value, (np.ndarray, np.generic)):
         arr = np.asarray(value)
@@ -92,6 +84,14 @@ def _leaf_tensor(value: Any, where: str, *, strict: bool) -> torch.Tensor | None
             raise CaptureError(f"capture {where!r}: non-numeric numpy array of dtype "
                                f"{arr.dtype}")
         return torch.from_numpy(np.ascontiguousarray(arr).copy())
+    if isinstance(value, bool):
+        return torch.tensor(value)
+    if isinstance(value, numbers.Integral):
+        return torch.tensor(int(value), dtype=torch.int64)
+    if isinstance(value, numbers.Real):
+        return torch.tensor(float(value), dtype=torch.float64)
+    if isinstance(value, numbers.Complex):
+        return torch.tensor(complex(value), dtype=torch.complex128)
     if not strict:
         return None
     raise CaptureError(f"capture {where!r}: non-numeric value of type "
