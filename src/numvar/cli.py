@@ -139,14 +139,14 @@ def run(
     ok = sum(r["status"] == "ok" for r in m["realizations"])
     console.print(f"{ok} of {len(m['realizations'])} realizations stored in "
                   f"[bold]{result.path}[/] ({len(m['captures'])} captures, "
-                  f"{result.wall_s:.1f} s); next: numvar report {result.path}")
+                  f"{result.wall_s:.1f} s); next: numvar report {result.path}", soft_wrap=True)
     if result.failed:
         from .runner.engine import failure_summary
 
-        console.print(f"[red]{failure_summary(result.failed, len(result.ran))}[/]",
-                      markup=True, highlight=False)
+        console.print(failure_summary(result.failed, result.total), style="red",
+                      markup=False, highlight=False, soft_wrap=True)
         console.print(f"logs: {result.path / 'logs'}; rerun the failed ones with "
-                      f"numvar run --resume {result.path}")
+                      f"numvar run --resume {result.path}", soft_wrap=True)
         raise typer.Exit(1)
 
 

@@ -146,7 +146,7 @@ class Recorder:
             if not ok:
                 self.failed.append(rec)
         if not ok:
-            log.warning("%s failed: %s", tag, rec.get("error") or f"exit code {rec.get('exit_code')}")
+            log.info("%s failed: %s", tag, rec.get("error") or f"exit code {rec.get('exit_code')}")
         if self.progress is not None:
             self.progress("done", rec)
         return rec

@@ -125,9 +125,11 @@ def dask_client(scheduler: Any, *, n_workers: int, threads_per_worker: int, proc
         with client:
             yield client
         return
-    with LocalCluster(host="127.0.0.1", n_workers=n_workers, threads_per_worker=threads_per_worker,
-                      processes=processes, dashboard_address=None,
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    # tcp on loopback also for in-process workers (whose default would be inproc://)
+    with LocalCluster(host="127.0.0.1", protocol="tcp://", n_workers=n_workers,
+                      threads_per_worker=threads_per_worker, processes=processes,
+                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
         yield client
 
 
@@ -208,7 +210,7 @@ def sample(fn: Callable[..., Any], *args: Any, n: int = 10, mode: str = "sr",
     if rec.reference_record is not None and rec.reference_record["status"] != "ok":
         rec.failed.insert(0, rec.reference_record)
     try:
-        raise_if_failed(rec, len(tasks))
+        raise_if_failed(rec, n)
     except RunError as err:
         err.samples = samples  # type: ignore[attr-defined]
         raise

@@ -15,6 +15,7 @@ import contextlib
 import datetime as _dt
 import glob
 import importlib.util
+import logging
 import os
 import re
 import shutil
@@ -34,7 +35,10 @@ from ..errors import CaptureError, ConfigError, RunError
 from .collect import parse_globs
 from .engine import Recorder, default_jobs, failure_summary, tag_of, thread_share
 from .store import RunStore, Samples
+from . import zygote
 from .transport import pack, stdout_numbers, unpack
+
+log = logging.getLogger(__name__)
 
 CAPTURE_KINDS = ("api", "modules", "stdout")
 DEFAULT_CAPTURE = ("api", "modules", "stdout")
@@ -183,6 +187,20 @@ def _numvar_src() -> str:
     return str(Path(numvar.__file__).resolve().parent.parent)
 
 
+def _start(argv: list[str], *, env: dict[str, str], cwd: str, stdout: Path,
+           stderr: Path) -> Any:
+    """Start ``python -m numvar.exec ARGV``: forked by the zygote when available."""
+    z = zygote.get(env)
+    if z is not None:
+        try:
+            return z.spawn(argv, env=env, cwd=cwd, stdout=str(stdout), stderr=str(stderr))
+        except OSError as exc:
+            log.warning("zygote failed (%s); starting the realization from scratch", exc)
+    with open(stdout, "wb") as fo, open(stderr, "wb") as fe:
+        return subprocess.Popen([sys.executable, "-m", "numvar.exec", *argv],
+                                stdin=subprocess.DEVNULL, stdout=fo, stderr=fe, env=env, cwd=cwd)
+
+
 def run_script_task(task: dict[str, Any]) -> bytes:
     """Run one realization of a script (task built by :func:`make_tasks`) → bytes."""
     tag = task["tag"]
@@ -210,17 +228,15 @@ def run_script_task(task: dict[str, Any]) -> bytes:
     tensors: dict[str, torch.Tensor] = {}
     t0 = time.perf_counter()
     try:
-        with open(tmp / "stdout", "wb") as fo, open(tmp / "stderr", "wb") as fe:
-            proc = subprocess.Popen([sys.executable, "-m", "numvar.exec", *task["argv"]],
-                                    stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
-                                    env=env, cwd=cwd)
+        proc = _start(task["argv"], env=env, cwd=cwd, stdout=tmp / "stdout",
+                      stderr=tmp / "stderr")
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
+        try:
+            code = proc.wait()
+        finally:
             with _RUNNING_LOCK:
-                _RUNNING.add(proc)
-            try:
-                code = proc.wait()
-            finally:
-                with _RUNNING_LOCK:
-                    _RUNNING.discard(proc)
+                _RUNNING.discard(proc)
         info["wall_s"] = time.perf_counter() - t0
         out_text = (tmp / "stdout").read_text(encoding="utf-8", errors="replace")
         err_text = (tmp / "stderr").read_text(encoding="utf-8", errors="replace")
@@ -397,6 +413,11 @@ class RunResult:
         self.store, self.ran, self.failed, self.wall_s = store, ran, failed, wall_s
 
     @property
+    def total(self) -> int:
+        """Realizations attempted (the reference not counted)."""
+        return sum(i is not None for i in self.ran)
+
+    @property
     def path(self) -> Path:
         return self.store.path
 
@@ -406,7 +427,7 @@ class RunResult:
     def check(self) -> None:
         """Raise RunError listing the failed realizations, if any."""
         if self.failed:
-            err = RunError(failure_summary(self.failed, len(self.ran)))
+            err = RunError(failure_summary(self.failed, self.total))
             err.failed = self.failed  # type: ignore[attr-defined]
             raise err
 
@@ -423,7 +444,9 @@ def _drive(store: RunStore, *, jobs: int, executor: str, scheduler: str | None,
     if progress is not None:
         progress("total", len(ran))
     tasks = make_tasks(cfg, pending, seeds)  # builds every env first: errors come early
-    with open_executor(executor, jobs, scheduler) as client:
+    with contextlib.ExitStack() as stack:
+        stack.callback(zygote.close_all)
+        client = stack.enter_context(open_executor(executor, jobs, scheduler))
         if need_ref:  # the IEEE reference always comes first, alone
             execute(make_tasks(cfg, [None], seeds), rec, jobs=1, client=client)
             ref = rec.reference_record or {}
