@@ -6,13 +6,14 @@ seed=seed + i, ...)``; the reference runs it with no instrumentation at all.
 Executors:
 
 - ``jobs=1`` (the default): in this process, one realization after the other.
-- ``jobs>1``: a pool of ``jobs`` worker processes started with ``fork`` (on POSIX).
-  Fork is chosen because ``fn`` may be a lambda, a closure or a function defined in a
-  notebook or ``__main__`` (nothing is pickled on the way in), the workers start in
-  milliseconds without re-importing torch, and the model is shared copy-on-write.
-  Forking is unsafe once CUDA is initialised in the parent: for GPU work keep
-  ``jobs=1`` or pass ``start_method="spawn"`` (then ``fn`` and ``args`` are pickled with
-  cloudpickle). Each worker sets ``torch.set_num_threads(cores // jobs)``.
+- ``jobs>1``: a pool of ``jobs`` worker processes started by multiprocessing's
+  ``forkserver`` (``spawn`` where there is none). Plain ``fork`` is not the default:
+  once this process has run instrumented code, numba's OpenMP pool refuses to be forked
+  ("fork() called from a process already using GNU OpenMP") and CUDA breaks too. The
+  fork server is a clean process that has imported torch and numvar once (see
+  :mod:`numvar.runner._preload`), so workers start in milliseconds; ``fn`` and ``args``
+  travel with cloudpickle (lambdas, closures and ``__main__`` functions work). Each
+  worker sets ``torch.set_num_threads(cores // jobs)``. ``start_method`` overrides.
 - ``executor="dask"``: one Dask task per realization (``scheduler`` an address such as
   ``tcp://host:8786`` or a ``distributed.Client``; none starts a ``LocalCluster`` of
   ``jobs`` single-threaded worker processes on 127.0.0.1). ``fn`` and ``args`` travel
@@ -223,10 +224,13 @@ def _run_pool(payload: dict[str, Any], tasks: list, jobs: int, start_method: str
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     global _PAYLOAD
-    method = start_method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    if method not in mp.get_all_start_methods():
-        raise ConfigError(f"start_method {method!r} is not available here "
-                          f"({', '.join(mp.get_all_start_methods())})")
+    methods = mp.get_all_start_methods()
+    method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
+    if method not in methods:
+        raise ConfigError(f"start_method {method!r} is not available here ({', '.join(methods)})")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["numvar.runner._preload"])
     blob = None
     if method != "fork":
         import cloudpickle
@@ -234,8 +238,7 @@ def _run_pool(payload: dict[str, Any], tasks: list, jobs: int, start_method: str
         blob = cloudpickle.dumps(payload)
     _PAYLOAD = payload  # inherited by forked workers
     try:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)) or 1,
-                                 mp_context=mp.get_context(method),
+        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)) or 1, mp_context=ctx,
                                  initializer=_init_worker,
                                  initargs=(thread_share(jobs), blob)) as pool:
             futs = {pool.submit(_pool_task, i, s, m): i for i, s, m in tasks}

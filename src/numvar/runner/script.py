@@ -222,6 +222,7 @@ def run_script_task(task: dict[str, Any]) -> bytes:
         "threads": task["threads"], "invoke_dir": invoke_dir, "parent_pid": os.getpid()})
     env["NUMVAR_REALIZATION"] = "reference" if task["index"] is None else str(task["index"])
     env["NUMVAR_WORKDIR"] = str(workdir)
+    env["NUMVAR_INVOKE_DIR"] = invoke_dir
     cwd = str(workdir) if task["files"] else invoke_dir
     info: dict[str, Any] = {"tag": tag, "index": task["index"], "seed": task["seed"],
                             "host": socket.gethostname()}
@@ -444,9 +445,8 @@ def _drive(store: RunStore, *, jobs: int, executor: str, scheduler: str | None,
     if progress is not None:
         progress("total", len(ran))
     tasks = make_tasks(cfg, pending, seeds)  # builds every env first: errors come early
-    with contextlib.ExitStack() as stack:
-        stack.callback(zygote.close_all)
-        client = stack.enter_context(open_executor(executor, jobs, scheduler))
+    # the zygote stays up for later runs in this process (closed at exit)
+    with open_executor(executor, jobs, scheduler) as client:
         if need_ref:  # the IEEE reference always comes first, alone
             execute(make_tasks(cfg, [None], seeds), rec, jobs=1, client=client)
             ref = rec.reference_record or {}

@@ -116,6 +116,38 @@ def _supervise(conn: socket.socket, req: dict[str, Any]) -> None:
     conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
 
 
+def preload() -> None:
+    """Import what every realization needs, once, without starting any thread pool
+    (a process that has run numba's or torch's OpenMP pool must not fork)."""
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+
+    from .. import exec as _exec  # noqa: F401
+    from . import collect, transport  # noqa: F401
+
+    try:
+        from .. import instrument  # noqa: F401
+    except Exception:  # reported by the realizations that need it
+        pass
+    _warm_dispatch()
+    _warm_numba()
+
+
+def _warm_numba() -> None:
+    """numba's first compilation sets up its typing and target contexts (seconds); do it
+    with a trivial serial function, which starts no thread pool."""
+    try:
+        import numba
+    except ImportError:  # pragma: no cover
+        return
+
+    @numba.njit(cache=False)
+    def _one(x):
+        return x + 1.0
+
+    _one(1.0)
+
+
 def _warm_dispatch() -> None:
     """Entering a dispatch mode the first time imports ~800 modules (seconds); do it
     here once. One tiny op: no thread pool is started, so forking stays safe."""
@@ -135,17 +167,7 @@ def serve(path: str) -> None:
     client = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the client's to handle
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped automatically
-    import numpy  # noqa: F401
-    import torch  # noqa: F401
-
-    from .. import exec as _exec  # noqa: F401
-    from . import collect, transport  # noqa: F401
-
-    try:
-        from .. import instrument  # noqa: F401
-    except Exception:  # reported by the realizations that need it
-        pass
-    _warm_dispatch()
+    preload()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(64)
