@@ -4,7 +4,8 @@
 
 Two paths are timed, each in the same run:
 
-- ``numvar.sample`` of a small CNN forward (in-process for 1 job, a fork pool for 2);
+- ``numvar.sample`` of a LeNet-sized CNN forward at batch 128 (in-process for 1 job, a
+  forkserver pool for 2);
 - ``numvar run`` of an unmodified script doing the same (realization processes forked
   by the zygote), reference included on both sides.
 
@@ -24,13 +25,16 @@ from pathlib import Path
 
 import torch
 
-SCRIPT = """\
+MODEL = """\
 import torch
 torch.manual_seed(0)
-net = torch.nn.Sequential(
-    torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3), torch.nn.ReLU(),
-    torch.nn.Flatten(), torch.nn.Linear(8 * 12 * 12, 10))
-x = torch.randn(BATCH, 1, 16, 16)
+net = torch.nn.Sequential(  # LeNet-5-like, MNIST-sized input
+    torch.nn.Conv2d(1, 16, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+    torch.nn.Conv2d(16, 32, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+    torch.nn.Flatten(), torch.nn.Linear(512, 10))
+x = torch.randn(BATCH, 1, 28, 28)
+"""
+SCRIPT = MODEL + """\
 with torch.no_grad():
     y = net(x)
 print(f"{y.sum().item():.9e}")
@@ -38,11 +42,9 @@ print(f"{y.sum().item():.9e}")
 
 
 def build(batch: int):
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3), torch.nn.ReLU(),
-        torch.nn.Flatten(), torch.nn.Linear(8 * 12 * 12, 10))
-    return net, torch.randn(batch, 1, 16, 16)
+    ns: dict = {}
+    exec(MODEL.replace("BATCH", str(batch)), ns)
+    return ns["net"], ns["x"]
 
 
 def forward(net, x):
@@ -64,7 +66,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--mode", default="sr")
     ap.add_argument("--granularity", default="flop")
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
 

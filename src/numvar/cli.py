@@ -97,6 +97,8 @@ def run(
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 
+    from functools import partial
+
     from .errors import ConfigError
     from .runner.script import resume_script, run_script
 
@@ -108,7 +110,9 @@ def run(
     state: dict = {"task": None, "failed": 0}
 
     def progress(event: str, payload) -> None:
-        if event == "total":
+        if event == "store":
+            state["path"] = payload
+        elif event == "total":
             state["task"] = bar.add_task("realizations", total=payload, failed=0)
         elif event == "done":
             state["failed"] += payload["status"] != "ok"
@@ -124,17 +128,24 @@ def run(
             raise ConfigError(f"--resume takes its configuration from {resume}/manifest.json; "
                               f"drop {', '.join(extra)} (only --jobs, --executor and "
                               f"--scheduler may change)")
-        with bar:
-            result = resume_script(resume, jobs=jobs, executor=executor, scheduler=scheduler,
-                                   progress=progress)
+        call = partial(resume_script, resume, jobs=jobs, executor=executor,
+                       scheduler=scheduler, progress=progress)
     else:
-        with bar:
-            result = run_script(
-                command or [], n=10 if n is None else n, mode=mode or "sr",
+        call = partial(
+                run_script, command or [], n=10 if n is None else n, mode=mode or "sr",
                 granularity=granularity or "flop", precision=precision,
                 seed=0 if seed is None else seed, jobs=jobs, out=out, capture=capture,
                 capture_layers=capture_layers, files=files, exclude=exclude, include=include,
                 executor=executor or "local", scheduler=scheduler, progress=progress)
+    try:
+        with bar:
+            result = call()
+    except KeyboardInterrupt:
+        where = state.get("path")
+        console.print("interrupted: what finished is stored"
+                      + (f"; complete it with numvar run --resume {where}" if where else ""),
+                      soft_wrap=True)
+        raise typer.Exit(130)
     m = result.store.manifest
     ok = sum(r["status"] == "ok" for r in m["realizations"])
     console.print(f"{ok} of {len(m['realizations'])} realizations stored in "
@@ -148,8 +159,6 @@ def run(
         console.print(f"logs: {result.path / 'logs'}; rerun the failed ones with "
                       f"numvar run --resume {result.path}", soft_wrap=True)
         raise typer.Exit(1)
-
-
 
 
 # ---------------------------------------------------------------- report / compare (analysis)

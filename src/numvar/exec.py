@@ -86,11 +86,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import runpy
 
-    import torch
-
-    if spec and spec.get("threads"):
-        torch.set_num_threads(int(spec["threads"]))
-
     from .runner.collect import Collector, ModuleHooks, collecting
 
     # sys.path[0] as `python script.py` / `python -m module` would set it
@@ -105,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = FuzzyConfig.from_env()
         ctx = cfg.fuzzy() if cfg is not None else None
+    if spec and spec.get("threads"):
+        from .runner.engine import limit_threads
+
+        # numba's pool only when instrumented: an uninstrumented run should not start it
+        limit_threads(int(spec["threads"]), numba=ctx is not None)
 
     capture = set((spec or {}).get("capture") or ())
     collector = Collector()

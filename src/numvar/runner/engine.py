@@ -37,6 +37,20 @@ def thread_share(jobs: int) -> int:
     return max(1, default_jobs() // max(1, jobs))
 
 
+def limit_threads(n: int, *, numba: bool = True) -> None:
+    """Use ``n`` threads in torch and (when imported, and ``numba``) in numba's pool,
+    which runs the instrumentation's parallel kernels."""
+    import sys
+
+    torch.set_num_threads(n)
+    nb = sys.modules.get("numba") if numba else None
+    if nb is not None:
+        try:
+            nb.set_num_threads(max(1, min(n, nb.config.NUMBA_NUM_THREADS)))
+        except Exception as exc:  # pragma: no cover - exotic threading layers
+            log.info("numba threads not limited: %s", exc)
+
+
 def tag_of(index: int | None) -> str:
     return "reference" if index is None else f"r{index:04d}"
 

@@ -13,7 +13,7 @@ Executors:
   fork server is a clean process that has imported torch and numvar once (see
   :mod:`numvar.runner._preload`), so workers start in milliseconds; ``fn`` and ``args``
   travel with cloudpickle (lambdas, closures and ``__main__`` functions work). Each
-  worker sets ``torch.set_num_threads(cores // jobs)``. ``start_method`` overrides.
+  worker uses ``cores // jobs`` threads in torch and numba. ``start_method`` overrides.
 - ``executor="dask"``: one Dask task per realization (``scheduler`` an address such as
   ``tcp://host:8786`` or a ``distributed.Client``; none starts a ``LocalCluster`` of
   ``jobs`` single-threaded worker processes on 127.0.0.1). ``fn`` and ``args`` travel
@@ -33,7 +33,8 @@ import torch
 
 from ..errors import ConfigError, RunError
 from .collect import Collector, ModuleHooks, collecting, parse_globs
-from .engine import Recorder, default_jobs, raise_if_failed, tag_of, thread_share
+from .engine import (Recorder, default_jobs, limit_threads, raise_if_failed, tag_of,
+                     thread_share)
 from .store import RunStore, Samples
 from .transport import pack
 
@@ -81,7 +82,7 @@ def realize(fn: Callable[..., Any], args: tuple, *, index: int | None, seed: int
 # -- worker-process side -----------------------------------------------------------
 def _init_worker(threads: int, payload: bytes | None) -> None:
     global _PAYLOAD
-    torch.set_num_threads(threads)
+    limit_threads(threads)
     if payload is not None:  # spawn: the payload comes pickled; fork inherits it
         import cloudpickle
 
@@ -102,7 +103,7 @@ def _dask_task(payload: bytes, index: int | None, seed: int, mode: str | None,
 
     p = cloudpickle.loads(payload)
     if threads:
-        torch.set_num_threads(threads)
+        limit_threads(threads)
     return realize(p["fn"], p["args"], index=index, seed=seed, mode=mode,
                    fuzzy_kw=p["fuzzy_kw"], capture_layers=p["capture_layers"], model=p["model"])
 
@@ -238,19 +239,41 @@ def _run_pool(payload: dict[str, Any], tasks: list, jobs: int, start_method: str
         blob = cloudpickle.dumps(payload)
     _PAYLOAD = payload  # inherited by forked workers
     try:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)) or 1, mp_context=ctx,
-                                 initializer=_init_worker,
-                                 initargs=(thread_share(jobs), blob)) as pool:
-            futs = {pool.submit(_pool_task, i, s, m): i for i, s, m in tasks}
-            try:
-                for fut in as_completed(futs):
-                    rec.record(futs[fut], fut.result())
-            except BaseException:
-                for f in futs:
-                    f.cancel()
-                raise
+        pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)) or 1, mp_context=ctx,
+                                   initializer=_init_worker,
+                                   initargs=(thread_share(jobs), blob))
+        try:
+            with _main_not_reimported(method != "fork"):  # workers start in submit()
+                futs = {pool.submit(_pool_task, i, s, m): i for i, s, m in tasks}
+            for fut in as_completed(futs):
+                rec.record(futs[fut], fut.result())
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     finally:
         _PAYLOAD = None
+
+
+@contextlib.contextmanager
+def _main_not_reimported(active: bool):
+    """Stop multiprocessing from re-running ``__main__`` in spawned/forkserver workers.
+
+    They don't need it (``fn`` travels with cloudpickle, by value for ``__main__``), and a
+    script without an ``if __name__ == "__main__":`` guard would run again in every
+    worker. Workers are started while the block runs (by ``submit``)."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    if not active or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def _check_fuzzy(mode: str, granularity: str, fuzzy_kw: dict[str, Any]) -> None:

@@ -443,6 +443,7 @@ def _drive(store: RunStore, *, jobs: int, executor: str, scheduler: str | None,
     t0 = time.perf_counter()
     ran: list[int | None] = ([None] if need_ref else []) + pending
     if progress is not None:
+        progress("store", store.path)
         progress("total", len(ran))
     tasks = make_tasks(cfg, pending, seeds)  # builds every env first: errors come early
     # the zygote stays up for later runs in this process (closed at exit)

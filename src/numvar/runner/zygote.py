@@ -64,7 +64,9 @@ def _realization(req: dict[str, Any]) -> int:
     """In the forked realization process: set it up like a fresh interpreter, run."""
     import random
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # as a fresh interpreter: KeyboardInterrupt on SIGINT, unless the client ignores SIGINT
+    signal.signal(signal.SIGINT, signal.SIG_IGN if req.get("sigint_ignored")
+                  else signal.default_int_handler)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _pdeathsig()
@@ -247,7 +249,8 @@ class Zygote:
               stderr: str) -> ZygoteProcess:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self.path)
-        req = {"argv": argv, "env": env, "cwd": cwd, "stdout": stdout, "stderr": stderr}
+        req = {"argv": argv, "env": env, "cwd": cwd, "stdout": stdout, "stderr": stderr,
+               "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}
         conn.sendall(json.dumps(req).encode() + b"\n")
         return ZygoteProcess(conn)
 
