@@ -19,11 +19,12 @@ import fnmatch
 import numbers
 import threading
 from collections.abc import Mapping
-from typing import Any, Iterator
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import CaptureError
+
+if TYPE_CHECKING:
+    import torch
 
 #: Prefixes (and the exact name ``stdout``) reserved for captures the runner makes.
 RESERVED_PREFIXES = ("modules/", "layers/", "files/")
@@ -57,6 +58,8 @@ def active() -> "Collector | None":
 @contextlib.contextmanager
 def no_dispatch() -> Iterator[None]:
     """Switch off torch dispatch modes (the instrumentation) inside the block."""
+    import torch
+
     try:
         from torch.utils._python_dispatch import _disable_current_modes
     except ImportError:  # pragma: no cover - very old torch
@@ -68,6 +71,8 @@ def no_dispatch() -> Iterator[None]:
 
 def _leaf_tensor(value: Any, where: str, *, strict: bool) -> torch.Tensor | None:
     """A detached, contiguous CPU copy of a numeric leaf; None for skipped leaves."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         t = value.detach()
         if t.is_sparse:
