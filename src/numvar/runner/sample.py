@@ -33,8 +33,7 @@ import torch
 
 from ..errors import ConfigError, RunError
 from .collect import Collector, ModuleHooks, collecting, parse_globs
-from .engine import (Recorder, default_jobs, limit_threads, raise_if_failed, tag_of,
-                     thread_share)
+from .engine import Recorder, limit_threads, raise_if_failed, tag_of, thread_share
 from .store import RunStore, Samples
 from .transport import pack
 
@@ -288,4 +287,4 @@ def _check_fuzzy(mode: str, granularity: str, fuzzy_kw: dict[str, Any]) -> None:
         raise ConfigError(f"unknown instrumentation option: {exc}") from exc
 
 
-__all__ = ["sample", "realize", "default_jobs"]
+__all__ = ["sample", "realize"]

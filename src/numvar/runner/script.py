@@ -15,6 +15,7 @@ import contextlib
 import datetime as _dt
 import glob
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -182,6 +183,8 @@ def _collect_files(workdir: Path, patterns: list[str]) -> dict[str, torch.Tensor
 
 
 def _numvar_src() -> str:
+    """The folder holding the numvar package this process runs (children import the
+    same one)."""
     import numvar
 
     return str(Path(numvar.__file__).resolve().parent.parent)
@@ -212,10 +215,10 @@ def run_script_task(task: dict[str, Any]) -> bytes:
     env.update(task["env"])
     threads = str(task["threads"])
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [_numvar_src()] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    import json
-
+    src = _numvar_src()
+    if Path(src).name not in ("site-packages", "dist-packages"):  # a source checkout
+        env["PYTHONPATH"] = os.pathsep.join(
+            [src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     invoke_dir = task["invoke_dir"]
     env["NUMVAR_RUNNER"] = json.dumps({
         "result": str(result), "capture": task["capture"], "layers": task["layers"],
