@@ -80,6 +80,7 @@ def main() -> None:
     plain = best(lambda: forward(net, x), 5)
     kw = dict(n=args.n, mode=args.mode, granularity=args.granularity, reference=False)
     sample(forward, net, x, **dict(kw, n=1))  # warm-up (numba caches, lazy imports)
+    sample(forward, net, x, jobs=2, **dict(kw, n=2))  # starts the fork server once
     t1 = best(lambda: sample(forward, net, x, jobs=1, **kw), args.repeat)
     t2 = best(lambda: sample(forward, net, x, jobs=2, **kw), args.repeat)
     print(f"plain forward {plain * 1e3:.1f} ms; one instrumented realization "

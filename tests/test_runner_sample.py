@@ -1,4 +1,4 @@
-"""numvar.runner.sample: realizations of a Python function under the real instrumentation."""
+"""numvar.runner.sample (module sampling): realizations of a Python function under the real instrumentation."""
 
 import pytest
 import torch

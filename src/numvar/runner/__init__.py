@@ -17,7 +17,7 @@ from typing import Any
 from .collect import capture
 
 _LAZY = {
-    "sample": ".sample", "run_script": ".script", "resume_script": ".script",
+    "sample": ".sampling", "run_script": ".script", "resume_script": ".script",
     "RunStore": ".store", "Samples": ".store", "load_run": ".store",
 }
 

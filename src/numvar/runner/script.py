@@ -312,7 +312,7 @@ def open_executor(executor: str, jobs: int, scheduler: str | None) -> Iterator[A
     if executor != "dask":
         yield None
         return
-    from .sample import dask_client
+    from .sampling import dask_client
 
     with dask_client(scheduler, n_workers=1, threads_per_worker=jobs, processes=False) as c:
         yield c
