@@ -429,6 +429,10 @@ class Fuzzy:
     def __enter__(self) -> Fuzzy:
         if self._mode is not None:
             raise ConfigError("this fuzzy block is already active")
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        if any(isinstance(m, FuzzyMode) for m in _get_current_dispatch_mode_stack()):
+            raise ConfigError("numvar.fuzzy blocks cannot be nested")
         c = self.config
         self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend)
         if c.modules is not None:
