@@ -410,15 +410,31 @@ def _maxpool_backward(ctx, func, args, kwargs):
 
 
 def _foreach(ctx, func, args, kwargs, mode=None):
-    """``_foreach_op(lists...)`` as the per-tensor ops, each dispatched through the mode."""
+    """``_foreach_op(lists...)`` as the per-tensor ops, each dispatched through the mode
+    (per-element values of list arguments; trailing ones passed by the base op's
+    keyword-only names, e.g. addcmul's ``value``)."""
     name = func._schema.name.split("::")[1][len("_foreach_"):]
     base = getattr(torch.ops.aten, name)
     lists = [a for a in args if isinstance(a, (list, tuple))]
     n = len(lists[0]) if lists else 0
+    nargs = len(args)
+    call = None
+    for ov in base.overloads():
+        sch = getattr(base, ov)._schema
+        pos = [a.name for a in sch.arguments if not a.kwarg_only]
+        kwo = [a.name for a in sch.arguments if a.kwarg_only and a.name not in kwargs]
+        if len(pos) >= nargs:
+            call = (len(pos), [])
+            break
+        if len(pos) < nargs <= len(pos) + len(kwo):
+            call = (len(pos), kwo[:nargs - len(pos)])
+    npos, kwnames = call if call is not None else (nargs, [])
     outs = []
     for i in range(n):
-        a_i = [a[i] if isinstance(a, (list, tuple)) else a for a in args]
-        outs.append(base(*a_i, **kwargs))
+        vals = [a[i] if isinstance(a, (list, tuple)) else a for a in args]
+        kw = dict(kwargs)
+        kw.update(zip(kwnames, vals[npos:]))
+        outs.append(base(*vals[:npos], **kw))
     if name.endswith("_"):
         return None
     return outs
