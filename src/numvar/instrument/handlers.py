@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import reduce as _reduce
 
 import torch
+import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from . import flop
@@ -374,6 +375,96 @@ def _prims_var(ctx, func, args, kwargs):
     out = flop.var(x, dims, correction, ctx)
     dt = kwargs.get("output_dtype")
     return out if dt is None else out.to(dt)
+
+
+@register("aten.embedding_dense_backward")
+def _embedding_backward(ctx, func, args, kwargs):
+    """Per vocabulary row, the gradient rows of its occurrences summed in position order
+    (each add rounded; one rounding call per occurrence rank); ``scale_grad_by_freq``
+    divides each row by its token's count first (rounded); ``padding_idx`` rows stay 0."""
+    grad, indices, num_weights, padding_idx, scale = args[:5]
+    if grad.dtype not in FLOATS:
+        return EXACT
+    d = grad.shape[-1]
+    g = grad.reshape(-1, d)
+    idx = indices.reshape(-1)
+    keep = idx != padding_idx
+    g, idx = g[keep], idx[keep]
+    out = torch.zeros(num_weights, d, dtype=grad.dtype, device=grad.device)
+    if idx.numel() == 0:
+        return out
+    sidx, order = torch.sort(idx, stable=True)
+    gs = g[order]
+    uniq, counts = torch.unique_consecutive(sidx, return_counts=True)
+    group = torch.repeat_interleave(torch.arange(uniq.numel(), device=idx.device), counts)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(idx.numel(), device=idx.device) - starts[group]
+    if scale:
+        gs = ctx.div(gs, counts[group].unsqueeze(1).to(gs.dtype))
+    acc = gs[rank == 0].clone()
+    for r in range(1, int(counts.max())):
+        sel = rank == r
+        grp = group[sel]
+        acc[grp] = ctx.add(acc[grp], gs[sel])
+    out[uniq] = acc
+    return out
+
+
+def _pool_params(ks, stride, padding):
+    ks = list(ks) * 2 if len(ks) == 1 else list(ks)
+    stride = list(stride) if len(stride) else list(ks)
+    stride = stride * 2 if len(stride) == 1 else stride
+    padding = list(padding) * 2 if len(padding) == 1 else list(padding)
+    return ks, stride, padding
+
+
+def _avg_divisor(x, ks, stride, padding, count_include_pad, divisor_override):
+    if divisor_override:
+        return float(divisor_override)
+    if count_include_pad or not any(padding):
+        return float(ks[0] * ks[1])
+    ones = torch.ones((1, 1) + tuple(x.shape[-2:]), dtype=x.dtype, device=x.device)
+    cnt, _ = flop.im2col(ones, ks, stride, padding, (1, 1))
+    return cnt.sum(1).reshape(1, -1)  # exact small integers
+
+
+@register("aten.avg_pool2d")
+def _avg_pool2d(ctx, func, args, kwargs):
+    """Window sum (im2col order, padded zeros as terms, each add rounded), then one
+    rounded division by the divisor. ``ceil_mode`` windows: rounded once (op level)."""
+    x = args[0]
+    ks, stride, padding = _pool_params(args[1], _get(args, kwargs, 2, "stride", []),
+                                       _get(args, kwargs, 3, "padding", [0]))
+    ceil = _get(args, kwargs, 4, "ceil_mode", False)
+    cip = _get(args, kwargs, 5, "count_include_pad", True)
+    dov = _get(args, kwargs, 6, "divisor_override")
+    if ceil or x.dtype not in FLOATS:
+        return op_once(ctx, func, args, kwargs)
+    lead = x.shape[:-2]
+    xx = x.reshape(-1, 1, *x.shape[-2:])
+    cols, ls = flop.im2col(xx, ks, stride, padding, (1, 1))  # (B, kh*kw, L)
+    sums = flop.reduce(cols, [1], ctx)  # (B, L)
+    div = _avg_divisor(x, ks, stride, padding, cip, dov)
+    return ctx.div(sums, div).reshape(*lead, *ls)
+
+
+@register("aten.avg_pool2d_backward")
+def _avg_pool2d_backward(ctx, func, args, kwargs):
+    """Non-overlapping windows: grad / divisor scattered (one rounded division per
+    element); overlapping windows: rounded once (op level)."""
+    gout, x = args[0], args[1]
+    ks, stride, padding = _pool_params(args[2], args[3], args[4])
+    ceil, cip, dov = args[5], args[6], args[7]
+    if ceil or any(k > s for k, s in zip(ks, stride)) or gout.dtype not in FLOATS:
+        return op_once(ctx, func, args, kwargs)
+    div = _avg_divisor(x, ks, stride, padding, cip, dov)
+    g = gout.reshape(-1, 1, gout.shape[-2] * gout.shape[-1])
+    q = ctx.div(g, div)  # (B, 1, L)
+    cols = q.expand(-1, ks[0] * ks[1], -1)
+    h, w = x.shape[-2:]
+    out = F.fold(cols, (h + 2 * padding[0], w + 2 * padding[1]), ks, stride=stride)  # no overlap: exact
+    out = out[..., padding[0]:padding[0] + h, padding[1]:padding[1] + w]
+    return out.reshape(x.shape)
 
 
 # --------------------------------------------------------------------- special cases
