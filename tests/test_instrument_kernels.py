@@ -26,8 +26,18 @@ def _weird(rng, shape, dt):
     return x.astype(dt)
 
 
+def _with_specials(rng, x):
+    x = x.copy()
+    x.flat[rng.integers(0, x.size, 2)] = np.inf
+    x.flat[rng.integers(0, x.size, 1)] = -np.inf
+    x.flat[rng.integers(0, x.size, 1)] = np.nan
+    return x
+
+
 def _same(a, b):
-    return np.array_equal(a, b, equal_nan=True) and np.array_equal(np.signbit(a), np.signbit(b))
+    """Bitwise equal up to the sign of NaNs (meaningless in IEEE 754); signed zeros count."""
+    num = ~np.isnan(a)
+    return np.array_equal(a, b, equal_nan=True) and np.array_equal(np.signbit(a)[num], np.signbit(b)[num])
 
 
 def test_inline_hash_is_the_rounding_core_hash():
@@ -59,6 +69,20 @@ def test_contract_matches_reference(dt, ts):
                 out = KN.contract(a, b, 987654321, code, t)
                 ref = KN.contract_reference(a, b, 987654321, code, t)
                 assert out.dtype == dt and _same(out, ref), (dt, t, m, shapes)
+
+
+def test_special_values_match_reference():
+    rng = np.random.default_rng(7)
+    for dt, t in ((np.float32, 24), (np.float64, 53)):
+        a = _with_specials(rng, _weird(rng, (1, 4, 6), dt))
+        b = _with_specials(rng, _weird(rng, (1, 6, 5), dt))
+        x = _with_specials(rng, _weird(rng, (8, 5), dt))
+        for m in MODES:
+            code = RK.mode_code(m)
+            out = KN.contract(a, b, 3, code, t)
+            assert _same(out, KN.contract_reference(a, b, 3, code, t)), (dt, m)
+            assert np.isnan(out).any() and np.isinf(out).any()
+            assert _same(KN.scan(x, 4, code, t), KN.scan_reference(x, 4, code, t))
 
 
 def test_contract_tiles_match_reference():

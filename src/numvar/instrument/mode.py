@@ -366,18 +366,16 @@ class FuzzyMode(TorchDispatchMode):
         if info.inplace:
             res = self._reenter(info.functional, *args, **kwargs)
             dest = args[0]
-            with torch.utils._python_dispatch._disable_current_modes():
-                dest.copy_(res)
+            dest.copy_(res)  # this mode is popped here: the copy itself is not seen
             return dest
         kw = {k: v for k, v in kwargs.items() if k not in info.out_args}
         res = self._reenter(info.functional, *args, **kw)
         outs = [kwargs[k] for k in info.out_args]
         res_l = list(res) if isinstance(res, (tuple, list)) else [res]
-        with torch.utils._python_dispatch._disable_current_modes():
-            for o, r in zip(outs, res_l):
-                if o.shape != r.shape:
-                    o.resize_(r.shape)
-                o.copy_(r)
+        for o, r in zip(outs, res_l):
+            if o.shape != r.shape:
+                o.resize_(r.shape)
+            o.copy_(r)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
