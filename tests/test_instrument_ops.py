@@ -455,3 +455,23 @@ def test_embedding_backward_flop():
             emb(idx).backward(g)
         assert not torch.equal(emb.weight.grad, want)
         assert torch.equal(emb.weight.grad[0], torch.zeros(4))
+
+
+def test_short_paths_equal_the_rounding_core_api():
+    """Ctx's direct kernel calls give numvar.rounding's bits (same keys, same kernels)."""
+    import numvar.rounding as R
+    from numvar.instrument._core import Ctx
+
+    for dt in (torch.float32, torch.float64):
+        a, b = gen(7, 5, seed=25, dtype=dt), gen(5, seed=26, dtype=dt)
+        hi = gen(7, 5, seed=27, dtype=torch.float64)
+        for mode in ("ieee", "sr", "ud", "random"):
+            for prec in (None, 9):
+                ctx = Ctx(mode, "flop", prec, R.Stream(8))
+                s = R.Stream(8)
+                kw = dict(mode=mode, stream=s, precision=prec)
+                assert bits_equal(ctx.add(a, b), R.add(a, b, **kw))
+                assert bits_equal(ctx.sub(a, 2.5), R.sub(a, torch.tensor(2.5, dtype=dt), **kw))
+                assert bits_equal(ctx.mul(a, b), R.mul(a, b, **kw))
+                assert bits_equal(ctx.div(b, a), R.div(b, a, **kw))
+                assert bits_equal(ctx.round(hi, dt), R.round(hi, dtype=dt, **kw))

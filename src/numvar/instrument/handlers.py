@@ -50,7 +50,7 @@ def _get(args, kwargs, i: int, name: str, default=None):
 _OUT_DTYPES: dict = {}
 
 
-def _meta_out_dtypes(func, flat, spec):
+def _meta_out_dtypes(func, flat, rebuild):
     """Output dtypes of ``func`` on these inputs (run once per signature on 'meta')."""
     sig = (func, tuple(x.dtype if isinstance(x, torch.Tensor) else
                        (x if isinstance(x, torch.dtype) else None) for x in flat))
@@ -58,13 +58,60 @@ def _meta_out_dtypes(func, flat, spec):
         return _OUT_DTYPES[sig]
     try:
         meta = [x.detach().to("meta") if isinstance(x, torch.Tensor) else x for x in flat]
-        a, k = tree_unflatten(meta, spec)
+        a, k = rebuild(meta)
         out = func(*a, **k)
-        res = [o.dtype if isinstance(o, torch.Tensor) else None for o in tree_flatten(out)[0]]
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        res = [o.dtype if isinstance(o, torch.Tensor) else None for o in outs]
     except Exception:  # no meta kernel: fall back to type promotion
         res = None
     _OUT_DTYPES[sig] = res
     return res
+
+
+def _flatten(args, kwargs):
+    """(flat values, rebuild) for aten arguments: values, or lists/tuples of values
+    (one level, as aten schemas have). Cheaper than a general pytree."""
+    flat: list = []
+    shape: list = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            shape.append(len(a))
+            flat.extend(a)
+        else:
+            shape.append(-1)
+            flat.append(a)
+    keys = list(kwargs)
+    for k in keys:
+        v = kwargs[k]
+        if isinstance(v, (list, tuple)):
+            shape.append(len(v))
+            flat.extend(v)
+        else:
+            shape.append(-1)
+            flat.append(v)
+    nargs = len(args)
+
+    def rebuild(vals):
+        out, i = [], 0
+        for n in shape:
+            if n < 0:
+                out.append(vals[i])
+                i += 1
+            else:
+                out.append(list(vals[i:i + n]))
+                i += n
+        return tuple(out[:nargs]), dict(zip(keys, out[nargs:]))
+
+    return flat, rebuild
+
+
+def _map_outputs(out, fn):
+    if isinstance(out, torch.Tensor):
+        return fn(out, 0)
+    if isinstance(out, (tuple, list)):
+        res = [fn(o, j) if isinstance(o, torch.Tensor) else o for j, o in enumerate(out)]
+        return type(out)(res) if isinstance(out, tuple) else res
+    return out
 
 
 def op_once(ctx: Ctx, func, args, kwargs):
@@ -75,11 +122,11 @@ def op_once(ctx: Ctx, func, args, kwargs):
     exact (only UD, or a virtual precision, perturbs it). Mutated arguments (running
     statistics) are rounded back into place.
     """
-    flat, spec = tree_flatten((args, kwargs))
+    flat, rebuild = _flatten(args, kwargs)
     dts = [x.dtype for x in flat if is_float_tensor(x)]
     if not dts:
         return func(*args, **kwargs)
-    out_dts = _meta_out_dtypes(func, flat, spec)
+    out_dts = _meta_out_dtypes(func, flat, rebuild)
     promoted = _reduce(torch.promote_types, dts)
     up = []
     for x in flat:
@@ -88,26 +135,25 @@ def op_once(ctx: Ctx, func, args, kwargs):
         elif isinstance(x, torch.dtype) and x in FLOATS:
             x = torch.float64
         up.append(x)
-    a2, k2 = tree_unflatten(up, spec)
+    a2, k2 = rebuild(up)
     out = func(*a2, **k2)
     # rounded write-back of mutated float arguments (e.g. batch norm running stats)
-    for i, arg in enumerate(func._schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            orig = kwargs.get(arg.name) if arg.kwarg_only or arg.name in kwargs else (
-                args[i] if i < len(args) else None)
-            new = k2.get(arg.name) if arg.kwarg_only or arg.name in kwargs else (
-                a2[i] if i < len(a2) else None)
-            if is_float_tensor(orig) and new is not orig:
-                orig.copy_(ctx.round(new, orig.dtype))
-    oflat, ospec = tree_flatten(out)
-    res = []
-    for j, o in enumerate(oflat):
-        if is_float_tensor(o):
-            target = out_dts[j] if out_dts is not None and j < len(out_dts) and out_dts[j] else promoted
-            if target in FLOATS:
-                o = ctx.round(o, target)
-        res.append(o)
-    return tree_unflatten(res, ospec)
+    if func._schema.is_mutable:
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                byname = arg.kwarg_only or arg.name in kwargs
+                orig = kwargs.get(arg.name) if byname else (args[i] if i < len(args) else None)
+                new = k2.get(arg.name) if byname else (a2[i] if i < len(a2) else None)
+                if is_float_tensor(orig) and new is not orig:
+                    orig.copy_(ctx.round(new, orig.dtype))
+
+    def rnd(o, j):
+        if not is_float_tensor(o):
+            return o
+        target = out_dts[j] if out_dts is not None and j < len(out_dts) and out_dts[j] else promoted
+        return ctx.round(o, target) if target in FLOATS else o
+
+    return _map_outputs(out, rnd)
 
 
 def f64_once(ctx: Ctx, func, args, kwargs):
