@@ -9,13 +9,11 @@ formulas).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import reduce as _reduce
 
 import torch
 import torch.nn.functional as F
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from . import flop
 from ._core import FLOATS, Ctx, is_float_tensor, result_dtype
@@ -581,13 +579,4 @@ def _foreach(ctx, func, args, kwargs, mode=None):
 FOREACH_PREFIX = "aten._foreach_"
 
 
-def _glob_names():  # pragma: no cover - documentation helper
-    return sorted(FLOP_HANDLERS)
-
-
-def count_elements(x) -> int:
-    return sum(t.numel() for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor))
-
-
-__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "HOW", "EXACT", "op_once", "f64_once", "register",
-           "tree_map", "math"]
+__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "HOW", "EXACT", "op_once", "f64_once", "register"]
