@@ -187,3 +187,26 @@ def test_conv2d_through_the_mode_matches_direct_reference(stride, padding, dilat
                                 RK.mode_code(m), 24)
         ref = R.add(torch.from_numpy(ref), bias.view(1, 4, 1, 1), mode=m, stream=s)  # bias add
         assert _same(y.numpy(), ref.numpy()), m
+
+
+def test_round32_is_the_rounding_core_round():
+    rng = np.random.default_rng(8)
+    h = _with_specials(rng, _weird(rng, (3000,), np.float64))
+    h[:50] = np.float32(h[:50])  # exact binary32 values
+    h[50:60] = 3.4028235677973366e38  # just above FLT_MAX (overflow boundary)
+    h[60:70] = 1.1754943508222875e-38  # 2^-126 (the UD boundary case)
+    for m in MODES:
+        got = KN.round32(h, 12345, RK.mode_code(m))
+        want = R.round(torch.from_numpy(h), dtype=torch.float32, mode=m, stream=_key_stream(12345))
+        assert _same(got, want.numpy()), m
+
+
+class _key_stream(R.Stream):
+    """A stream whose next key is the given one."""
+
+    def __init__(self, key):
+        super().__init__(0)
+        self._k = key
+
+    def next_key(self):
+        return self._k

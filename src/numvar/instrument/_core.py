@@ -116,8 +116,13 @@ class Ctx:
             out = torch.empty(hi.shape, dtype=dtype)
             if out.numel():
                 h = hi.detach().contiguous().view(-1).numpy()
-                RK.k_round(h, h[:0], out.view(-1).numpy(), False, p, emin, emax, self.code,
-                           self.bits(dtype), np.uint64(key))
+                if dtype == torch.float32 and self.bits(dtype) == 24:
+                    from .kernels import _round_fast32
+
+                    _round_fast32(h, out.view(-1).numpy(), np.uint64(key), self.code)
+                else:
+                    RK.k_round(h, h[:0], out.view(-1).numpy(), False, p, emin, emax, self.code,
+                               self.bits(dtype), np.uint64(key))
             return out
         return R.round(hi, lo, dtype=dtype, mode=self.mode, stream=self.stream,
                        precision=self.prec(dtype), backend=self.backend)

@@ -324,6 +324,55 @@ def _scan_kernel(x, out, key, mode, t, is32, use_mul, cumulative):  # pragma: no
             prev = cur
 
 
+@njit(inline="always")
+def _roundloop32(h, o, ukey, j0, mode):
+    nbad = 0
+    for jj in range(o.size):
+        v, ok = _fast32(h[jj], _bits(ukey, np.uint64(j0 + jj)), mode)
+        o[jj] = v
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(parallel=True, cache=True)
+def _round_fast32(h, out, key, mode):  # pragma: no cover - compiled
+    """out[j] = round_f32(h[j], 0, mode, 24, bits64(key, j)): numvar.rounding's
+    ``round`` of float64 values to binary32, vectorised for every mode (the rounding
+    core's own kernel vectorises SR only)."""
+    n = h.size
+    ntile = (n + TILE - 1) // TILE
+    ukey = np.uint64(key)
+    for tile in prange(ntile):
+        j0 = tile * TILE
+        j1 = min(n, j0 + TILE)
+        hh = h[j0:j1]
+        o = out[j0:j1]
+        if mode == _SR:
+            nbad = _roundloop32(hh, o, ukey, j0, _SR)
+        elif mode == _IEEE:
+            nbad = _roundloop32(hh, o, ukey, j0, _IEEE)
+        elif mode == _UD:
+            nbad = _roundloop32(hh, o, ukey, j0, _UD)
+        else:
+            nbad = _roundloop32(hh, o, ukey, j0, _RANDOM)
+        if nbad:
+            for jj in range(j1 - j0):
+                r = _bits(ukey, np.uint64(j0 + jj))
+                v, ok = _fast32(hh[jj], r, mode)
+                if not ok:
+                    o[jj] = K.round_f32(hh[jj], 0.0, mode, 24, r)
+
+
+def round32(h: np.ndarray, key: int, mode: int) -> np.ndarray:
+    """Round float64 values to binary32 (24 bits) exactly as ``numvar.rounding.round``
+    does for that key (element j uses ``bits64(key, j)``)."""
+    h = np.ascontiguousarray(h, dtype=np.float64).reshape(-1)
+    out = np.empty(h.size, dtype=np.float32)
+    if h.size:
+        _round_fast32(h, out, np.uint64(key), mode)
+    return out
+
+
 def _check(arr: np.ndarray, name: str) -> None:
     if arr.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name}: float32 or float64 array expected, got {arr.dtype}")
