@@ -25,9 +25,12 @@ def under(mode, fn, *args, seed=0, granularity="flop", **kw):
 
 
 def bits_equal(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.contiguous().view(torch.int32 if a.dtype == torch.float32 else torch.int64),
-        b.contiguous().view(torch.int32 if b.dtype == torch.float32 else torch.int64))
+    """Bitwise equal, NaNs compared as NaNs (their sign and payload carry no meaning)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    na, nb = torch.isnan(a), torch.isnan(b)
+    it = torch.int32 if a.dtype == torch.float32 else torch.int64
+    return torch.equal(na, nb) and torch.equal(a.contiguous().view(it)[~na], b.contiguous().view(it)[~nb])
 
 
 def gen(*shape, seed=0, dtype=torch.float32):
@@ -464,7 +467,10 @@ def test_short_paths_equal_the_rounding_core_api():
 
     for dt in (torch.float32, torch.float64):
         a, b = gen(7, 5, seed=25, dtype=dt), gen(5, seed=26, dtype=dt)
+        a[0, :] = torch.tensor([0.0, -0.0, float("inf"), float("nan"), 3e38], dtype=dt)
+        a[1, :] = torch.tensor([1e-39, -1e-40, 2.0 ** -126, 1.0, 1e30], dtype=dt)
         hi = gen(7, 5, seed=27, dtype=torch.float64)
+        hi[0, :] = torch.tensor([0.0, float("-inf"), 3.5e38, 1e-40, 2.0 ** -126])
         for mode in ("ieee", "sr", "ud", "random"):
             for prec in (None, 9):
                 ctx = Ctx(mode, "flop", prec, R.Stream(8))

@@ -62,9 +62,15 @@ class Ctx:
         key = self.stream.next_key()
         out = torch.empty(a.shape, dtype=a.dtype)
         if out.numel():
-            RK.k_binary(op, a.detach().contiguous().view(-1).numpy(),
-                        b.detach().contiguous().view(-1).numpy(), out.view(-1).numpy(),
-                        p, emin, emax, self.code, self.bits(a.dtype), np.uint64(key))
+            an = a.detach().contiguous().view(-1).numpy()
+            bn = b.detach().contiguous().view(-1).numpy()
+            if a.dtype == torch.float32 and self.bits(a.dtype) == 24 and op != RK.OP_DIV:
+                from .kernels import _binary_fast32
+
+                _binary_fast32(op, an, bn, out.view(-1).numpy(), np.uint64(key), self.code)
+            else:
+                RK.k_binary(op, an, bn, out.view(-1).numpy(), p, emin, emax, self.code,
+                            self.bits(a.dtype), np.uint64(key))
         return out
 
     def add(self, a, b):
