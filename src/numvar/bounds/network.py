@@ -37,10 +37,13 @@ from .budgets import (
     Precision,
     affine_layer_gain,
     affine_layer_offset,
+    avgpool_budget,
+    batchnorm_budget,
     br,
     gamma,
     get_precision,
     growth,
+    residual_add_budget,
 )
 
 log = logging.getLogger(__name__)
@@ -276,12 +279,11 @@ def _avgpool(ctx: _Ctx, name: str, mod: nn.Module, x: Tracked) -> Tracked:
         k = math.prod(ks)
     ones = torch.ones((1, 1) + tuple(spatial), dtype=torch.float64)
     s = _maxf(mod(ones))                     # max (elements in window)/divisor
-    g = growth(u, k + 2)
-    dd = g * mod(x.fp.double().abs()) + mod(x.dd)
-    gain = s * (1 + g)
-    offset = g * s * x.A
-    out = Tracked(fp=mod(x.fp), ref=mod(x.ref), dd=dd, A=s * x.A, E=gain * x.E + offset,
-                  G=gain * x.G)
+    # per element: the budget at the computed input's window mean of |x̂| (s folded in)
+    dd = avgpool_budget(k, mod(x.fp.double().abs()), 0.0, 1.0, u) + mod(x.dd)
+    gain = s * (1 + growth(u, k + 2))
+    out = Tracked(fp=mod(x.fp), ref=mod(x.ref), dd=dd, A=s * x.A,
+                  E=avgpool_budget(k, x.A, x.E, s, u), G=gain * x.G)
     ctx.row(name, "avgpool", x, out, fan_in=k, w=s / k, gain=gain)
     return out
 
@@ -300,13 +302,13 @@ def _batchnorm(ctx: _Ctx, name: str, mod: nn.Module, x: Tracked) -> Tracked:
     bias = mod.bias.detach().double() if mod.bias is not None else torch.zeros(C, dtype=torch.float64)
     a = weight / torch.sqrt(var + mod.eps)
     c = bias - mean * a
-    gk = gamma(u, BATCHNORM_ROUNDINGS)
     shape = (1, C) + (1,) * (x.fp.dim() - 2) if x.fp.dim() >= 2 else (C,)
-    av, muav, bv = a.abs().view(shape), (mean * a).abs().view(shape), bias.abs().view(shape)
-    dd = gk * (av * x.fp.double().abs() + muav + bv) + av * x.dd
+    av, muav, bv = a.view(shape), (mean * a).view(shape), bias.view(shape)
+    # per element: the budget at the computed input |x̂| (E = 0), plus |a|·(inherited bound)
+    dd = batchnorm_budget(av, muav, bv, x.fp.double().abs(), 0.0, u) + av.abs() * x.dd
     amax = float(a.abs().max())
-    gain = amax * (1 + gk)
-    offset = float((gk * (a.abs() * x.A + (mean * a).abs() + bias.abs())).max())
+    gain = amax * (1 + gamma(u, BATCHNORM_ROUNDINGS))   # >= every channel's coefficient of E
+    offset = float(batchnorm_budget(a, mean * a, bias, x.A, 0.0, u).max())
     fp = F.batch_norm(x.fp, mod.running_mean.to(ctx.dtype), mod.running_var.to(ctx.dtype),
                       mod.weight.to(ctx.dtype) if mod.weight is not None else None,
                       mod.bias.to(ctx.dtype) if mod.bias is not None else None,
@@ -330,14 +332,14 @@ def _add(ctx: _Ctx, name: str, x: Any, y: Any) -> Tracked:
         exact_sum = x.fp.double() + y.fp.double()
         dd = u * exact_sum.abs() + x.dd + y.dd
         A = x.A + y.A
-        E = u * (x.A + x.E + y.A + y.E) + x.E + y.E
+        E = residual_add_budget(x.A, x.E, y.A, y.E, u)
         G = (1 + u) * (x.G + y.G)
     elif isinstance(y, (int, float)):
         fp = x.fp + y
         ref = x.ref + y
         dd = u * (x.fp.double() + y).abs() + x.dd
         A = x.A + abs(y)
-        E = u * (x.A + x.E + abs(y)) + x.E
+        E = residual_add_budget(x.A, x.E, abs(y), 0.0, u)
         G = (1 + u) * x.G
     else:
         raise BoundsError(f"node {name!r}: add of a tensor and {type(y).__name__} is not "
