@@ -297,7 +297,8 @@ def test_plot_and_json(tmp_path):
     assert set(d) == {"precision", "input_shape", "input_bound", "input_error",
                       "network_gain", "layers", "final"}
     assert set(d["layers"][0]) == {"index", "name", "kind", "fan_in", "w", "A", "gain",
-                                   "apriori", "data_dependent", "measured", "sr_std"}
+                                   "apriori", "data_dependent", "measured", "sr_std", "shape"}
+    assert d["layers"][0]["shape"] == [2, 6, 10, 10]
     assert d["final"]["ratio_apriori"] == pytest.approx(r.ratio_apriori)
 
 

@@ -264,20 +264,26 @@ def bounds_cmd(
     """Worst-case rounding-error bounds per layer (a-priori and data-dependent) against
     the measured error |computed - float64| and, with --run, the SR std."""
     import json
+    import logging
+    import math
 
     import torch
     from rich.console import Console
     from rich.table import Table
 
     from . import _spec
-    from .bounds import get_precision, network_bounds
+    from .bounds import network_bounds
     from .errors import ConfigError
+    from .runner.store import RunStore
 
     if fmt not in ("table", "json"):
         raise ConfigError(f"--format {fmt!r}: expected table or json")
     if precision not in ("fp32", "bf16-mixed"):
         raise ConfigError(f"--precision {precision!r}: expected fp32 or bf16-mixed")
-    get_precision(precision)
+    if input_bound is not None and not (math.isfinite(input_bound) and input_bound >= 0):
+        raise ConfigError(f"--input-bound {input_bound}: expected a finite number >= 0")
+    if run is not None:
+        RunStore.open(run)             # a missing or corrupt run fails before the work
     if input_file is not None:
         x = _spec.load_input(input_file)
         if input_shape is not None and tuple(x.shape) != _spec.parse_shape(input_shape):
@@ -290,12 +296,22 @@ def bounds_cmd(
             input_bound = 1.0
     else:
         raise ConfigError("give --input-shape or --input")
-    model = _spec.load_object(spec)()
+    try:
+        model = _spec.load_object(spec)()
+    except NumvarError:
+        raise
+    except Exception as exc:  # the user's file or build function failed
+        logging.getLogger(__name__).info("building %s failed", spec, exc_info=True)
+        raise ConfigError(f"{spec}: building the model raised {type(exc).__name__}: {exc} "
+                          "(-v for the traceback)") from exc
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
     result = network_bounds(model, x, precision=precision, input_bound=input_bound, run=run)
     if plot:
-        result.plot(plot)
+        try:
+            result.plot(plot)
+        except OSError as exc:
+            raise ConfigError(f"--plot {plot}: cannot write: {exc.strerror or exc}") from exc
     if fmt == "json":
         typer.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
         return

@@ -76,6 +76,7 @@ class LayerBound:
     measured: float            # max |fp - float64|
     gain: float | None = None  # coefficient of the inherited error E
     sr_std: float | None = None
+    shape: tuple[int, ...] | None = None   # shape of the layer's output
     module: bool = False       # a submodule call (name = its named_modules() path)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -83,7 +84,9 @@ class LayerBound:
         d = {k: getattr(self, k) for k in (
             "index", "name", "kind", "fan_in", "w", "A", "gain", "apriori",
             "data_dependent", "measured", "sr_std")}
-        return {k: _json_num(v) for k, v in d.items()}
+        d = {k: _json_num(v) for k, v in d.items()}
+        d["shape"] = list(self.shape) if self.shape is not None else None
+        return d
 
 
 def _json_num(v: Any) -> Any:
@@ -112,6 +115,7 @@ class NetworkBounds:
     output_measured: float
     network_gain: float
     output_sr_std: float | None = None
+    output_shape: tuple[int, ...] | None = None   # when the model returns one tensor
     tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -173,7 +177,7 @@ class _Ctx:
         measured = _maxf((out.fp.double() - out.ref).abs())
         r = LayerBound(index=len(self.rows) + 1, name=name, kind=kind, fan_in=fan_in, w=w,
                        A=x.A, apriori=out.E, data_dependent=_maxf(out.dd), measured=measured,
-                       gain=gain)
+                       gain=gain, shape=tuple(out.fp.shape))
         if self.keep:
             r.tensors = {"fp": out.fp, "ref": out.ref, "dd": out.dd}
         self.rows.append(r)
@@ -506,8 +510,12 @@ def network_bounds(model: nn.Module, x: torch.Tensor, *, precision: str | Precis
         xin = x.detach().cpu().to(torch.float32)
         amax = _maxf(xin.double().abs())
         A0 = amax if input_bound is None else float(input_bound)
-        if input_error < 0:
-            raise BoundsError("input_error must be >= 0")
+        if not (math.isfinite(A0) and A0 >= 0):
+            raise BoundsError(f"input bound A = {A0:g}: expected a finite number >= 0")
+        if not (math.isfinite(input_error) and input_error >= 0):
+            raise BoundsError(f"input error E = {input_error:g}: expected a finite number >= 0")
+        if not math.isfinite(amax):
+            raise BoundsError("the input holds NaN or infinite values")
         if A0 + input_error < amax:
             raise BoundsError(f"input bound A = {A0:g} (+ input error {input_error:g}) is "
                               f"below max|input| = {amax:g}")
@@ -529,6 +537,7 @@ def network_bounds(model: nn.Module, x: torch.Tensor, *, precision: str | Precis
         output_data_dependent=max(_maxf(t.dd) for t in outs),
         output_measured=max(_maxf((t.fp.double() - t.ref).abs()) for t in outs),
         network_gain=max(t.G for t in outs),
+        output_shape=tuple(outs[0].fp.shape) if len(outs) == 1 else None,
     )
     if keep_tensors and len(outs) == 1:
         result.tensors = {"fp": outs[0].fp, "ref": outs[0].ref, "dd": outs[0].dd}
@@ -558,32 +567,43 @@ def _interpret(ctx: _Ctx, gm: torch.fx.GraphModule, x0: Tracked) -> Any:
 
     for node in gm.graph.nodes:
         args, kwargs = load(node.args), load(node.kwargs)
-        if node.op == "placeholder":
-            val = x0
-        elif node.op == "get_attr":
-            raise BoundsError(f"node {node.name}: tensor attribute {node.target!r} used "
-                              "directly in forward is not supported")
-        elif node.op == "call_module":
-            mod = modules[node.target]
-            x = args[0] if args else None
-            if not isinstance(x, Tracked) or len(args) != 1 or kwargs:
-                raise BoundsError(f"layer {node.target!r} ({type(mod).__name__}): expected "
-                                  "one tensor argument")
-            if isinstance(mod, MOVE_MODULES):
-                val = _move(lambda t: mod(t), x)
-            else:
-                nrows = len(ctx.rows)
-                val = MODULE_HANDLERS[type(mod)](ctx, node.target, mod, x)
-                for r in ctx.rows[nrows:]:
-                    r.module = True
-        elif node.op == "call_function":
-            val = _call_function(ctx, node, args, kwargs)
-        elif node.op == "call_method":
-            val = _call_method(ctx, node, args, kwargs)
-        elif node.op == "output":
-            return args[0]
-        else:  # pragma: no cover - fx has no other ops
-            raise BoundsError(f"unknown fx node op {node.op}")
+        try:
+            if node.op == "placeholder":
+                val = x0
+            elif node.op == "get_attr":
+                raise BoundsError(f"node {node.name}: tensor attribute {node.target!r} used "
+                                  "directly in forward is not supported")
+            elif node.op == "call_module":
+                mod = modules[node.target]
+                x = args[0] if args else None
+                if not isinstance(x, Tracked) or len(args) != 1 or kwargs:
+                    raise BoundsError(f"layer {node.target!r} ({type(mod).__name__}): expected "
+                                      "one tensor argument")
+                if isinstance(mod, MOVE_MODULES):
+                    val = _move(lambda t: mod(t), x)
+                else:
+                    nrows = len(ctx.rows)
+                    val = MODULE_HANDLERS[type(mod)](ctx, node.target, mod, x)
+                    for r in ctx.rows[nrows:]:
+                        r.module = True
+            elif node.op == "call_function":
+                val = _call_function(ctx, node, args, kwargs)
+            elif node.op == "call_method":
+                val = _call_method(ctx, node, args, kwargs)
+            elif node.op == "output":
+                return args[0]
+            else:  # pragma: no cover - fx has no other ops
+                raise BoundsError(f"unknown fx node op {node.op}")
+        except BoundsError:
+            raise
+        except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+            # the model itself fails (e.g. an input of the wrong shape): name the node
+            shapes = [tuple(a.fp.shape) for a in args if isinstance(a, Tracked)]
+            what = (f"layer {node.target!r} ({type(modules[node.target]).__name__})"
+                    if node.op == "call_module" else f"node {node.name}")
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise BoundsError(f"{what} fails on an input of shape "
+                              f"{shapes[0] if shapes else '?'}: {msg}") from exc
         env[node.name] = val
     return None
 
