@@ -211,3 +211,20 @@ def test_segment_matches_slow_reference():
         for j in range(7):
             top = max(Counter(maps[:, i, j].tolist()).values())
             assert dis[i, j] == 1 - top / 5
+
+
+def test_mismatched_reference_is_ignored_everywhere():
+    """A stored reference whose shape does not fit its capture is noted and ignored by
+    the digits, the decisions and the segmentation alike (never a numpy traceback)."""
+    R = 4
+    x, ref = flip_case([0, 2, 0, 4, 1], R)
+    s = samples_of({"logits": x}, {"logits": ref[:4]})
+    res = analyze(s)
+    c = res["classification"]["logits"]
+    assert c["against"] == "majority" and c["agreement_with_ieee"] is None
+    assert res["captures"]["logits"]["against"] == "mean"
+    assert any("logits: reference shape (4, 3) differs" in n for n in res["notes"])
+    maps, mref = seg_case()
+    seg = analyze(samples_of({"aseg": maps}, {"aseg": mref[:3]}), task="segmentation")
+    assert seg["segmentation"]["aseg"]["against"] == "majority"
+    assert any("aseg: reference shape (3, 4) differs" in n for n in seg["notes"])
