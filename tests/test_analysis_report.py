@@ -183,8 +183,17 @@ def check_html(text, sections):
 
 
 def test_html_report(runs, tmp_path, capsys, monkeypatch):
+    import matplotlib
+
     out = tmp_path / "report.html"
-    rc, _, err = run_cli(capsys, monkeypatch, "report", str(runs[0]), "-f", "html", "-o", str(out))
+    before = matplotlib.get_backend()
+    matplotlib.use("pdf")                 # a user's backend: rendering must leave it alone
+    try:
+        rc, _, err = run_cli(capsys, monkeypatch, "report", str(runs[0]), "-f", "html", "-o",
+                             str(out))
+        assert matplotlib.get_backend() == "pdf"
+    finally:
+        matplotlib.use(before)
     assert rc == 0 and "wrote" in err
     text = out.read_text()
     sizes = check_html(text, {"configuration", "captures", "digits", "layers", "decisions",
