@@ -278,3 +278,22 @@ def test_notes_failed_and_missing_reference(tmp_path):
     assert any("1 realization(s) failed" in n and "[2]" in n for n in res["notes"])
     # y: values 1, 1.001, 1.003 against 1: the first realization equals the reference
     assert res["captures"]["y"]["max_abs_dev_ref"] == pytest.approx(3e-3, rel=1e-3)
+
+
+def test_cli_bad_options_name_the_flag_before_reading_runs(runs, tmp_path, capsys, monkeypatch):
+    """Bad option values fail first (even with a missing run), one line naming the flag."""
+    missing = str(tmp_path / "missing")
+    cases = [(["report", missing, "-p", "2"], "--probability 2.0"),
+             (["report", missing, "-c", "0"], "--confidence 0.0"),
+             (["report", missing, "--task", "foo"], "--task 'foo'"),
+             (["report", missing, "--error", "x"], "--error 'x': expected relative or absolute"),
+             (["report", missing, "--against", "x"], "--against 'x'"),
+             (["report", missing, "-f", "xml"], "--format 'xml': expected table, json or html"),
+             (["compare", str(runs[0]), missing, "--basis", "3"], "--basis 3"),
+             (["report", str(runs[0]), "-o", str(tmp_path)], f"--output {tmp_path}: is a directory"),
+             (["compare", str(runs[0]), missing], f"no run directory at {missing}"),
+             (["report", str(runs[0] / "r0000.safetensors")], "no run directory")]
+    for argv, want in cases:
+        rc, out, err = run_cli(capsys, monkeypatch, *argv)
+        assert rc == 2 and out == "" and err.startswith("error: ") and want in err, (argv, err)
+        assert err.count("\n") == 1 and "Traceback" not in err

@@ -63,23 +63,76 @@ _ANALYSIS_HELP = {
     "probability": "Probability p that the digits are significant.",
     "confidence": "Confidence level of that statement.",
 }
+_FORMAT_HELP = "table, json or html."
+_OUTPUT_HELP = "Write to FILE (required for html)."
 
 
-def _analysis_options(method: str, basis: int, error: str, against: str, probability: float,
-                      confidence: float) -> dict:
+def _analysis_options(fmt: str, output: str | None, method: str, basis: int, error: str,
+                      against: str, probability: float, confidence: float) -> dict:
+    """Check every option, naming it, before any run is read; the analyze() keywords."""
+    import os
+
     from .errors import ConfigError
 
+    choices = {"--format": (fmt, ("table", "json", "html")),
+               "--method": (method.lower(), ("cnh", "general")),
+               "--error": (error.lower(), ("relative", "absolute")),
+               "--against": (against.lower(), ("reference", "mean"))}
+    for flag, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{flag} {value!r}: expected {', '.join(allowed[:-1])} or "
+                              f"{allowed[-1]}")
     if basis not in (2, 10):
-        raise ConfigError(f"--basis must be 2 or 10, not {basis}")
+        raise ConfigError(f"--basis {basis}: expected 2 or 10")
+    for flag, v in (("--probability", probability), ("--confidence", confidence)):
+        if not 0.0 < v < 1.0:
+            raise ConfigError(f"{flag} {v}: expected a number strictly between 0 and 1")
+    if fmt == "html" and not output:
+        raise ConfigError("--format html needs -o FILE")
+    if output and os.path.isdir(output):
+        raise ConfigError(f"--output {output}: is a directory; expected a file name")
     return {"method": method.lower(), "basis": basis, "error": error.lower(),
             "against": against.lower(), "probability": probability, "confidence": confidence}
+
+
+def _write_output(output: str, text: str) -> None:
+    from ._io import atomic_write_text
+    from .errors import ConfigError
+
+    try:
+        atomic_write_text(output, text)
+    except OSError as exc:
+        raise ConfigError(f"--output {output}: cannot write: {exc.strerror or exc}") from exc
+
+
+def _emit(fmt: str, output: str | None, data: dict, renderables, html) -> None:
+    """Print or write (-o) ``data`` as JSON, its rich ``renderables()``, or ``html()``."""
+    import json
+
+    from rich.console import Console
+
+    if fmt == "json":
+        text = json.dumps(data, indent=2, default=str) + "\n"
+        if output:
+            _write_output(output, text)
+        else:
+            sys.stdout.write(text)
+    elif fmt == "html":
+        _write_output(output, html())
+        Console(stderr=True).print(f"wrote {output}")
+    else:
+        console = Console(record=bool(output))
+        for r in renderables():
+            console.print(r)
+        if output:
+            _write_output(output, console.export_text())
 
 
 @app.command("report")
 def report(
     run_dir: str = typer.Argument(..., metavar="RUN", help="Run directory (runs/NAME)."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, json or html."),
-    output: str = typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
+    fmt: str = typer.Option("table", "--format", "-f", help=_FORMAT_HELP),
+    output: str = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
     task: str = typer.Option("auto", "--task", help="auto (classification when a capture is "
                              "named like logits/probs), classification, segmentation, none."),
     scores: list[str] = typer.Option(None, "--scores", help="Score capture(s) to treat as "
@@ -95,50 +148,29 @@ def report(
 ) -> None:
     """Analyse a run: mean, std, standard error and significant digits per capture; flips,
     accuracy and Dice for decisions; the per-layer curve; training bands."""
-    import json
-
-    from rich.console import Console
-
-    from .analysis import analyze_run, render_html
+    from .analysis import analyze, render_html
+    from .analysis.core import TASKS
     from .analysis.text import report_renderables
     from .errors import ConfigError
+    from .runner.store import load_run
 
-    if fmt not in ("table", "json", "html"):
-        raise ConfigError(f"--format must be table, json or html, not {fmt!r}")
-    if fmt == "html" and not output:
-        raise ConfigError("--format html needs -o FILE")
-    opts = _analysis_options(method, basis, error, against, probability, confidence)
-    result = analyze_run(run_dir, task=task, scores=scores or None, labels=labels, **opts)
-    if fmt == "json":
-        text = json.dumps(result, indent=2, default=str) + "\n"
-        if output:
-            from ._io import atomic_write_text
-
-            atomic_write_text(output, text)
-        else:
-            sys.stdout.write(text)
-        return
-    if fmt == "html":
-        from .runner.store import load_run
-
-        render_html(result, load_run(run_dir), output)
-        Console(stderr=True).print(f"wrote {output}")
-        return
-    console = Console(record=bool(output))
-    for r in report_renderables(result):
-        console.print(r)
-    if output:
-        from ._io import atomic_write_text
-
-        atomic_write_text(output, console.export_text())
+    opts = _analysis_options(fmt, output, method, basis, error, against, probability,
+                             confidence)
+    if task not in TASKS:
+        raise ConfigError(f"--task {task!r}: expected one of {', '.join(TASKS)}")
+    samples = load_run(run_dir)
+    result = analyze(samples, task=task, scores=scores or None, labels=labels,
+                     path=str(run_dir), **opts)
+    _emit(fmt, output, result, lambda: report_renderables(result),
+          lambda: render_html(result, samples))
 
 
 @app.command("compare")
 def compare_cmd(
     run_a: str = typer.Argument(..., metavar="RUN_A", help="First run directory."),
     run_b: str = typer.Argument(..., metavar="RUN_B", help="Second run directory."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, json or html."),
-    output: str = typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
+    fmt: str = typer.Option("table", "--format", "-f", help=_FORMAT_HELP),
+    output: str = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
     method: str = typer.Option("cnh", "--method", help=_ANALYSIS_HELP["method"]),
     basis: int = typer.Option(2, "--basis", help=_ANALYSIS_HELP["basis"]),
     error: str = typer.Option("relative", "--error", help=_ANALYSIS_HELP["error"]),
@@ -147,43 +179,15 @@ def compare_cmd(
     confidence: float = typer.Option(0.95, "--confidence", "-c", help=_ANALYSIS_HELP["confidence"]),
 ) -> None:
     """Compare two runs (e.g. SR vs UD, flop vs op): significant digits side by side."""
-    import json
-
-    from rich.console import Console
-
-    from .analysis import analyze_run, compare
+    from .analysis import analyze, compare, render_compare_html
     from .analysis.text import compare_renderables
-    from .errors import ConfigError
+    from .runner.store import load_run
 
-    if fmt not in ("table", "json", "html"):
-        raise ConfigError(f"--format must be table, json or html, not {fmt!r}")
-    if fmt == "html" and not output:
-        raise ConfigError("--format html needs -o FILE")
-    opts = _analysis_options(method, basis, error, against, probability, confidence)
-    cmp = compare(analyze_run(run_a, **opts), analyze_run(run_b, **opts))
-    if fmt == "html":
-        from .analysis import render_compare_html
-
-        render_compare_html(cmp, output)
-        Console(stderr=True).print(f"wrote {output}")
-        return
-    if fmt == "json":
-        text = json.dumps(cmp, indent=2, default=str) + "\n"
-        if output:
-            from ._io import atomic_write_text
-
-            atomic_write_text(output, text)
-        else:
-            sys.stdout.write(text)
-        return
-    console = Console(record=bool(output))
-    for r in compare_renderables(cmp):
-        console.print(r)
-    if output:
-        from ._io import atomic_write_text
-
-        atomic_write_text(output, console.export_text())
-
+    opts = _analysis_options(fmt, output, method, basis, error, against, probability,
+                             confidence)
+    samples = [load_run(r) for r in (run_a, run_b)]   # both fail before any analysis
+    cmp = compare(*(analyze(s, path=str(r), **opts) for s, r in zip(samples, (run_a, run_b))))
+    _emit(fmt, output, cmp, lambda: compare_renderables(cmp), lambda: render_compare_html(cmp))
 
 
 # ---------------------------------------------------------------- determinism
