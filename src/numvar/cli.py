@@ -54,17 +54,23 @@ def demo(ctx: typer.Context) -> None:
 
 
 # ---------------------------------------------------------------- report / compare (analysis)
-_ANALYSIS_HELP = {
-    "method": "Significant-digits method: cnh (Sohier et al.'s centred normality hypothesis) "
-              "or general (no distribution assumed).",
-    "basis": "Digits in base 2 (bits) or 10 (decimal digits).",
-    "error": "relative (X/x - 1) or absolute (X - x) error.",
-    "against": "reference (the IEEE run; the sample mean where none is stored) or mean.",
-    "probability": "Probability p that the digits are significant.",
-    "confidence": "Confidence level of that statement.",
+# options shared by report and compare
+_OPT = {
+    "format": typer.Option("table", "--format", "-f", help="table, json or html."),
+    "output": typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
+    "method": typer.Option("cnh", "--method", help="Significant-digits method: cnh (Sohier et "
+                           "al.'s centred normality hypothesis) or general (no distribution "
+                           "assumed)."),
+    "basis": typer.Option(2, "--basis", help="Digits in base 2 (bits) or 10 (decimal digits)."),
+    "error": typer.Option("relative", "--error", help="relative (X/x - 1) or absolute (X - x) "
+                          "error."),
+    "against": typer.Option("reference", "--against", help="reference (the IEEE run; the "
+                            "sample mean where none is stored) or mean."),
+    "probability": typer.Option(0.95, "--probability", "-p",
+                                help="Probability p that the digits are significant."),
+    "confidence": typer.Option(0.95, "--confidence", "-c",
+                               help="Confidence level of that statement."),
 }
-_FORMAT_HELP = "table, json or html."
-_OUTPUT_HELP = "Write to FILE (required for html)."
 
 
 def _analysis_options(fmt: str, output: str | None, method: str, basis: int, error: str,
@@ -131,20 +137,20 @@ def _emit(fmt: str, output: str | None, data: dict, renderables, html) -> None:
 @app.command("report")
 def report(
     run_dir: str = typer.Argument(..., metavar="RUN", help="Run directory (runs/NAME)."),
-    fmt: str = typer.Option("table", "--format", "-f", help=_FORMAT_HELP),
-    output: str = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
+    fmt: str = _OPT["format"],
+    output: str = _OPT["output"],
     task: str = typer.Option("auto", "--task", help="auto (classification when a capture is "
                              "named like logits/probs), classification, segmentation, none."),
     scores: list[str] = typer.Option(None, "--scores", help="Score capture(s) to treat as "
                                      "decisions (default: names containing logits/probs)."),
     labels: str = typer.Option(None, "--labels", help="Capture holding the true labels "
                                "(default: one named labels or targets)."),
-    method: str = typer.Option("cnh", "--method", help=_ANALYSIS_HELP["method"]),
-    basis: int = typer.Option(2, "--basis", help=_ANALYSIS_HELP["basis"]),
-    error: str = typer.Option("relative", "--error", help=_ANALYSIS_HELP["error"]),
-    against: str = typer.Option("reference", "--against", help=_ANALYSIS_HELP["against"]),
-    probability: float = typer.Option(0.95, "--probability", "-p", help=_ANALYSIS_HELP["probability"]),
-    confidence: float = typer.Option(0.95, "--confidence", "-c", help=_ANALYSIS_HELP["confidence"]),
+    method: str = _OPT["method"],
+    basis: int = _OPT["basis"],
+    error: str = _OPT["error"],
+    against: str = _OPT["against"],
+    probability: float = _OPT["probability"],
+    confidence: float = _OPT["confidence"],
 ) -> None:
     """Analyse a run: mean, std, standard error and significant digits per capture; flips,
     accuracy and Dice for decisions; the per-layer curve; training bands."""
@@ -169,14 +175,14 @@ def report(
 def compare_cmd(
     run_a: str = typer.Argument(..., metavar="RUN_A", help="First run directory."),
     run_b: str = typer.Argument(..., metavar="RUN_B", help="Second run directory."),
-    fmt: str = typer.Option("table", "--format", "-f", help=_FORMAT_HELP),
-    output: str = typer.Option(None, "--output", "-o", help=_OUTPUT_HELP),
-    method: str = typer.Option("cnh", "--method", help=_ANALYSIS_HELP["method"]),
-    basis: int = typer.Option(2, "--basis", help=_ANALYSIS_HELP["basis"]),
-    error: str = typer.Option("relative", "--error", help=_ANALYSIS_HELP["error"]),
-    against: str = typer.Option("reference", "--against", help=_ANALYSIS_HELP["against"]),
-    probability: float = typer.Option(0.95, "--probability", "-p", help=_ANALYSIS_HELP["probability"]),
-    confidence: float = typer.Option(0.95, "--confidence", "-c", help=_ANALYSIS_HELP["confidence"]),
+    fmt: str = _OPT["format"],
+    output: str = _OPT["output"],
+    method: str = _OPT["method"],
+    basis: int = _OPT["basis"],
+    error: str = _OPT["error"],
+    against: str = _OPT["against"],
+    probability: float = _OPT["probability"],
+    confidence: float = _OPT["confidence"],
 ) -> None:
     """Compare two runs (e.g. SR vs UD, flop vs op): significant digits side by side."""
     from .analysis import analyze, compare, render_compare_html
