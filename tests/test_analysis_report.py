@@ -146,6 +146,15 @@ def test_series_and_weights_content(runs):
     w = res["weights"][0]
     assert w["layer"] == "fc" and w["numel"] == 16
     assert w["tensors"] == ["weights.fc.weight", "weights.fc.bias"]
+    # the layer's numbers over its concatenated tensors, computed directly in float64
+    flat = torch.cat([smp[n].double().reshape(R, -1) for n in w["tensors"]], dim=1)
+    std = flat.std(dim=0)
+    assert w["std"] == pytest.approx(std.mean().item(), rel=5e-6)
+    assert w["rel_std"] == pytest.approx((std.mean() / flat.mean(0).abs().mean()).item(), rel=5e-6)
+    d = np.concatenate([significant_digits(smp[n], smp.reference[n]).digits.reshape(-1)
+                        for n in w["tensors"]])
+    assert w["digits_median"] == pytest.approx(np.median(d), abs=1e-6)
+    assert w["digits_min"] == pytest.approx(d.min(), abs=1e-6)
 
 
 class _Imgs(HTMLParser):
