@@ -219,7 +219,7 @@ def test_minimum_trials_and_errors():
         analyze(samples_of({"y": torch.ones(1, 2)}))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)  # fixed examples
 @given(st.integers(2, 12), st.integers(1, 6), st.integers(-30, 30), st.integers(0, 2 ** 31),
        st.sampled_from(["cnh", "general"]), st.sampled_from([2, 10]))
 def test_digits_invariants(R, M, k, seed, method, basis):
