@@ -310,7 +310,8 @@ def test_cli_bad_options_name_the_flag_before_reading_runs(runs, tmp_path, capsy
              (["report", missing, "--against", "x"], "--against 'x'"),
              (["report", missing, "-f", "xml"], "--format 'xml': expected table, json or html"),
              (["compare", str(runs[0]), missing, "--basis", "3"], "--basis 3"),
-             (["report", str(runs[0]), "-o", str(tmp_path)], f"--output {tmp_path}: is a directory"),
+             (["report", str(runs[0]), "-o", str(tmp_path)],
+              f"--output {tmp_path}: is a directory"),
              (["compare", str(runs[0]), missing], f"no run directory at {missing}"),
              (["report", str(runs[0] / "r0000.safetensors")], "no run directory")]
     for argv, want in cases:
