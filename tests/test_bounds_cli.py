@@ -80,6 +80,8 @@ def test_errors_exit_2(tmp_path, capsys):
 def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     """Every user mistake is one line naming the culprit, exit status 2, no traceback."""
     f = _model(tmp_path)
+    two = tmp_path / "two.safetensors"
+    _io.save_tensors(two, {"x": torch.rand(1, 1, 8, 8), "y": torch.rand(1, 1, 8, 8)})
     cases = [
         ([f"{f}:boom", "--input-shape", "1,1,8,8"], "RuntimeError: user code failed"),
         ([f"{f}:build", "--input-shape", "1,1,5"], "layer '0' (Conv2d) fails on an input of "
@@ -93,6 +95,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
          f"no run directory at {tmp_path / 'none'}"),
         ([f"{f}:build", "--input-shape", "1,1,8,8", "--run", str(f)], "no run directory"),
         ([f"{f}:build", "--input", str(f)], "corrupt tensor file"),
+        ([f"{f}:build", "--input", str(two)], "holds 2 tensors"),
+        ([f"{f}:build", "--input", str(two), "--input-key", "z"], "no tensor named 'z'"),
     ]
     for argv, want in cases:
         assert main(["bounds", *argv]) == 2, argv
@@ -120,3 +124,12 @@ def test_run_of_another_model_is_left_out(tmp_path, capsys, caplog):
     assert d["layers"][0]["shape"] == [1, 4, 6, 6]
     assert d["layers"][3]["sr_std"] is None and d["final"]["sr_std"] is None
     assert "capture layers/4#0 has shape (3, 7), layer 4 outputs (1, 10)" in caplog.text
+
+
+def test_input_key_picks_a_tensor(tmp_path, capsys):
+    f = _model(tmp_path)
+    _io.save_tensors(tmp_path / "two.safetensors", {"a": torch.rand(1, 1, 8, 8),
+                                                    "b": torch.full((1, 1, 8, 8), 3.0)})
+    rc = main(["bounds", f"{f}:build", "--input", str(tmp_path / "two.safetensors"),
+               "--input-key", "b", "--format", "json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["input_bound"] == 3.0

@@ -263,6 +263,8 @@ def bounds_cmd(
                                   help="fp32 or bf16-mixed (bf16 operands and stored "
                                        "conv/dense results, fp32 accumulation)."),
     input_file: str = typer.Option(None, "--input", help="Sample input (.safetensors)."),
+    input_key: str = typer.Option(None, "--input-key",
+                                  help="Tensor to use when --input holds several."),
     input_bound: float = typer.Option(None, "--input-bound",
                                       help="A-priori bound A on |input| (default: 1 for "
                                            "generated inputs, max|x| for --input)."),
@@ -295,7 +297,7 @@ def bounds_cmd(
     if run is not None:
         RunStore.open(run)             # a missing or corrupt run fails before the work
     if input_file is not None:
-        x = _spec.load_input(input_file)
+        x = _spec.load_input(input_file, input_key)
         if input_shape is not None and tuple(x.shape) != _spec.parse_shape(input_shape):
             raise ConfigError(f"--input has shape {tuple(x.shape)}, --input-shape says "
                               f"{_spec.parse_shape(input_shape)}")
