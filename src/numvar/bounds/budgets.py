@@ -275,5 +275,8 @@ def identical_layers(gain: float, offset: float, d: int, E0: float = 0.0) -> flo
         raise ValueError("d must be >= 0")
     if gain == 1.0:
         return E0 + offset * d
-    gd = gain ** d
-    return gd * E0 + offset * (gd - 1.0) / (gain - 1.0)
+    if gain < 0.0:
+        raise ValueError("gain must be >= 0")
+    # gain^d - 1 as expm1(d·log1p(gain - 1)): no cancellation when gain is close to 1
+    gd1 = math.expm1(d * math.log1p(gain - 1.0)) if gain > 0.0 else (-1.0 if d else 0.0)
+    return (gd1 + 1.0) * E0 + offset * gd1 / (gain - 1.0)
