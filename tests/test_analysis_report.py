@@ -90,6 +90,10 @@ def test_table_equals_json_equals_api(runs, capsys, monkeypatch):
     assert json.loads(out) == json.loads(json.dumps(api))  # JSON == API
     rc, table, _ = run_cli(capsys, monkeypatch, "report", str(sr))
     assert rc == 0
+    # -o FILE: the same tables in the file, nothing on stdout
+    rc, out, err = run_cli(capsys, monkeypatch, "report", str(sr), "-o", str(sr.parent / "t.txt"))
+    assert rc == 0 and out == "" and "wrote" in err
+    assert rows_of((sr.parent / "t.txt").read_text(), "Captures") == rows_of(table, "Captures")
     caps = {r[0]: r for r in rows_of(table, "Captures")}
     assert set(caps) == {"output", "logits", "labels", "constant"}
     for name, row in caps.items():

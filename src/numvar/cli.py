@@ -126,12 +126,18 @@ def _emit(fmt: str, output: str | None, data: dict, renderables, html) -> None:
     elif fmt == "html":
         _write_output(output, html())
         Console(stderr=True).print(f"wrote {output}")
-    else:
-        console = Console(record=bool(output))
+    elif output:  # the tables go to the file only, at a width that keeps them whole
+        import io
+
+        console = Console(file=io.StringIO(), record=True, width=160)
         for r in renderables():
             console.print(r)
-        if output:
-            _write_output(output, console.export_text())
+        _write_output(output, console.export_text())
+        Console(stderr=True).print(f"wrote {output}")
+    else:
+        console = Console()
+        for r in renderables():
+            console.print(r)
 
 
 @app.command("report")
