@@ -567,33 +567,10 @@ def _interpret(ctx: _Ctx, gm: torch.fx.GraphModule, x0: Tracked) -> Any:
 
     for node in gm.graph.nodes:
         args, kwargs = load(node.args), load(node.kwargs)
+        if node.op == "output":
+            return args[0]
         try:
-            if node.op == "placeholder":
-                val = x0
-            elif node.op == "get_attr":
-                raise BoundsError(f"node {node.name}: tensor attribute {node.target!r} used "
-                                  "directly in forward is not supported")
-            elif node.op == "call_module":
-                mod = modules[node.target]
-                x = args[0] if args else None
-                if not isinstance(x, Tracked) or len(args) != 1 or kwargs:
-                    raise BoundsError(f"layer {node.target!r} ({type(mod).__name__}): expected "
-                                      "one tensor argument")
-                if isinstance(mod, MOVE_MODULES):
-                    val = _move(lambda t: mod(t), x)
-                else:
-                    nrows = len(ctx.rows)
-                    val = MODULE_HANDLERS[type(mod)](ctx, node.target, mod, x)
-                    for r in ctx.rows[nrows:]:
-                        r.module = True
-            elif node.op == "call_function":
-                val = _call_function(ctx, node, args, kwargs)
-            elif node.op == "call_method":
-                val = _call_method(ctx, node, args, kwargs)
-            elif node.op == "output":
-                return args[0]
-            else:  # pragma: no cover - fx has no other ops
-                raise BoundsError(f"unknown fx node op {node.op}")
+            env[node.name] = _node_value(ctx, modules, node, args, kwargs, x0)
         except BoundsError:
             raise
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:
@@ -604,8 +581,35 @@ def _interpret(ctx: _Ctx, gm: torch.fx.GraphModule, x0: Tracked) -> Any:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise BoundsError(f"{what} fails on an input of shape "
                               f"{shapes[0] if shapes else '?'}: {msg}") from exc
-        env[node.name] = val
     return None
+
+
+def _node_value(ctx: _Ctx, modules: dict[str, nn.Module], node, args, kwargs,
+                x0: Tracked) -> Any:
+    """The value of one fx node (placeholder, module call, function or method)."""
+    if node.op == "placeholder":
+        return x0
+    if node.op == "get_attr":
+        raise BoundsError(f"node {node.name}: tensor attribute {node.target!r} used "
+                          "directly in forward is not supported")
+    if node.op == "call_module":
+        mod = modules[node.target]
+        x = args[0] if args else None
+        if not isinstance(x, Tracked) or len(args) != 1 or kwargs:
+            raise BoundsError(f"layer {node.target!r} ({type(mod).__name__}): expected "
+                              "one tensor argument")
+        if isinstance(mod, MOVE_MODULES):
+            return _move(lambda t: mod(t), x)
+        nrows = len(ctx.rows)
+        val = MODULE_HANDLERS[type(mod)](ctx, node.target, mod, x)
+        for r in ctx.rows[nrows:]:
+            r.module = True
+        return val
+    if node.op == "call_function":
+        return _call_function(ctx, node, args, kwargs)
+    if node.op == "call_method":
+        return _call_method(ctx, node, args, kwargs)
+    raise BoundsError(f"unknown fx node op {node.op}")  # pragma: no cover - fx has no other
 
 
 def _any_tracked(args, kwargs) -> bool:
