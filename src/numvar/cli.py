@@ -191,14 +191,15 @@ def compare_cmd(
     confidence: float = _OPT["confidence"],
 ) -> None:
     """Compare two runs (e.g. SR vs UD, flop vs op): significant digits side by side."""
-    from .analysis import analyze, compare, render_compare_html
+    from .analysis import analyze_run, compare, render_compare_html
     from .analysis.text import compare_renderables
-    from .runner.store import load_run
+    from .runner.store import RunStore
 
     opts = _analysis_options(fmt, output, method, basis, error, against, probability,
                              confidence)
-    samples = [load_run(r) for r in (run_a, run_b)]   # both fail before any analysis
-    cmp = compare(*(analyze(s, path=str(r), **opts) for s, r in zip(samples, (run_a, run_b))))
+    for r in (run_a, run_b):
+        RunStore.open(r)         # a missing or corrupt run fails before any analysis
+    cmp = compare(analyze_run(run_a, **opts), analyze_run(run_b, **opts))
     _emit(fmt, output, cmp, lambda: compare_renderables(cmp), lambda: render_compare_html(cmp))
 
 
