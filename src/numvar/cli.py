@@ -264,136 +264,153 @@ def run(
 
 
 # ---------------------------------------------------------------- report / compare (analysis)
-_ANALYSIS_HELP = {
-    "method": "Significant-digits method: cnh (Sohier et al.'s centred normality hypothesis) "
-              "or general (no distribution assumed).",
-    "basis": "Digits in base 2 (bits) or 10 (decimal digits).",
-    "error": "relative (X/x - 1) or absolute (X - x) error.",
-    "against": "reference (the IEEE run; the sample mean where none is stored) or mean.",
-    "probability": "Probability p that the digits are significant.",
-    "confidence": "Confidence level of that statement.",
+# options shared by report and compare
+_OPT = {
+    "format": typer.Option("table", "--format", "-f", help="table, json or html."),
+    "output": typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
+    "method": typer.Option("cnh", "--method", help="Significant-digits method: cnh (Sohier et "
+                           "al.'s centred normality hypothesis) or general (no distribution "
+                           "assumed)."),
+    "basis": typer.Option(2, "--basis", help="Digits in base 2 (bits) or 10 (decimal digits)."),
+    "error": typer.Option("relative", "--error", help="relative (X/x - 1) or absolute (X - x) "
+                          "error."),
+    "against": typer.Option("reference", "--against", help="reference (the IEEE run; the "
+                            "sample mean where none is stored) or mean."),
+    "probability": typer.Option(0.95, "--probability", "-p",
+                                help="Probability p that the digits are significant."),
+    "confidence": typer.Option(0.95, "--confidence", "-c",
+                               help="Confidence level of that statement."),
 }
 
 
-def _analysis_options(method: str, basis: int, error: str, against: str, probability: float,
-                      confidence: float) -> dict:
+def _analysis_options(fmt: str, output: str | None, method: str, basis: int, error: str,
+                      against: str, probability: float, confidence: float) -> dict:
+    """Check every option, naming it, before any run is read; the analyze() keywords."""
+    import os
+
     from .errors import ConfigError
 
+    choices = {"--format": (fmt, ("table", "json", "html")),
+               "--method": (method.lower(), ("cnh", "general")),
+               "--error": (error.lower(), ("relative", "absolute")),
+               "--against": (against.lower(), ("reference", "mean"))}
+    for flag, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{flag} {value!r}: expected {', '.join(allowed[:-1])} or "
+                              f"{allowed[-1]}")
     if basis not in (2, 10):
-        raise ConfigError(f"--basis must be 2 or 10, not {basis}")
+        raise ConfigError(f"--basis {basis}: expected 2 or 10")
+    for flag, v in (("--probability", probability), ("--confidence", confidence)):
+        if not 0.0 < v < 1.0:
+            raise ConfigError(f"{flag} {v}: expected a number strictly between 0 and 1")
+    if fmt == "html" and not output:
+        raise ConfigError("--format html needs -o FILE")
+    if output and os.path.isdir(output):
+        raise ConfigError(f"--output {output}: is a directory; expected a file name")
     return {"method": method.lower(), "basis": basis, "error": error.lower(),
             "against": against.lower(), "probability": probability, "confidence": confidence}
+
+
+def _write_output(output: str, text: str) -> None:
+    from ._io import atomic_write_text
+    from .errors import ConfigError
+
+    try:
+        atomic_write_text(output, text)
+    except OSError as exc:
+        raise ConfigError(f"--output {output}: cannot write: {exc.strerror or exc}") from exc
+
+
+def _emit(fmt: str, output: str | None, data: dict, renderables, html) -> None:
+    """Print or write (-o) ``data`` as JSON, its rich ``renderables()``, or ``html()``."""
+    import json
+
+    from rich.console import Console
+
+    if fmt == "json":
+        text = json.dumps(data, indent=2, default=str) + "\n"
+        if output:
+            _write_output(output, text)
+        else:
+            sys.stdout.write(text)
+    elif fmt == "html":
+        _write_output(output, html())
+        Console(stderr=True).print(f"wrote {output}")
+    elif output:  # the tables go to the file only, at a width that keeps them whole
+        import io
+
+        console = Console(file=io.StringIO(), record=True, width=160)
+        for r in renderables():
+            console.print(r)
+        _write_output(output, console.export_text())
+        Console(stderr=True).print(f"wrote {output}")
+    else:
+        console = Console()
+        for r in renderables():
+            console.print(r)
 
 
 @app.command("report")
 def report(
     run_dir: str = typer.Argument(..., metavar="RUN", help="Run directory (runs/NAME)."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, json or html."),
-    output: str = typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
+    fmt: str = _OPT["format"],
+    output: str = _OPT["output"],
     task: str = typer.Option("auto", "--task", help="auto (classification when a capture is "
                              "named like logits/probs), classification, segmentation, none."),
     scores: list[str] = typer.Option(None, "--scores", help="Score capture(s) to treat as "
                                      "decisions (default: names containing logits/probs)."),
     labels: str = typer.Option(None, "--labels", help="Capture holding the true labels "
                                "(default: one named labels or targets)."),
-    method: str = typer.Option("cnh", "--method", help=_ANALYSIS_HELP["method"]),
-    basis: int = typer.Option(2, "--basis", help=_ANALYSIS_HELP["basis"]),
-    error: str = typer.Option("relative", "--error", help=_ANALYSIS_HELP["error"]),
-    against: str = typer.Option("reference", "--against", help=_ANALYSIS_HELP["against"]),
-    probability: float = typer.Option(0.95, "--probability", "-p", help=_ANALYSIS_HELP["probability"]),
-    confidence: float = typer.Option(0.95, "--confidence", "-c", help=_ANALYSIS_HELP["confidence"]),
+    method: str = _OPT["method"],
+    basis: int = _OPT["basis"],
+    error: str = _OPT["error"],
+    against: str = _OPT["against"],
+    probability: float = _OPT["probability"],
+    confidence: float = _OPT["confidence"],
 ) -> None:
     """Analyse a run: mean, std, standard error and significant digits per capture; flips,
     accuracy and Dice for decisions; the per-layer curve; training bands."""
-    import json
-
-    from rich.console import Console
-
-    from .analysis import analyze_run, render_html
+    from .analysis import analyze, render_html
+    from .analysis.core import TASKS
     from .analysis.text import report_renderables
     from .errors import ConfigError
+    from .runner.store import load_run
 
-    if fmt not in ("table", "json", "html"):
-        raise ConfigError(f"--format must be table, json or html, not {fmt!r}")
-    if fmt == "html" and not output:
-        raise ConfigError("--format html needs -o FILE")
-    opts = _analysis_options(method, basis, error, against, probability, confidence)
-    result = analyze_run(run_dir, task=task, scores=scores or None, labels=labels, **opts)
-    if fmt == "json":
-        text = json.dumps(result, indent=2, default=str) + "\n"
-        if output:
-            from ._io import atomic_write_text
-
-            atomic_write_text(output, text)
-        else:
-            sys.stdout.write(text)
-        return
-    if fmt == "html":
-        from .runner.store import load_run
-
-        render_html(result, load_run(run_dir), output)
-        Console(stderr=True).print(f"wrote {output}")
-        return
-    console = Console(record=bool(output))
-    for r in report_renderables(result):
-        console.print(r)
-    if output:
-        from ._io import atomic_write_text
-
-        atomic_write_text(output, console.export_text())
+    opts = _analysis_options(fmt, output, method, basis, error, against, probability,
+                             confidence)
+    if task not in TASKS:
+        raise ConfigError(f"--task {task!r}: expected one of {', '.join(TASKS)}")
+    samples = load_run(run_dir)
+    result = analyze(samples, task=task, scores=scores or None, labels=labels,
+                     path=str(run_dir), **opts)
+    _emit(fmt, output, result, lambda: report_renderables(result),
+          lambda: render_html(result, samples))
 
 
 @app.command("compare")
 def compare_cmd(
     run_a: str = typer.Argument(..., metavar="RUN_A", help="First run directory."),
     run_b: str = typer.Argument(..., metavar="RUN_B", help="Second run directory."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, json or html."),
-    output: str = typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
-    method: str = typer.Option("cnh", "--method", help=_ANALYSIS_HELP["method"]),
-    basis: int = typer.Option(2, "--basis", help=_ANALYSIS_HELP["basis"]),
-    error: str = typer.Option("relative", "--error", help=_ANALYSIS_HELP["error"]),
-    against: str = typer.Option("reference", "--against", help=_ANALYSIS_HELP["against"]),
-    probability: float = typer.Option(0.95, "--probability", "-p", help=_ANALYSIS_HELP["probability"]),
-    confidence: float = typer.Option(0.95, "--confidence", "-c", help=_ANALYSIS_HELP["confidence"]),
+    fmt: str = _OPT["format"],
+    output: str = _OPT["output"],
+    method: str = _OPT["method"],
+    basis: int = _OPT["basis"],
+    error: str = _OPT["error"],
+    against: str = _OPT["against"],
+    probability: float = _OPT["probability"],
+    confidence: float = _OPT["confidence"],
 ) -> None:
     """Compare two runs (e.g. SR vs UD, flop vs op): significant digits side by side."""
-    import json
-
-    from rich.console import Console
-
-    from .analysis import analyze_run, compare
+    from .analysis import analyze_run, compare, render_compare_html
     from .analysis.text import compare_renderables
-    from .errors import ConfigError
+    from .runner.store import RunStore
 
-    if fmt not in ("table", "json", "html"):
-        raise ConfigError(f"--format must be table, json or html, not {fmt!r}")
-    if fmt == "html" and not output:
-        raise ConfigError("--format html needs -o FILE")
-    opts = _analysis_options(method, basis, error, against, probability, confidence)
+    opts = _analysis_options(fmt, output, method, basis, error, against, probability,
+                             confidence)
+    for r in (run_a, run_b):
+        RunStore.open(r)         # a missing or corrupt run fails before any analysis
     cmp = compare(analyze_run(run_a, **opts), analyze_run(run_b, **opts))
-    if fmt == "html":
-        from .analysis import render_compare_html
-
-        render_compare_html(cmp, output)
-        Console(stderr=True).print(f"wrote {output}")
-        return
-    if fmt == "json":
-        text = json.dumps(cmp, indent=2, default=str) + "\n"
-        if output:
-            from ._io import atomic_write_text
-
-            atomic_write_text(output, text)
-        else:
-            sys.stdout.write(text)
-        return
-    console = Console(record=bool(output))
-    for r in compare_renderables(cmp):
-        console.print(r)
-    if output:
-        from ._io import atomic_write_text
-
-        atomic_write_text(output, console.export_text())
-
+    _emit(fmt, output, cmp, lambda: compare_renderables(cmp), lambda: render_compare_html(cmp))
 
 
 # ---------------------------------------------------------------- determinism
@@ -463,6 +480,8 @@ def bounds_cmd(
                                   help="fp32 or bf16-mixed (bf16 operands and stored "
                                        "conv/dense results, fp32 accumulation)."),
     input_file: str = typer.Option(None, "--input", help="Sample input (.safetensors)."),
+    input_key: str = typer.Option(None, "--input-key",
+                                  help="Tensor to use when --input holds several."),
     input_bound: float = typer.Option(None, "--input-bound",
                                       help="A-priori bound A on |input| (default: 1 for "
                                            "generated inputs, max|x| for --input)."),
@@ -474,22 +493,28 @@ def bounds_cmd(
     """Worst-case rounding-error bounds per layer (a-priori and data-dependent) against
     the measured error |computed - float64| and, with --run, the SR std."""
     import json
+    import logging
+    import math
 
     import torch
     from rich.console import Console
     from rich.table import Table
 
     from . import _spec
-    from .bounds import get_precision, network_bounds
+    from .bounds import network_bounds
     from .errors import ConfigError
+    from .runner.store import RunStore
 
     if fmt not in ("table", "json"):
         raise ConfigError(f"--format {fmt!r}: expected table or json")
     if precision not in ("fp32", "bf16-mixed"):
         raise ConfigError(f"--precision {precision!r}: expected fp32 or bf16-mixed")
-    get_precision(precision)
+    if input_bound is not None and not (math.isfinite(input_bound) and input_bound >= 0):
+        raise ConfigError(f"--input-bound {input_bound}: expected a finite number >= 0")
+    if run is not None:
+        RunStore.open(run)             # a missing or corrupt run fails before the work
     if input_file is not None:
-        x = _spec.load_input(input_file)
+        x = _spec.load_input(input_file, input_key)
         if input_shape is not None and tuple(x.shape) != _spec.parse_shape(input_shape):
             raise ConfigError(f"--input has shape {tuple(x.shape)}, --input-shape says "
                               f"{_spec.parse_shape(input_shape)}")
@@ -500,12 +525,22 @@ def bounds_cmd(
             input_bound = 1.0
     else:
         raise ConfigError("give --input-shape or --input")
-    model = _spec.load_object(spec)()
+    try:
+        model = _spec.load_object(spec)()
+    except NumvarError:
+        raise
+    except Exception as exc:  # the user's file or build function failed
+        logging.getLogger(__name__).info("building %s failed", spec, exc_info=True)
+        raise ConfigError(f"{spec}: building the model raised {type(exc).__name__}: {exc} "
+                          "(-v for the traceback)") from exc
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
     result = network_bounds(model, x, precision=precision, input_bound=input_bound, run=run)
     if plot:
-        result.plot(plot)
+        try:
+            result.plot(plot)
+        except OSError as exc:
+            raise ConfigError(f"--plot {plot}: cannot write: {exc.strerror or exc}") from exc
     if fmt == "json":
         typer.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
         return
