@@ -20,9 +20,9 @@ from numvar.locate.spatial import render_png, spatial_map
 
 CAP = 24.0
 R = 4
-KINDS = {"conv": ("convolution*",), "matmul": ("addmm*", "mm*", "bmm*"),
-         "pointwise": ("add.*", "sub.*", "mul.*", "relu*", "tanh*"),
-         "reduction": ("sum*", "mean*")}
+KINDS = {"conv": ("aten.convolution",), "matmul": ("aten.addmm", "aten.mm", "aten.bmm"),
+         "pointwise": ("aten.add", "aten.sub", "aten.mul", "relu.*", "tanh.*"),
+         "reduction": ("aten.sum", "aten.mean")}
 
 
 def chain(errors):

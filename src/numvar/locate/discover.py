@@ -45,12 +45,14 @@ class Candidate:
 
 
 def op_names(func: Any) -> tuple[str, ...]:
-    """Spellings of an aten op that globs may use: ``addmm``, ``addmm.default``,
+    """Spellings of an aten op that globs may use: ``aten.addmm`` (the form of
+    :data:`~numvar.instrument.OP_KINDS`), ``addmm``, ``addmm.default``,
     ``aten.addmm.default``, ``aten::addmm``."""
     names = []
     packet = getattr(func, "_overloadpacket", None)
     if packet is not None:
-        names.append(getattr(packet, "__name__", str(packet)))
+        names.append(str(packet))
+        names.append(getattr(packet, "__name__", ""))
     names.append(getattr(func, "__name__", ""))
     names.append(str(func))
     try:
