@@ -20,10 +20,9 @@ from __future__ import annotations
 import fnmatch
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from ..errors import ConfigError
@@ -40,7 +39,7 @@ from .core import (
     sensitivity,
 )
 from .discover import Candidate, discover
-from .evaluate import EvalConfig, ModelEvaluator, _is_output, summarize
+from .evaluate import EvalConfig, ModelEvaluator
 from .spatial import SpatialMap, save_png, spatial_map
 
 log = logging.getLogger(__name__)
