@@ -72,6 +72,8 @@ def locate_cmd(
     input_file: str = typer.Option(None, "--input", help="Input tensor from a .safetensors file."),
     input_key: str = typer.Option(None, "--input-key", help="Tensor name inside --input."),
     input_seed: int = typer.Option(0, "--input-seed", help="Seed of the random input."),
+    dtype: str = typer.Option("float32", "--dtype",
+                              help="dtype of the random input: float32, float64, bfloat16, float16."),
     n: int = typer.Option(6, "-n", "--n", help="Realizations per evaluated set."),
     by: str = typer.Option("module", "--by", help="Blame 'module's (leaf modules) or 'op' kinds."),
     mode: str = typer.Option("sr", "--mode", help="Rounding mode: sr, ud, random, ieee."),
@@ -121,15 +123,27 @@ def locate_cmd(
     if input_file is not None:
         x = _spec.load_input(input_file, input_key)
     else:
+        dtypes = {"float32": torch.float32, "float64": torch.float64,
+                  "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if dtype not in dtypes:
+            raise ConfigError(f"--dtype must be one of {', '.join(dtypes)}, not {dtype!r}")
         g = torch.Generator().manual_seed(input_seed)
-        x = torch.randn(_spec.parse_shape(input_shape), generator=g)
-    res = locate(model, x, n=n, by=by, mode=mode, granularity=granularity,
-                 precision=precision, seed=seed, threshold=threshold, basis=basis,
-                 method=method, stat=stat, necessity=necessity, ddmin=dd, layers=layers,
-                 spatial=map_png is not None, class_dim=class_dim, max_dd_tests=max_dd_tests,
-                 select=[s.strip() for s in select.split(",") if s.strip()] if select else None,
-                 executor=executor, jobs=jobs, scheduler=scheduler)
-    console = Console()
+        x = torch.randn(_spec.parse_shape(input_shape), generator=g).to(dtypes[dtype])
+    console = Console(stderr=False)
+    status = console.status("locate: recording the model")
+
+    def progress(k: int, names: list[str]) -> None:
+        shown = ", ".join(names[:4]) + (f", … ({len(names)})" if len(names) > 4 else "")
+        status.update(f"locate: evaluation {k} ({n} realizations): perturbing {shown}")
+
+    with status:
+        res = locate(
+            model, x, n=n, by=by, mode=mode, granularity=granularity, precision=precision,
+            seed=seed, threshold=threshold, basis=basis, method=method, stat=stat,
+            necessity=necessity, ddmin=dd, layers=layers, spatial=map_png is not None,
+            class_dim=class_dim, max_dd_tests=max_dd_tests,
+            select=[s.strip() for s in select.split(",") if s.strip()] if select else None,
+            executor=executor, jobs=jobs, scheduler=scheduler, progress=progress)
     for r in renderables(res):
         console.print(r)
     if json_out:
@@ -143,7 +157,6 @@ def locate_cmd(
 
         atomic_write_text(html_out, html_page(res))
         console.print(f"HTML: {html_out}")
-
 
 
 # ---------------------------------------------------------------- entry point

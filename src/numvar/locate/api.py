@@ -21,7 +21,7 @@ import fnmatch
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -172,7 +172,8 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
            ddmin: bool = True, layers: bool = True, spatial: bool = False,
            class_dim: int | None = None, max_dd_tests: int | None = None,
            select: Sequence[str] | None = None, executor: str = "local",
-           jobs: int | None = None, scheduler: str | None = None) -> LocateResult:
+           jobs: int | None = None, scheduler: str | None = None,
+           progress: Callable[[int, list[str]], None] | None = None) -> LocateResult:
     """Rank the modules (``by="module"``) or op kinds (``by="op"``) of ``model`` by the
     significant digits their perturbation alone costs ``model(*inputs)``.
 
@@ -182,8 +183,9 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
     finds a minimal set whose perturbation alone breaks it. ``layers``: the error
     propagation view (module mode). ``spatial``: per-pixel maps of the output's last two
     axes (``class_dim``: label-flip map for segmentations). ``select``: globs restricting
-    the candidates. ``max_dd_tests``: cap on ddmin's extra evaluations. The model runs in
-    ``eval()`` mode only if you put it there; inputs are used as given.
+    the candidates. ``max_dd_tests``: cap on ddmin's extra evaluations. ``progress(k,
+    names)`` is called before the k-th evaluation. The model runs in ``eval()`` mode only
+    if you put it there; inputs are used as given.
     """
     if by not in ("module", "op"):
         raise ConfigError(f"--by must be 'module' or 'op', not {by!r}")
@@ -216,7 +218,8 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
               "executor": executor}
     res = run_locate(pool, model_ev, cap=cap, config=config, threshold=threshold,
                      layers=layers and by == "module", spatial=spatial, class_dim=class_dim,
-                     unattributed=found.unattributed if by == "module" else {})
+                     unattributed=found.unattributed if by == "module" else {},
+                     progress=progress)
     res.reference_runs = model_ev.reference_runs
     return res
 
@@ -224,7 +227,8 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
 def run_locate(pool: Sequence[Candidate], evaluate, *, cap: float, config: dict[str, Any],
                threshold: float | None = None, layers: bool = False, spatial: bool = False,
                class_dim: int | None = None,
-               unattributed: dict[str, int] | None = None) -> LocateResult:
+               unattributed: dict[str, int] | None = None,
+               progress: Callable[[int, list[str]], None] | None = None) -> LocateResult:
     """The locate pipeline over any ``evaluate(subset) -> Measurement``.
 
     ``config`` needs ``n``, ``by``, ``necessity``, ``ddmin``, ``max_dd_tests`` (and, for
@@ -235,7 +239,13 @@ def run_locate(pool: Sequence[Candidate], evaluate, *, cap: float, config: dict[
     necessity = bool(config.get("necessity", True))
     do_dd = bool(config.get("ddmin", True))
     max_dd_tests = config.get("max_dd_tests")
-    ev = Evaluator(evaluate, cap=cap)
+    order = {c: i for i, c in enumerate(names)}
+
+    def ordered(s) -> list[str]:
+        return sorted(s, key=order.__getitem__)
+
+    ev = Evaluator(evaluate, cap=cap,
+                   progress=None if progress is None else lambda k, s: progress(k, ordered(s)))
     d_all, rows = sensitivity(names, ev, necessity=necessity)
     ranked, quiet = rank(rows, tolerance=0.0)
     if threshold is None:
@@ -261,8 +271,7 @@ def run_locate(pool: Sequence[Candidate], evaluate, *, cap: float, config: dict[
             raise ConfigError("no per-element digits kept for the spatial view")
         smap = spatial_map(full.elements, cap=cap, samples=full.extra.get("samples"),
                            reference=full.extra.get("reference"), class_dim=class_dim)
-    order = {c: i for i, c in enumerate(names)}
-    history = [(sorted(s, key=order.__getitem__), d) for s, d in ev.history]
+    history = [(ordered(s), d) for s, d in ev.history]
     return LocateResult(
         by=config["by"], config=config, cap=cap, candidates=pool, digits_all=d_all, threshold=thr,
         threshold_source=source, rows=rows, ranked=ranked, no_effect=quiet, dd=dd,

@@ -60,11 +60,14 @@ class Evaluator:
     non-empty subset is evaluated once (``evaluations``), and the realizations the
     evaluator reports are summed (``realizations``). ``max_evaluations`` (None: no limit)
     bounds the distinct evaluations; past it :class:`BudgetExhausted` is raised.
+    ``progress(k, subset)`` is called before the k-th evaluation.
     """
 
     def __init__(self, evaluate: Callable[[frozenset[str]], Measurement], *, cap: float,
-                 max_evaluations: int | None = None) -> None:
+                 max_evaluations: int | None = None,
+                 progress: Callable[[int, frozenset[str]], None] | None = None) -> None:
         self._evaluate = evaluate
+        self.progress = progress
         self.cap = float(cap)
         self.max_evaluations = max_evaluations
         self.cache: dict[frozenset[str], Measurement] = {}
@@ -81,6 +84,8 @@ class Evaluator:
             return hit
         if self.max_evaluations is not None and self.evaluations >= self.max_evaluations:
             raise BudgetExhausted(f"evaluation budget of {self.max_evaluations} spent")
+        if self.progress is not None:
+            self.progress(self.evaluations + 1, key)
         m = self._evaluate(key)
         self.cache[key] = m
         self.evaluations += 1
