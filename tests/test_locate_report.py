@@ -161,18 +161,38 @@ class Net(nn.Module):
         return self.head(self.features(x)).sum(-1)
 
 
+EXACT = frozenset({"aten.t", "aten.relu", "aten.view", "aten.clone", "aten.squeeze",
+                   "aten.unsqueeze"})
+
+
 def test_discover_leaf_modules_with_float_compute():
     torch.manual_seed(0)
     model = Net().eval()
-    found = discover(model, (torch.randn(2, 3),), op_kinds=KINDS)
+    found = discover(model, (torch.randn(2, 3),), op_kinds=KINDS, exact_ops=EXACT)
     names = [c.name for c in found.modules]
-    # Flatten and Dropout (eval) compute nothing; containers are not candidates
-    assert names == ["features.0", "features.2.lin", "features.2.act", "head"]
-    assert [c.cls for c in found.modules] == ["Linear", "Linear", "ReLU", "Linear"]
+    # Flatten, Dropout (eval) and ReLU (exact) compute nothing perturbable; containers
+    # are not candidates
+    assert names == ["features.0", "features.2.lin", "head"]
+    assert [c.cls for c in found.modules] == ["Linear", "Linear", "Linear"]
     assert found.modules[0].ops == {"matmul": 1}
     # the residual add (in Block.forward) and the final sum are unattributed
     assert found.unattributed == {"pointwise": 1, "reduction": 1}
     assert [c.name for c in found.op_kinds] == ["matmul", "pointwise", "reduction"]
+    assert found.other_ops == ()
+    # without an exact-op list only the kinds count: relu.* is in KINDS' pointwise here
+    loose = discover(model, (torch.randn(2, 3),), op_kinds=KINDS, exact_ops=frozenset())
+    assert [c.name for c in loose.modules] == ["features.0", "features.2.lin",
+                                               "features.2.act", "head"]
+
+
+def test_discover_other_kind():
+    model = nn.Sequential(nn.Linear(4, 8), nn.AvgPool1d(2)).eval()
+    found = discover(model, (torch.randn(3, 4),), op_kinds=KINDS, exact_ops=EXACT)
+    assert [(c.name, c.cls, c.ops) for c in found.modules] == [
+        ("0", "Linear", {"matmul": 1}), ("1", "AvgPool1d", {"other": 1})]
+    assert found.other_ops == ("aten.avg_pool2d",)
+    assert found.kind_globs(KINDS)["other"] == ("aten.avg_pool2d",)
+    assert [c.name for c in found.op_kinds] == ["matmul", "other"]
 
 
 def test_classify_and_escape():

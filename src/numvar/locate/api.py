@@ -209,8 +209,11 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
     cfg = EvalConfig(n=n, mode=mode, granularity=granularity, precision=precision,
                      seed=seed, method=method, basis=basis, stat=stat, executor=executor,
                      jobs=jobs, scheduler=scheduler)
+    from ..instrument import OP_KINDS
+
     model_ev = ModelEvaluator(model, inputs, by=by, candidates=names, config=cfg,
-                              layers=layers, keep_full=spatial)
+                              layers=layers, keep_full=spatial,
+                              op_kinds=found.kind_globs(OP_KINDS))
     config = {"n": n, "by": by, "mode": mode, "granularity": granularity,
               "precision": precision, "seed": seed, "basis": basis, "method": method,
               "stat": stat, "necessity": necessity, "ddmin": ddmin,
