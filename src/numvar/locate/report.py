@@ -59,14 +59,16 @@ def ranking_table(res):
     dd_set = set(res.dd.minimal) if res.dd else set()
     what = "module" if res.by == "module" else "op kind"
     t = Table(title=f"Where the digits go (by {what})", title_justify="left")
-    t.add_column("#", justify="right")
-    t.add_column(what)
-    t.add_column("class" if res.by == "module" else "ops")
+    w_name = max([len(what)] + [len(r.name or "(model)") for r in res.ranked])
+    w_cls = max([5] + [len(res.candidate(r.name).cls) for r in res.ranked])
+    t.add_column("#", justify="right", no_wrap=True)
+    t.add_column(what, min_width=w_name, no_wrap=True)
+    t.add_column("class" if res.by == "module" else "ops", min_width=w_cls, no_wrap=True)
     t.add_column("digits alone", justify="right")
     t.add_column("lost alone", justify="right")
     if res.config.get("necessity"):
         t.add_column("digits w/o it", justify="right")
-        t.add_column("necessity", justify="right")
+        t.add_column("necessity", justify="right", min_width=9)
     t.add_column("ddmin", justify="center")
     for i, row in enumerate(res.ranked, 1):
         c = res.candidate(row.name)
@@ -84,9 +86,12 @@ def propagation_table(res):
 
     t = Table(title="Error propagation (digits of each layer's own output)",
               title_justify="left")
-    for col in ("layer", "class", "all perturbed", "only this layer", "lost in layer",
-                "inherited"):
-        t.add_column(col, justify="left" if col in ("layer", "class") else "right")
+    w_name = max([5] + [len(lr.name) for lr in res.layers])
+    w_cls = max([5] + [len(res.candidate(lr.name).cls) for lr in res.layers])
+    t.add_column("layer", min_width=w_name, no_wrap=True)
+    t.add_column("class", min_width=w_cls, no_wrap=True)
+    for col in ("all perturbed", "only this layer", "lost in layer", "inherited"):
+        t.add_column(col, justify="right")
     for lr in res.layers:
         t.add_row(lr.name, res.candidate(lr.name).cls, _f(lr.all), _f(lr.alone),
                   _f(lr.lost_in_layer), _f(lr.inherited))
