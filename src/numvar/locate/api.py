@@ -17,6 +17,7 @@ So ``realizations ≤ n · (1 + 2·n_c + min(n_c² + 3n_c, max_dd_tests))``, rep
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import logging
 import math
@@ -206,6 +207,48 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
                           + ("; try --by op" if by == "module" else ""))
     names = [c.name for c in pool]
     cap = _cap_of(found.output, basis)
+    with contextlib.ExitStack() as stack:
+        if executor == "dask" and not _is_client(scheduler):
+            scheduler = stack.enter_context(_dask_client(scheduler, jobs))
+        return _locate(model, inputs, found, pool, names, cap, n=n, by=by, mode=mode,
+                       granularity=granularity, precision=precision, seed=seed,
+                       threshold=threshold, basis=basis, method=method, stat=stat,
+                       necessity=necessity, ddmin=ddmin, layers=layers, spatial=spatial,
+                       class_dim=class_dim, max_dd_tests=max_dd_tests, select=select,
+                       executor=executor, jobs=jobs, scheduler=scheduler, progress=progress)
+
+
+def _is_client(obj: Any) -> bool:
+    try:
+        from distributed import Client
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return False
+    return isinstance(obj, Client)
+
+
+@contextlib.contextmanager
+def _dask_client(scheduler: Any, jobs: int | None):
+    """One Dask client for every evaluation (a LocalCluster, or a connection to
+    ``scheduler``), instead of one cluster per ``sample`` call."""
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout="20s")
+        except OSError as exc:
+            raise ConfigError(f"--scheduler {scheduler}: cannot connect ({exc})") from exc
+        with client:
+            yield client
+        return
+    with LocalCluster(host="127.0.0.1", n_workers=jobs or 1, threads_per_worker=1,
+                      processes=True, dashboard_address=None,
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        yield client
+
+
+def _locate(model, inputs, found, pool, names, cap, *, n, by, mode, granularity, precision,
+            seed, threshold, basis, method, stat, necessity, ddmin, layers, spatial,
+            class_dim, max_dd_tests, select, executor, jobs, scheduler, progress):
     cfg = EvalConfig(n=n, mode=mode, granularity=granularity, precision=precision,
                      seed=seed, method=method, basis=basis, stat=stat, executor=executor,
                      jobs=jobs, scheduler=scheduler)
@@ -218,7 +261,7 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
               "precision": precision, "seed": seed, "basis": basis, "method": method,
               "stat": stat, "necessity": necessity, "ddmin": ddmin,
               "max_dd_tests": max_dd_tests, "select": list(select) if select else None,
-              "executor": executor}
+              "executor": executor, "jobs": jobs}
     res = run_locate(pool, model_ev, cap=cap, config=config, threshold=threshold,
                      layers=layers and by == "module", spatial=spatial, class_dim=class_dim,
                      unattributed=found.unattributed if by == "module" else {},
