@@ -48,6 +48,8 @@ def main() -> None:
     base = plain_forward_s(model, x)
     print(f"plain forward: {base * 1e6:.1f} us (batch {args.batch}, 8 layers)")
     for gran in ("op", "flop"):
+        # warm-up (numba compilation / cache loading), not timed
+        locate(model, x, n=2, granularity=gran, ddmin=False, necessity=False, layers=False)
         t0 = time.perf_counter()
         res = locate(model, x, n=args.n, granularity=gran)
         wall = time.perf_counter() - t0

@@ -17,7 +17,8 @@ from .spatial import render_png
 def _f(v: Any, nd: int = 2) -> str:
     if v is None:
         return "–"
-    return f"{v:.{nd}f}"
+    v = round(float(v), nd)
+    return f"{v + 0.0 if v != 0 else 0.0:.{nd}f}"          # never "-0.00"
 
 
 def headline(res) -> str:
