@@ -107,7 +107,8 @@ def renderables(res) -> list:
     else:
         out.append("No candidate loses any digit at the output: nothing to rank.")
     if res.no_effect and res.ranked:
-        out.append("No measurable effect: " + ", ".join(r.name for r in res.no_effect))
+        out.append(f"No measurable effect on the {res.config.get('stat', 'median')} output "
+                   f"digits: " + ", ".join(r.name or "(model)" for r in res.no_effect))
     out.append(dd_sentence(res))
     if res.layers:
         out.append(propagation_table(res))
@@ -152,8 +153,9 @@ def html_section(res) -> str:
     else:
         parts.append("<p>No candidate loses any digit at the output: nothing to rank.</p>")
     if res.no_effect and res.ranked:
-        parts.append("<p>No measurable effect: "
-                     + html.escape(", ".join(r.name for r in res.no_effect)) + "</p>")
+        parts.append(f"<p>No measurable effect on the {html.escape(str(res.config.get('stat')))} "
+                     "output digits: "
+                     + html.escape(", ".join(r.name or "(model)" for r in res.no_effect)) + "</p>")
     parts.append(f"<p>{html.escape(dd_sentence(res))}</p>")
     if res.layers:
         rows = [[lr.name, res.candidate(lr.name).cls, _f(lr.all), _f(lr.alone),
