@@ -204,3 +204,26 @@ def test_classify_and_escape():
     for p in ("features.3", "a[1]*?", "x.y"):
         assert fnmatch.fnmatchcase(p, glob_escape(p))
     assert not fnmatch.fnmatchcase("features.31", glob_escape("features.3"))
+
+
+def test_evaluator_perturbation_keywords():
+    from numvar.locate.evaluate import EvalConfig, ModelEvaluator, _layer_path, summarize
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    ev = ModelEvaluator(model, (torch.ones(1, 2),), by="module", candidates=["0", "1"],
+                        config=EvalConfig(n=3))
+    kw = ev.fuzzy_kwargs(frozenset({"1"}))
+    assert kw["modules"] == ["1"] and kw["model"] is model and "include" not in kw
+    ev_op = ModelEvaluator(model, (torch.ones(1, 2),), by="op",
+                           candidates=["matmul", "pointwise"], config=EvalConfig(n=3),
+                           op_kinds=KINDS)
+    kw = ev_op.fuzzy_kwargs(frozenset({"pointwise", "matmul"}))
+    assert kw["include"] == [*KINDS["matmul"], *KINDS["pointwise"]] and "modules" not in kw
+    with pytest.raises(ConfigError):
+        ModelEvaluator(model, (), by="module", candidates=["0"], config=EvalConfig(n=1))
+    assert _layer_path("layers/features.3#0") == "features.3"
+    assert _layer_path("layers/a#b#2.1") == "a#b"
+    assert _layer_path("output") is None
+    d = np.array([1.0, 2.0, 10.0])
+    assert summarize(d, "median") == 2.0 and summarize(d, "mean") == pytest.approx(13 / 3)
+    assert summarize(d, "min") == 1.0
