@@ -7,8 +7,10 @@ plus one uninstrumented IEEE reference run for the whole analysis):
 - sensitivity (each candidate alone): n_c;
 - necessity (all but each candidate): n_c (skipped with ``necessity=False``; 0 when
   n_c = 1);
-- ddmin: at most n_c² + 3n_c further tests (Zeller and Hildebrandt 2002), capped by
-  ``max_dd_tests``; sets already evaluated above are not run again;
+- ddmin: at most n_c² + 3n_c further tests (ddmin's quadratic worst case, enforced as
+  a budget), or ``max_dd_tests`` if smaller; sets already evaluated above are not run
+  again; if the budget runs out the set returned still breaks the threshold but may not
+  be minimal (``dd.complete`` is False);
 - the error-propagation view reuses the full-set and singleton evaluations: 0 extra.
 
 So ``realizations ≤ n · (1 + 2·n_c + min(n_c² + 3n_c, max_dd_tests))``, reported as
