@@ -81,12 +81,16 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(na, nb) and torch.equal(ia[~na], ib[~nb])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+SMALL_T = {torch.float32: 3, torch.float64: 20, torch.bfloat16: 1, torch.float16: 6}
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_numba_equals_torch_bitwise(dtype):
     xs = operands(dtype, 300, 1)
     for op in OPS:
         for mode in MODES:
-            for t in (FULL[dtype], 3 if dtype == torch.float32 else 20):
+            for t in (FULL[dtype], SMALL_T[dtype]):
                 a = run(op, xs, dtype, mode, t, "numba")
                 b = run(op, xs, dtype, mode, t, "torch")
                 assert same_bits(a, b), (op, mode, t, torch.nonzero((a != b) & ~(a.isnan() & b.isnan())))
@@ -119,7 +123,7 @@ def test_stream_reproducible_and_distinct():
     assert s1.counter == 7
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_numba_equals_fraction_reference(dtype):
     xs = operands(dtype, 60, 2)
     fmt = FMT[dtype]

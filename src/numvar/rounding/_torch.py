@@ -176,19 +176,10 @@ def round_core(hi, lo, k, mode: int, t: int, p: int, emin: int, emax: int, r, lo
 
 
 def round_narrow(hi, lo, mode: int, t: int, p: int, emin: int, emax: int, r):
-    """Vectorised kernels.round_narrow (hi = RN64(hi+lo))."""
-    res = round_core(hi, lo, 0, mode, t, p, emin, emax, r)
-    if t == 24 and p == 24 and mode <= MODE_SR:
-        exact64 = lo == 0
-        if mode == MODE_IEEE:
-            fast = hi.to(torch.float32).to(F64)
-            return torch.where(exact64, fast, res)
-        b = _b(hi)
-        be = (b >> 52) & 0x7FF
-        use = exact64 & (be >= 1023 - 126) & (be <= 1023 + 127)
-        fast = _f((b + _lsr(~r, 35)) & ~((1 << 29) - 1))
-        return torch.where(use, fast, res)
-    return res
+    """kernels.round_narrow. The numba version's integer fast path gives the same bits
+    as round_core; here round_core is used throughout, so the backend comparison tests
+    check that fast path against the general algorithm."""
+    return round_core(hi, lo, 0, mode, t, p, emin, emax, r)
 
 
 def _div_parts(a, b):

@@ -55,7 +55,9 @@ _U1 = np.uint64(1)
 _U11 = np.uint64(11)
 _U63 = np.uint64(63)
 _U35 = np.uint64(35)
-_LOW29 = np.uint64((1 << 29) - 1)
+_U0 = np.uint64(0)
+_EXPMASK = np.uint64(0x7FF)
+_MANT = np.uint64((1 << 52) - 1)
 _TWO53 = 9007199254740992.0
 _TWO64 = 18446744073709551616.0
 _SPLIT = 134217729.0  # 2**27 + 1 (Veltkamp)
@@ -255,17 +257,48 @@ def round_core3(hi, lo, lo2, k, mode, t, p, emin, emax, r):
 
 
 @njit(cache=True, error_model="numpy")
+def round_bits(hi, mode, t, p, emin, emax, r):
+    """round_core for lo == 0, k == 0, t <= 24 and hi with exponent in [emin, emax], by
+    integer operations on the float64 bit pattern (identical results):
+    SR adds the complement of the top 53-t random bits below the kept bits and
+    truncates (up iff floor(d * 2**53) >= (r >> 11) + 1), random truncates and adds one
+    unit on the top bit, ieee/UD round to nearest even by the add-and-truncate trick."""
+    b = _f64_bits(hi)
+    nb = np.uint64(53 - t)
+    one = _U1 << nb
+    mask = one - _U1
+    if mode == MODE_SR:
+        b = (b + ((~r) >> np.uint64(11 + t))) & ~mask
+    elif mode == MODE_RANDOM:
+        if (b & mask) != _U0:
+            b = (b & ~mask) + ((r >> _U63) << nb)
+    else:
+        # ties to even: the integer significand's last bit (always 1 when t == 1)
+        lsb = _U1 if t == 1 else (b >> nb) & _U1
+        b = (b + ((one >> _U1) - _U1) + lsb) & ~mask
+        if mode == MODE_UD:
+            be = np.int64((b >> np.uint64(52)) & _EXPMASK)
+            if be <= 1023 + emax:
+                if (r >> _U63) == _U1:
+                    b = b + one
+                elif (b & _MANT) == _U0 and be == 1023 + emin and t == p:
+                    b = b - (one << _U1)  # below 2**emin: the subnormal spacing
+                else:
+                    b = b - one  # below a power of two this is half a unit (lower binade)
+    if np.int64((b >> np.uint64(52)) & _EXPMASK) > 1023 + emax:
+        return -np.inf if hi < 0.0 else np.inf
+    return _bits_f64(b)
+
+
+@njit(cache=True, error_model="numpy")
 def round_narrow(hi, lo, mode, t, p, emin, emax, r):
-    """Round hi+lo (float64, hi = RN64) to a format of p <= 24 bits; fast SR path for
-    binary32 at full precision (integer-add trick, identical to round_core)."""
-    if t == 24 and p == 24 and lo == 0.0 and mode <= MODE_SR:
-        if mode == MODE_IEEE:
-            return np.float64(np.float32(hi))
-        b = _f64_bits(hi)
-        be = (b >> np.uint64(52)) & np.uint64(0x7FF)
-        if be >= np.uint64(1023 - 126) and be <= np.uint64(1023 + 127):
-            b = (b + ((~r) >> _U35)) & ~_LOW29
-            return _bits_f64(b)
+    """Round hi+lo (float64, hi = RN64(hi+lo)) to a format of p <= 24 bits at t bits:
+    the integer fast path (round_bits) when lo == 0 and hi is in the normal range,
+    else round_core."""
+    if lo == 0.0:
+        be = np.int64((_f64_bits(hi) >> np.uint64(52)) & _EXPMASK)
+        if be >= 1023 + emin and be <= 1023 + emax:
+            return round_bits(hi, mode, t, p, emin, emax, r)
     return round_core(hi, lo, 0, mode, t, p, emin, emax, r)
 
 
@@ -501,8 +534,40 @@ def fma_f64(a, b, c, mode, t, r):
 @njit(cache=True, parallel=True, error_model="numpy")
 def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
     key = np.uint64(key)
+    n = hi.size
+    if p <= 24 and not has_lo:
+        # pass 1: integer fast path for every element (branch-free for SR), counting the
+        # elements outside the normal range or overflowing; pass 2 redoes those exactly.
+        lo_b = np.uint64(1023 + emin)
+        hi_b = np.uint64(1023 + emax)
+        sh = np.uint64(11 + t)
+        mask = (_U1 << np.uint64(53 - t)) - _U1
+        nslow = 0
+        if mode == MODE_SR:
+            for j in prange(n):
+                b = _f64_bits(np.float64(hi[j]))
+                be = (b >> np.uint64(52)) & _EXPMASK
+                v = (b + ((~bits64(key, j)) >> sh)) & ~mask
+                out[j] = _bits_f64(v)
+                ve = (v >> np.uint64(52)) & _EXPMASK
+                nslow += np.int64((be < lo_b) | (be > hi_b) | (ve > hi_b))
+        else:
+            for j in prange(n):
+                h = np.float64(hi[j])
+                be = (_f64_bits(h) >> np.uint64(52)) & _EXPMASK
+                ok = (be >= lo_b) & (be <= hi_b)
+                out[j] = round_bits(h, mode, t, p, emin, emax, bits64(key, j)) if ok else 0.0
+                nslow += np.int64(not ok)
+        if nslow > 0:
+            for j in prange(n):
+                h = np.float64(hi[j])
+                be = (_f64_bits(h) >> np.uint64(52)) & _EXPMASK
+                if be < lo_b or be > hi_b or not (abs(out[j]) < np.inf) or \
+                        abs(out[j]) >= pow2(emax + 1):
+                    out[j] = round_narrow(h, 0.0, mode, t, p, emin, emax, bits64(key, j))
+        return
     wide = p == 53
-    for j in prange(hi.size):
+    for j in prange(n):
         r = bits64(key, j)
         h = np.float64(hi[j])
         if has_lo:
@@ -519,6 +584,43 @@ def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
 def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
     key = np.uint64(key)
     wide = p == 53
+    n = out.size
+    if not wide and mode == MODE_SR and op != OP_DIV:
+        # SR fast pass (exact float64 result, normal range); the rest redone exactly
+        lo_b = np.uint64(1023 + emin)
+        hi_b = np.uint64(1023 + emax)
+        sh = np.uint64(11 + t)
+        mask = (_U1 << np.uint64(53 - t)) - _U1
+        nslow = 0
+        for j in prange(n):
+            x = np.float64(a[j])
+            y = np.float64(b[j])
+            if op == OP_MUL:
+                s = x * y
+                e = 0.0
+            else:
+                s, e = two_sum(x, -y if op == OP_SUB else y)
+            bs = _f64_bits(s)
+            be = (bs >> np.uint64(52)) & _EXPMASK
+            v = (bs + ((~bits64(key, j)) >> sh)) & ~mask
+            out[j] = _bits_f64(v)
+            ve = (v >> np.uint64(52)) & _EXPMASK
+            nslow += np.int64((be < lo_b) | (be > hi_b) | (ve > hi_b) | (e != 0.0))
+        if nslow == 0:
+            return
+        for j in prange(n):
+            x = np.float64(a[j])
+            y = np.float64(b[j])
+            if op == OP_MUL:
+                s = x * y
+                e = 0.0
+            else:
+                s, e = two_sum(x, -y if op == OP_SUB else y)
+            be = (_f64_bits(s) >> np.uint64(52)) & _EXPMASK
+            if be < lo_b or be > hi_b or e != 0.0 or not (abs(out[j]) < np.inf) or \
+                    abs(out[j]) >= pow2(emax + 1):
+                out[j] = narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
+        return
     for j in prange(out.size):
         r = bits64(key, j)
         if wide:
@@ -549,3 +651,40 @@ def k_fma(a, b, c, out, p, emin, emax, mode, t, key):
             out[j] = wide_fma(np.float64(a[j]), np.float64(b[j]), np.float64(c[j]), mode, t, r)
         else:
             out[j] = narrow_fma(a[j], b[j], c[j], mode, t, p, emin, emax, r)
+
+
+# ---------------------------------------------------------------- more scalar ops
+@njit(cache=True, error_model="numpy")
+def sub_f32(a, b, mode, t, r):
+    """binary32 a-b under ``mode`` at t bits."""
+    return np.float32(narrow_binary(OP_SUB, a, b, mode, t, 24, -126, 127, r))
+
+
+@njit(cache=True, error_model="numpy")
+def div_f32(a, b, mode, t, r):
+    """binary32 a/b under ``mode`` (float64 quotient + exact residual / b)."""
+    return np.float32(narrow_binary(OP_DIV, a, b, mode, t, 24, -126, 127, r))
+
+
+@njit(cache=True, error_model="numpy")
+def sqrt_f32(a, mode, t, r):
+    """binary32 sqrt(a) under ``mode`` (float64 root + exact residual / 2s)."""
+    return np.float32(narrow_sqrt(a, mode, t, 24, -126, 127, r))
+
+
+@njit(cache=True, error_model="numpy")
+def sub_f64(a, b, mode, t, r):
+    """binary64 a-b under ``mode`` at t bits."""
+    return wide_binary(OP_SUB, a, b, mode, t, r)
+
+
+@njit(cache=True, error_model="numpy")
+def div_f64(a, b, mode, t, r):
+    """binary64 a/b under ``mode`` at t bits."""
+    return wide_binary(OP_DIV, a, b, mode, t, r)
+
+
+@njit(cache=True, error_model="numpy")
+def sqrt_f64(a, mode, t, r):
+    """binary64 sqrt(a) under ``mode`` at t bits."""
+    return wide_sqrt(a, mode, t, r)
