@@ -188,7 +188,7 @@ def round(hi, lo=None, *, dtype: torch.dtype, mode: str = "sr", stream: Stream,
           out: torch.Tensor | None = None) -> torch.Tensor:
     """Round the exact value ``hi + lo`` (float tensors, converted to float64 exactly;
     ``lo`` optional, broadcast) to ``dtype`` under ``mode``. hi + lo is first
-    renormalised by TwoSum (exact barring overflow). ``out``: an optional contiguous
+    renormalised by TwoSum (exact barring overflow) where lo != 0. ``out``: an optional contiguous
     tensor of the result's shape and dtype to write into (and return)."""
     fmt = target_format(dtype)
     m, t = _check(mode, precision, fmt, backend, stream)

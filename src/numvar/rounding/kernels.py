@@ -656,10 +656,9 @@ def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
     for j in prange(n):
         r = bits64(key, j)
         h = np.float64(hi[j])
-        if has_lo:
+        l = 0.0
+        if has_lo and lo[j] != 0.0:  # lo == 0 keeps hi as is (its sign of zero)
             h, l = two_sum(h, np.float64(lo[j]))
-        else:
-            l = 0.0
         if wide:
             out[j] = call_round_rn64(h, l, mode, t, r)
         else:
