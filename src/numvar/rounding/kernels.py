@@ -312,44 +312,56 @@ def round_narrow(hi, lo, mode, t, p, emin, emax, r):
 
 
 @njit(inline="always", cache=True, error_model="numpy")
+def _rn64_fast(hi, lo, mode, r):
+    """round_core for binary64 at t = 53 with hi = RN64(hi + lo) normal: the result and
+    True, or (0, False) when hi is not a normal float (then use round_core)."""
+    b = _f64_bits(hi)
+    be = np.int64((b >> np.uint64(52)) & _EXPMASK)
+    if be < 1 or be > 2046:
+        return 0.0, False
+    if mode == MODE_IEEE or (lo == 0.0 and mode != MODE_UD):
+        return hi, True
+    neg = hi < 0.0
+    H = -hi if neg else hi
+    L = -lo if neg else lo
+    u = pow2(be - 1023 - 52)
+    if mode == MODE_UD:
+        if (r >> _U63) == _U1:
+            R = H + u
+        elif (b & _MANT) == _U0 and be > 1:
+            R = H - 0.5 * u
+        else:
+            R = H - u
+    else:
+        if L > 0.0:
+            A = H
+            sv = L
+        else:
+            if (b & _MANT) == _U0 and be > 1:
+                u = 0.5 * u
+            A = H - u
+            sv, _e = two_sum(u, L)
+        R = A
+        if mode == MODE_SR:
+            # sv / u * 2**53 as one exact scaling by a power of two (as round_core's
+            # (s / u) * 2**53: the same correctly rounded value)
+            ue = exponent(u)
+            thr = sv * pow2(53 - ue) if ue >= -970 else (sv / u) * _TWO53
+            if np.float64(r >> _U11) + 1.0 <= thr:
+                R = A + u
+        elif (r >> _U63) == _U1:
+            R = A + u
+    return (-R if neg else R), True
+
+
+@njit(inline="always", cache=True, error_model="numpy")
 def round_rn64(hi, lo, mode, t, r):
     """round_core for binary64 at t bits with hi = RN64(hi + lo) (TwoSum/TwoProduct
-    output): a shortcut when t = 53 and hi is normal, identical results."""
+    output), with the _rn64_fast shortcut at t = 53 (identical results)."""
     if t == 53:
-        b = _f64_bits(hi)
-        be = np.int64((b >> np.uint64(52)) & _EXPMASK)
-        if be >= 1 and be <= 2046:
-            if lo == 0.0 and mode != MODE_UD:
-                return hi
-            if mode == MODE_IEEE:
-                return hi
-            neg = hi < 0.0
-            H = -hi if neg else hi
-            L = -lo if neg else lo
-            u = pow2(be - 1023 - 52)
-            if mode == MODE_UD:
-                if (r >> _U63) == _U1:
-                    R = H + u
-                elif (b & _MANT) == _U0 and be > 1:
-                    R = H - 0.5 * u
-                else:
-                    R = H - u
-            else:
-                if L > 0.0:
-                    A = H
-                    sv = L
-                else:
-                    if (b & _MANT) == _U0 and be > 1:
-                        u = 0.5 * u
-                    A = H - u
-                    sv, _e = two_sum(u, L)
-                R = A
-                if mode == MODE_SR:
-                    if np.float64(r >> _U11) + 1.0 <= (sv / u) * _TWO53:
-                        R = A + u
-                elif (r >> _U63) == _U1:
-                    R = A + u
-            return -R if neg else R
+        v, ok = _rn64_fast(hi, lo, mode, r)
+        if ok:
+            return v
     return round_core(hi, lo, 0, mode, t, 53, -1022, 1023, r)
 
 
@@ -670,6 +682,36 @@ def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
     key = np.uint64(key)
     wide = p == 53
     n = out.size
+    if wide and t == 53 and op != OP_DIV:
+        # binary64 fast pass: EFT + _rn64_fast, no calls; the rest redone out of line
+        nslow = 0
+        for j in prange(n):
+            x = np.float64(a[j])
+            y = np.float64(b[j])
+            if op == OP_MUL:
+                s, e = two_prod(x, y)
+                good = _normal_in(x, _SAFE_LO, _SAFE_HI) and _normal_in(y, _SAFE_LO, _SAFE_HI)
+            else:
+                s, e = two_sum(x, -y if op == OP_SUB else y)
+                good = True
+            v, ok = _rn64_fast(s, e, mode, bits64(key, j))
+            out[j] = v
+            nslow += np.int64(not (ok and good))
+        if nslow == 0:
+            return
+        for j in prange(n):
+            x = np.float64(a[j])
+            y = np.float64(b[j])
+            if op == OP_MUL:
+                s, e = two_prod(x, y)
+                good = _normal_in(x, _SAFE_LO, _SAFE_HI) and _normal_in(y, _SAFE_LO, _SAFE_HI)
+            else:
+                s, e = two_sum(x, -y if op == OP_SUB else y)
+                good = True
+            be = (_f64_bits(s) >> np.uint64(52)) & _EXPMASK
+            if not good or be < _U1 or be > np.uint64(2046):
+                out[j] = call_wide_binary(op, x, y, mode, t, bits64(key, j))
+        return
     if not wide and op != OP_DIV:
         # fast pass (exact float64 result in the normal range); the rest redone exactly
         lo_b = np.uint64(1023 + emin)
