@@ -210,6 +210,8 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
     names = [c.name for c in pool]
     cap = _cap_of(found.output, basis)
     with contextlib.ExitStack() as stack:
+        if executor == "dask":
+            _pickle_user_code_by_value(model)
         if executor == "dask" and not _is_client(scheduler):
             scheduler = stack.enter_context(_dask_client(scheduler, jobs))
         return _locate(model, inputs, found, pool, names, cap, n=n, by=by, mode=mode,
@@ -218,6 +220,22 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
                        necessity=necessity, ddmin=ddmin, layers=layers, spatial=spatial,
                        class_dim=class_dim, max_dd_tests=max_dd_tests, select=select,
                        executor=executor, jobs=jobs, scheduler=scheduler, progress=progress)
+
+
+def _pickle_user_code_by_value(model: torch.nn.Module) -> None:
+    """Let Dask workers unpickle classes from a file loaded by ``numvar._spec``.
+
+    ``load_object("model.py:build")`` imports the file under a private module name that
+    worker processes cannot import; cloudpickle then has to ship those classes by value.
+    """
+    import sys
+
+    import cloudpickle
+
+    for mod in model.modules():
+        name = type(mod).__module__
+        if name.startswith("_numvar_user_") and name in sys.modules:
+            cloudpickle.register_pickle_by_value(sys.modules[name])
 
 
 def _is_client(obj: Any) -> bool:
