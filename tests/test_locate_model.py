@@ -154,3 +154,4 @@ def test_cli_table_json_map(tmp_path, capsys):
     assert '<section class="numvar-locate">' in page and "LeftCancel" in page
     assert "data:image/png;base64," in page
     assert main(["locate", f"{f}:build", "-n", "4"]) == 2      # no input given
+    assert main(["locate", f"{f}:build", "--input-shape", "2,6,8", "--class-dim", "1"]) == 2

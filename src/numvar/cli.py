@@ -625,6 +625,8 @@ def locate_cmd(
 
     if (input_shape is None) == (input_file is None):
         raise ConfigError("give exactly one of --input-shape and --input")
+    if class_dim is not None and map_png is None:
+        raise ConfigError("--class-dim is for the spatial view: give --map FILE.png too")
     model = _spec.load_object(spec)()
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
