@@ -252,3 +252,15 @@ def test_user_model_classes_pickle_by_value_for_dask(tmp_path):
                          timeout=120, cwd="/")
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     assert out.stdout.decode().split() == ["Twice", "2.0"]
+
+
+def test_model_checks(caplog):
+    from numvar.locate.api import _check_model
+
+    with pytest.raises(ConfigError, match="nn.Module"):
+        _check_model(lambda x: x)
+    with caplog.at_level("WARNING", logger="numvar.locate.api"):
+        _check_model(nn.Linear(2, 2).eval())
+        assert caplog.records == []
+        _check_model(nn.Linear(2, 2))
+    assert "training mode" in caplog.text

@@ -198,6 +198,7 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
         raise ConfigError(f"--stat must be median, mean or min, not {stat!r}")
     if max_dd_tests is not None and max_dd_tests < 0:
         raise ConfigError("max_dd_tests must be >= 0")
+    _check_model(model)
     found = discover(model, inputs)
     pool = found.modules if by == "module" else found.op_kinds
     if select:
@@ -220,6 +221,18 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
                        necessity=necessity, ddmin=ddmin, layers=layers, spatial=spatial,
                        class_dim=class_dim, max_dd_tests=max_dd_tests, select=select,
                        executor=executor, jobs=jobs, scheduler=scheduler, progress=progress)
+
+
+def _check_model(model: Any) -> None:
+    """A module, ideally in eval mode: in training mode every realization of every
+    evaluation updates batch-norm statistics and redraws dropout masks, so evaluations
+    would not compare like with like."""
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"locate needs a torch.nn.Module, got {type(model).__name__}")
+    if model.training:
+        log.warning("the model is in training mode: batch-norm statistics change and "
+                    "dropout masks are redrawn in every realization; call model.eval() "
+                    "first unless that is what you want to measure")
 
 
 def _pickle_user_code_by_value(model: torch.nn.Module) -> None:
