@@ -671,6 +671,17 @@ def locate_cmd(
 
 
 # ---------------------------------------------------------------- entry point
+def _click_exceptions() -> tuple[type[BaseException], ...]:
+    """ClickException classes: typer >= 0.22 bundles its own click, older ones use click."""
+    classes = []
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            classes.append(__import__(name, fromlist=["ClickException"]).ClickException)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(classes)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: numvar's own errors print as one clean line and exit 2."""
     try:
@@ -683,13 +694,9 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         typer.secho("aborted", err=True)
         return 130
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    except _click_exceptions() as exc:  # usage errors: bad option, missing argument
+        exc.show()
+        return exc.exit_code
     return rv if isinstance(rv, int) else 0
 
 
