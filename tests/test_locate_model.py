@@ -84,7 +84,10 @@ def test_ill_conditioned_layer_ranked_first_and_isolated(count_runs):
     assert res.dd.minimal == ["2"]
     # propagation: Cancel loses in itself; downstream layers inherit it
     prop = {lr.name: lr for lr in res.layers}
-    assert prop["2"].lost_in_layer > 12 and prop["2"].inherited < 2
+    # (at Cancel's own output an element keeps all its bits when its 6 SR draws agree,
+    # probability p^6 + (1-p)^6, 2/7 on average over p: the mean there is ~2/7*24 +
+    # 5/7*8 ~ 12.6 digits, a loss of ~11.4; downstream every element mixes 16 of them)
+    assert prop["2"].lost_in_layer > 9 and prop["2"].inherited < 2
     assert prop["3"].inherited > 10 and prop["3"].lost_in_layer < 6
     # cost: exactly n per evaluation, one reference, within the documented bound
     assert res.realizations == 6 * res.evaluations == count_runs["realizations"]
@@ -132,8 +135,8 @@ def test_cli_table_json_map(tmp_path, capsys):
         "def build():\n"
         "    return nn.Sequential(nn.Identity(), LeftCancel())\n")
     out_json, out_png, out_html = tmp_path / "loc.json", tmp_path / "map.png", tmp_path / "l.html"
-    # the median element does not vary (half the pixels are copied): summarize by mean
-    rc = main(["locate", f"{f}:build", "--input-shape", "2,6,8", "-n", "4", "--stat", "mean",
+    # (the default --stat mean: the median element would not vary, half are copies)
+    rc = main(["locate", f"{f}:build", "--input-shape", "2,6,8", "-n", "4",
                "--granularity", "op", "--json", str(out_json), "--map", str(out_png),
                "--html", str(out_html)])
     text = capsys.readouterr().out

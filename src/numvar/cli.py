@@ -594,7 +594,7 @@ def locate_cmd(
                                          "digits kept with everything perturbed and the cap)."),
     basis: int = typer.Option(2, "--basis", help="Digits in this basis (2: bits, 10: decimal)."),
     method: str = typer.Option("cnh", "--method", help="Significant digits method: cnh, general."),
-    stat: str = typer.Option("median", "--stat", help="Output summary: median, mean, min."),
+    stat: str = typer.Option("mean", "--stat", help="Output summary over elements: mean, median, min."),
     necessity: bool = typer.Option(True, "--necessity/--no-necessity",
                                    help="Also perturb everything except each candidate."),
     dd: bool = typer.Option(True, "--ddmin/--no-ddmin", help="Delta-debug a minimal set."),

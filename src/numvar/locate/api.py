@@ -171,7 +171,7 @@ def _cap_of(output: Any, basis: int) -> float:
 def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
            mode: str = "sr", granularity: str = "flop", precision: int | None = None,
            seed: int = 0, threshold: float | None = None, basis: int = 2,
-           method: str = "cnh", stat: str = "median", necessity: bool = True,
+           method: str = "cnh", stat: str = "mean", necessity: bool = True,
            ddmin: bool = True, layers: bool = True, spatial: bool = False,
            class_dim: int | None = None, max_dd_tests: int | None = None,
            select: Sequence[str] | None = None, executor: str = "local",
