@@ -158,3 +158,30 @@ def test_cli_table_json_map(tmp_path, capsys):
     assert "data:image/png;base64," in page
     assert main(["locate", f"{f}:build", "-n", "4"]) == 2      # no input given
     assert main(["locate", f"{f}:build", "--input-shape", "2,6,8", "--class-dim", "1"]) == 2
+
+
+class Seg(nn.Module):
+    """Two-class logits (B, 2, H, W): class 0 scores 0, class 1 scores LeftCancel(x)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cancel = LeftCancel()
+
+    def forward(self, x):
+        y = self.cancel(x)
+        return torch.stack([torch.zeros_like(y), y], dim=1)
+
+
+def test_spatial_view_of_a_segmentation():
+    # |x| ~ 2**-9, the ulp of 2**14: SR moves small scores across 0 (label flips) on the
+    # left half only; IEEE rounds them deterministically
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(3)) * 2.0**-9
+    res = locate(Seg().eval(), x, n=6, granularity="op", spatial=True, class_dim=1,
+                 layers=False, necessity=False)
+    assert [c.name for c in res.candidates] == ["cancel"]
+    m = res.spatial
+    assert m.digits.shape == (6, 8) and m.flips.shape == (6, 8)
+    assert (m.digits[:, 4:] == res.cap).all() and (m.flips[:, 4:] == 0).all()
+    assert m.digits[:, :4].min() < res.cap / 2 and m.flips[:, :4].max() > 0
+    assert res.to_dict()["spatial"]["class_dim"] == 1
+    assert "data:image/png;base64," in res.html()
