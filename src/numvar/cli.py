@@ -367,9 +367,16 @@ def report(
     against: str = _OPT["against"],
     probability: float = _OPT["probability"],
     confidence: float = _OPT["confidence"],
+    locate_json: str = typer.Option(None, "--locate", metavar="FILE.json",
+                                    help="Add the result of `numvar locate --json FILE.json` "
+                                         "(html and table formats)."),
+    locate_map: str = typer.Option(None, "--locate-map", metavar="FILE.png",
+                                   help="Embed this `numvar locate --map` PNG with --locate "
+                                        "(html)."),
 ) -> None:
     """Analyse a run: mean, std, standard error and significant digits per capture; flips,
-    accuracy and Dice for decisions; the per-layer curve; training bands."""
+    accuracy and Dice for decisions; the per-layer curve; training bands; optionally a
+    saved `numvar locate` result."""
     from .analysis import analyze, render_html
     from .analysis.core import TASKS
     from .analysis.text import report_renderables
@@ -380,11 +387,37 @@ def report(
                              confidence)
     if task not in TASKS:
         raise ConfigError(f"--task {task!r}: expected one of {', '.join(TASKS)}")
+    loc, sections = None, []
+    if locate_map and not locate_json:
+        raise ConfigError("--locate-map needs --locate FILE.json")
+    if locate_json:
+        if fmt == "json":
+            raise ConfigError("--locate adds a section to the html and table reports; with "
+                              "--format json keep the locate JSON file as it is")
+        from .analysis.locate_json import load_locate, locate_sections, read_png
+
+        loc = load_locate(locate_json)            # fails before the run is read
+        if fmt == "html":
+            sections = locate_sections(locate_json, locate_map)
+        elif locate_map:
+            read_png(locate_map)
     samples = load_run(run_dir)
     result = analyze(samples, task=task, scores=scores or None, labels=labels,
                      path=str(run_dir), **opts)
-    _emit(fmt, output, result, lambda: report_renderables(result),
-          lambda: render_html(result, samples))
+
+    def renderables() -> list:
+        out = report_renderables(result)
+        if loc is not None:
+            from rich.text import Text
+
+            from .locate import renderables as locate_renderables
+
+            out += [Text(""), Text.assemble(("Locating instability", "bold"),
+                                            f" ({locate_json})"), *locate_renderables(loc)]
+        return out
+
+    _emit(fmt, output, result, renderables,
+          lambda: render_html(result, samples, extra_sections=sections))
 
 
 @app.command("compare")
