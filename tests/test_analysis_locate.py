@@ -95,6 +95,14 @@ def test_locate_sections_and_render_html_hook(located, tmp_path):
     # without the PNG: the summary only
     no_png = locate_sections(js)
     assert len(no_png) == 2 and "<img" not in no_png[1] and "50.0% of pixels vary" in no_png[1]
+    # a segmentation's flip summary (class_dim given to locate), from the dict itself
+    d = json.loads(js.read_text())
+    d["spatial"] |= {"class_dim": 1, "max_flip_rate": 0.25, "share_flipping": 0.125}
+    assert "differ from IEEE at 12.5% of pixels, at most in 25.0%" in locate_sections(d)[1]
+    d["spatial"] |= {"max_flip_rate": 0.0, "share_flipping": 0.0}
+    assert "No label (class axis 1) differs from IEEE." in locate_sections(d)[1]
+    d["spatial"] = None
+    assert len(locate_sections(d)) == 1
     # the hook: fragments verbatim, in order, after the report's own sections
     result = analyze_run(run)
     plain = render_html(result)

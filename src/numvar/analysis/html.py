@@ -3,7 +3,9 @@
 Plots are bare matplotlib Figures rendered by Agg (no display, no pyplot: the
 user's backend is left alone). Sections: run configuration,
 captures table, a significant-digits histogram per capture, the per-layer curve, decision
-flips and accuracy, Dice and the disagreement map, training bands, final-weights spread.
+flips and accuracy, Dice and the disagreement map, training bands, final-weights spread,
+then any ``extra_sections`` (e.g. a saved ``numvar locate`` result, see
+:mod:`numvar.analysis.locate_json`).
 """
 
 from __future__ import annotations

@@ -127,10 +127,13 @@ def locate_sections(source: Any, map_png: Any = None) -> list[str]:
                     f"{summ['min_digits']:.2f} digits at pixel {tuple(summ['worst_pixel'])}, "
                     f"median {summ['median_digits']:.2f}; "
                     f"{100 * summ['share_below_cap']:.1f}% of pixels vary.")
-            if summ.get("max_flip_rate") is not None:
-                text += (f" Labels flip (class axis {summ.get('class_dim')}) at "
-                         f"{100 * summ['share_flipping']:.1f}% of pixels, at most in "
-                         f"{100 * summ['max_flip_rate']:.1f}% of cases.")
+            if summ.get("max_flip_rate") is not None and summ["share_flipping"] > 0:
+                text += (f" Labels (class axis {summ.get('class_dim')}) differ from IEEE "
+                         f"at {100 * summ['share_flipping']:.1f}% of pixels, at most in "
+                         f"{100 * summ['max_flip_rate']:.1f}% of (realization, batch item) "
+                         "pairs.")
+            elif summ.get("max_flip_rate") is not None:
+                text += f" No label (class axis {summ.get('class_dim')}) differs from IEEE."
             parts.append(f"<p>{html.escape(text)}</p>")
         if map_png is not None:
             b64 = base64.b64encode(read_png(map_png)).decode("ascii")
