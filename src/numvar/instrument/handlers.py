@@ -46,6 +46,13 @@ def _get(args, kwargs, i: int, name: str, default=None):
 
 # ------------------------------------------------------------------ op once (generic)
 _OUT_DTYPES: dict = {}
+#: ops that update arguments in place without saying so in their schema (legacy batch
+#: norm: running_mean, running_var)
+_HIDDEN_MUTATIONS = {
+    "aten::native_batch_norm": (3, 4),
+    "aten::cudnn_batch_norm": (3, 4),
+    "aten::miopen_batch_norm": (3, 4),
+}
 
 
 def _meta_out_dtypes(func, flat, rebuild):
@@ -136,9 +143,10 @@ def op_once(ctx: Ctx, func, args, kwargs):
     a2, k2 = rebuild(up)
     out = func(*a2, **k2)
     # rounded write-back of mutated float arguments (e.g. batch norm running stats)
-    if func._schema.is_mutable:
+    hidden = _HIDDEN_MUTATIONS.get(func._schema.name, ())
+    if func._schema.is_mutable or hidden:
         for i, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
+            if (arg.alias_info is not None and arg.alias_info.is_write) or i in hidden:
                 byname = arg.kwarg_only or arg.name in kwargs
                 orig = kwargs.get(arg.name) if byname else (args[i] if i < len(args) else None)
                 new = k2.get(arg.name) if byname else (a2[i] if i < len(a2) else None)
