@@ -131,8 +131,12 @@ def op_once(ctx: Ctx, func, args, kwargs):
     dts = [x.dtype for x in flat if is_float_tensor(x)]
     if not dts:
         return func(*args, **kwargs)
-    out_dts = _meta_out_dtypes(func, flat, rebuild)
     promoted = _reduce(torch.promote_types, dts)
+    if promoted in (torch.float32, torch.float64) and all(d == promoted for d in dts) and not any(
+            isinstance(x, torch.dtype) for x in flat):
+        out_dts = None  # one binary32/64 dtype in, no dtype argument: float outputs alike
+    else:
+        out_dts = _meta_out_dtypes(func, flat, rebuild)
     up = []
     for x in flat:
         if is_float_tensor(x) and x.dtype != torch.float64:
