@@ -2,10 +2,10 @@
 
 Workloads: a LeNet-style CNN inference (batch 64, 1x28x28) and a small transformer
 encoder inference (batch 16, 32 tokens, d=64, 4 heads, 2 layers). For each mode
-(ieee, sr, ud, random) and granularity (op, flop): median time over repeats, divided by
-the median native time measured in the same run.
+(ieee, sr, ud, random) and granularity (op, flop): the best time over repeats (the
+least disturbed run on a shared machine), divided by the best native time of the same run.
 
-    python benchmarks/bench_instrument.py [--repeats 5] [--threads 1] [--profile]
+    python benchmarks/bench_instrument.py [--repeats 5] [--threads 1] [--profile] [--wide-vectors]
 
 ``--threads`` sets both torch's and numba's thread counts (default: 1, a per-core
 comparison that stays meaningful on a shared machine). ``--profile`` prints where the
