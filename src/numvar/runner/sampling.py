@@ -240,7 +240,7 @@ def _run_pool(payload: dict[str, Any], tasks: list, jobs: int, start_method: str
     try:
         pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)) or 1, mp_context=ctx,
                                    initializer=_init_worker,
-                                   initargs=(thread_share(jobs), blob))
+                                   initargs=(thread_share(min(jobs, len(tasks))), blob))
         try:
             with _main_not_reimported(method != "fork"):  # workers start in submit()
                 futs = {pool.submit(_pool_task, i, s, m): i for i, s, m in tasks}

@@ -387,7 +387,7 @@ def run_script(command: list[str], *, n: int = 10, mode: str = "sr",
         "modules": parse_globs(modules), "capture": parse_capture(capture),
         "capture_layers": parse_globs(capture_layers),
         "files": _check_files(parse_globs(files)), "jobs": jobs, "executor": executor,
-        "threads": thread_share(jobs),
+        "threads": thread_share(min(jobs, n)),
     }
     seeds = [seed + i for i in range(n)]
     fuzzy_env(config, seed)  # validates mode, granularity, ... before anything runs
