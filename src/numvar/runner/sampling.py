@@ -152,6 +152,10 @@ def sample(fn: Callable[..., Any], *args: Any, n: int = 10, mode: str = "sr",
     With ``reference=True`` one uninstrumented run is stored in ``Samples.reference``.
     With ``out`` everything is also written to that run directory (``load_run`` reads it).
 
+    ``jobs``, ``executor``, ``scheduler`` and ``start_method``: see the module docstring.
+    ``progress(event, payload)`` is called with ``("total", count)`` and, per finished
+    realization, ``("done", record)``.
+
     Raises :class:`~numvar.errors.RunError` when a realization fails; its ``samples``
     attribute holds the realizations that succeeded (also stored under ``out``).
     """
