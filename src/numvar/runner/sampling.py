@@ -204,8 +204,6 @@ def sample(fn: Callable[..., Any], *args: Any, n: int = 10, mode: str = "sr",
                 rec.record(futs[fut], fut.result())
     elif jobs == 1:
         for i, s, m in tasks:
-            if progress is not None:
-                progress("start", tag_of(i))
             rec.record(i, realize(fn, args, index=i, seed=s, mode=m, fuzzy_kw=fk,
                                   capture_layers=layers, model=model))
     else:
