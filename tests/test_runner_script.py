@@ -164,8 +164,16 @@ def test_resume_after_kill_runs_exactly_the_missing(tmp_path):
         [sys.executable, "-m", "numvar.cli", "run", "-n", "4", "--jobs", "1", "--out", str(out),
          "--", "python", "hangs.py"], cwd=tmp_path, env=env, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    def r1_stored_and_r2_running():
+        if not (attempts.exists() and "2" in attempts.read_text().split()):
+            return False
+        try:  # realization 2 hangs until released, so r1's record can only come in
+            return RunStore.open(out).manifest["realizations"][1]["status"] == "ok"
+        except Exception:  # manifest not written yet
+            return False
+
     deadline = time.monotonic() + 120
-    while not (attempts.exists() and "2" in attempts.read_text().split()):
+    while not r1_stored_and_r2_running():
         assert proc.poll() is None, proc.stderr.read().decode()
         assert time.monotonic() < deadline, "realization 2 never started"
         time.sleep(0.1)
