@@ -95,6 +95,10 @@ def test_unmodified_script_varies_under_sr(sr_run, net_dir):
         assert torch.equal(s.reference["layers/1#0"], net[1](net[0](x)))
     m = RunStore.open(sr_run).manifest
     assert m["config"]["mode"] == "sr" and m["config"]["argv"][0].endswith("net.py")
+    assert m["command"] == ["numvar", "run", "-n", "3", "--mode", "sr", "--granularity", "flop",
+                            "--seed", "7", "--jobs", "2", "--out", "runs/sr", "--capture",
+                            "api,modules,stdout", "--capture-layers", "1", "--", "python",
+                            "net.py"]
     assert (sr_run / "logs" / "r0001.stdout").read_text().startswith("epoch 1 loss")
 
 
