@@ -209,6 +209,29 @@ def test_resume_after_kill_runs_exactly_the_missing(tmp_path):
     assert collections.Counter(attempts.read_text().split()) == counts
 
 
+def test_ctrl_c_keeps_what_finished(tmp_path):
+    (tmp_path / "hangs.py").write_text(HANGS)
+    attempts = tmp_path / "attempts.txt"
+    env = dict(os.environ, PYTHONPATH=SRC, ATTEMPTS=str(attempts),
+               RELEASE=str(tmp_path / "never"))
+    out = tmp_path / "runs/i"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "numvar.cli", "run", "-n", "3", "--jobs", "1", "--out", str(out),
+         "--", "python", "hangs.py"], cwd=tmp_path, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (attempts.exists() and "2" in attempts.read_text().split()
+               and RunStore.open(out).manifest["realizations"][1]["status"] == "ok"):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert f"interrupted: what finished is stored; complete it with numvar run --resume {out}" in err
+    m = RunStore.open(out).manifest  # the interrupted realization is pending, not failed
+    assert [r["status"] for r in m["realizations"]] == ["ok", "ok", "pending"]
+
+
 CRASHES = """\
 import os
 import torch
