@@ -182,6 +182,9 @@ def run(
                                 help="Aten op globs or op kinds left uninstrumented."),
     include: str = typer.Option(None, "--include",
                                 help="Instrument only these aten op globs or op kinds."),
+    modules: str = typer.Option(None, "--modules",
+                                help="Instrument only inside submodules matching these "
+                                     "named_modules() globs."),
     executor: str = typer.Option(None, "--executor", help="local | dask (default: local)."),
     scheduler: str = typer.Option(None, "--scheduler",
                                   help="Dask scheduler address (tcp://host:8786); without "
@@ -224,7 +227,7 @@ def run(
         given = {"-n": n, "--mode": mode, "--granularity": granularity, "--precision": precision,
                  "--seed": seed, "--out": out, "--capture": capture,
                  "--capture-layers": capture_layers, "--files": files, "--exclude": exclude,
-                 "--include": include, "script": command}
+                 "--include": include, "--modules": modules, "script": command}
         extra = [k for k, v in given.items() if v not in (None, [], ())]
         if extra:
             raise ConfigError(f"--resume takes its configuration from {resume}/manifest.json; "
@@ -238,6 +241,7 @@ def run(
                 granularity=granularity or "flop", precision=precision,
                 seed=0 if seed is None else seed, jobs=jobs, out=out, capture=capture,
                 capture_layers=capture_layers, files=files, exclude=exclude, include=include,
+                modules=modules,
                 executor=executor or "local", scheduler=scheduler, progress=progress)
     try:
         with bar:
