@@ -106,6 +106,136 @@ def demo(
 
 
 # ---------------------------------------------------------------- report / compare (analysis)
+_ANALYSIS_HELP = {
+    "method": "Significant-digits method: cnh (Sohier et al.'s centred normality hypothesis) "
+              "or general (no distribution assumed).",
+    "basis": "Digits in base 2 (bits) or 10 (decimal digits).",
+    "error": "relative (X/x - 1) or absolute (X - x) error.",
+    "against": "reference (the IEEE run; the sample mean where none is stored) or mean.",
+    "probability": "Probability p that the digits are significant.",
+    "confidence": "Confidence level of that statement.",
+}
+
+
+def _analysis_options(method: str, basis: int, error: str, against: str, probability: float,
+                      confidence: float) -> dict:
+    from .errors import ConfigError
+
+    if basis not in (2, 10):
+        raise ConfigError(f"--basis must be 2 or 10, not {basis}")
+    return {"method": method.lower(), "basis": basis, "error": error.lower(),
+            "against": against.lower(), "probability": probability, "confidence": confidence}
+
+
+@app.command("report")
+def report(
+    run_dir: str = typer.Argument(..., metavar="RUN", help="Run directory (runs/NAME)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json or html."),
+    output: str = typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
+    task: str = typer.Option("auto", "--task", help="auto (classification when a capture is "
+                             "named like logits/probs), classification, segmentation, none."),
+    scores: list[str] = typer.Option(None, "--scores", help="Score capture(s) to treat as "
+                                     "decisions (default: names containing logits/probs)."),
+    labels: str = typer.Option(None, "--labels", help="Capture holding the true labels "
+                               "(default: one named labels or targets)."),
+    method: str = typer.Option("cnh", "--method", help=_ANALYSIS_HELP["method"]),
+    basis: int = typer.Option(2, "--basis", help=_ANALYSIS_HELP["basis"]),
+    error: str = typer.Option("relative", "--error", help=_ANALYSIS_HELP["error"]),
+    against: str = typer.Option("reference", "--against", help=_ANALYSIS_HELP["against"]),
+    probability: float = typer.Option(0.95, "--probability", "-p", help=_ANALYSIS_HELP["probability"]),
+    confidence: float = typer.Option(0.95, "--confidence", "-c", help=_ANALYSIS_HELP["confidence"]),
+) -> None:
+    """Analyse a run: mean, std, standard error and significant digits per capture; flips,
+    accuracy and Dice for decisions; the per-layer curve; training bands."""
+    import json
+
+    from rich.console import Console
+
+    from .analysis import analyze_run, render_html
+    from .analysis.text import report_renderables
+    from .errors import ConfigError
+
+    if fmt not in ("table", "json", "html"):
+        raise ConfigError(f"--format must be table, json or html, not {fmt!r}")
+    if fmt == "html" and not output:
+        raise ConfigError("--format html needs -o FILE")
+    opts = _analysis_options(method, basis, error, against, probability, confidence)
+    result = analyze_run(run_dir, task=task, scores=scores or None, labels=labels, **opts)
+    if fmt == "json":
+        text = json.dumps(result, indent=2, default=str) + "\n"
+        if output:
+            from ._io import atomic_write_text
+
+            atomic_write_text(output, text)
+        else:
+            sys.stdout.write(text)
+        return
+    if fmt == "html":
+        from .runner.store import load_run
+
+        render_html(result, load_run(run_dir), output)
+        Console(stderr=True).print(f"wrote {output}")
+        return
+    console = Console(record=bool(output))
+    for r in report_renderables(result):
+        console.print(r)
+    if output:
+        from ._io import atomic_write_text
+
+        atomic_write_text(output, console.export_text())
+
+
+@app.command("compare")
+def compare_cmd(
+    run_a: str = typer.Argument(..., metavar="RUN_A", help="First run directory."),
+    run_b: str = typer.Argument(..., metavar="RUN_B", help="Second run directory."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json or html."),
+    output: str = typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
+    method: str = typer.Option("cnh", "--method", help=_ANALYSIS_HELP["method"]),
+    basis: int = typer.Option(2, "--basis", help=_ANALYSIS_HELP["basis"]),
+    error: str = typer.Option("relative", "--error", help=_ANALYSIS_HELP["error"]),
+    against: str = typer.Option("reference", "--against", help=_ANALYSIS_HELP["against"]),
+    probability: float = typer.Option(0.95, "--probability", "-p", help=_ANALYSIS_HELP["probability"]),
+    confidence: float = typer.Option(0.95, "--confidence", "-c", help=_ANALYSIS_HELP["confidence"]),
+) -> None:
+    """Compare two runs (e.g. SR vs UD, flop vs op): significant digits side by side."""
+    import json
+
+    from rich.console import Console
+
+    from .analysis import analyze_run, compare
+    from .analysis.text import compare_renderables
+    from .errors import ConfigError
+
+    if fmt not in ("table", "json", "html"):
+        raise ConfigError(f"--format must be table, json or html, not {fmt!r}")
+    if fmt == "html" and not output:
+        raise ConfigError("--format html needs -o FILE")
+    opts = _analysis_options(method, basis, error, against, probability, confidence)
+    cmp = compare(analyze_run(run_a, **opts), analyze_run(run_b, **opts))
+    if fmt == "html":
+        from .analysis import render_compare_html
+
+        render_compare_html(cmp, output)
+        Console(stderr=True).print(f"wrote {output}")
+        return
+    if fmt == "json":
+        text = json.dumps(cmp, indent=2, default=str) + "\n"
+        if output:
+            from ._io import atomic_write_text
+
+            atomic_write_text(output, text)
+        else:
+            sys.stdout.write(text)
+        return
+    console = Console(record=bool(output))
+    for r in compare_renderables(cmp):
+        console.print(r)
+    if output:
+        from ._io import atomic_write_text
+
+        atomic_write_text(output, console.export_text())
+
 
 
 # ---------------------------------------------------------------- determinism

@@ -1,0 +1,192 @@
+"""Significant digits of realizations, through the ``significantdigits`` package.
+
+Sohier et al., "Confidence intervals for stochastic arithmetic", ACM TOMS 47(2), 2021:
+
+- **CNH** (centred normality hypothesis): with Z the error of each realization
+  (relative ``X/x - 1`` or absolute ``X - x``) and σ̂ its (population) standard deviation,
+  ``s = -log2(σ̂) - [½·log2((R-1)/χ²_{(1-c)/2, R-1}) + log2(Φ⁻¹((p+1)/2))]``: the digits
+  that are significant with probability ``p`` at confidence ``c``.
+- **General** (no distribution assumed): ``s = max{k : |Z_i| ≤ 2^-k for every i}``; it
+  holds with probability ``p`` at confidence ``c`` once ``R ≥ ln(1-c)/ln(p)``
+  (:func:`minimum_trials`).
+
+The package's ``reference=None`` path is broken (see REFERENCE.md), so a reference is
+always passed: the IEEE result, or the sample mean. When every error is exactly zero the
+package returns ≈ 50 bits (the float64 mantissa minus the CNH correction); numvar caps
+every result at the format's precision (24 bits for binary32) and flags those elements as
+*no variation observed* instead.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import AnalysisError
+
+METHODS = ("cnh", "general")
+ERRORS = ("relative", "absolute")
+_CHUNK = 1 << 21  # elements per call into significantdigits (bounds float64 temporaries)
+
+# significand precision (implicit bit included) of the formats numvar handles
+PRECISION_BITS = {
+    torch.float64: 53, torch.float32: 24, torch.bfloat16: 8, torch.float16: 11,
+}
+
+
+def precision_of(dtype: torch.dtype) -> int:
+    """Significand bits of a floating dtype (53, 24, 11, 8); AnalysisError otherwise."""
+    try:
+        return PRECISION_BITS[dtype]
+    except KeyError:
+        raise AnalysisError(f"no significant digits for dtype {dtype}") from None
+
+
+def minimum_trials(probability: float = 0.95, confidence: float = 0.95) -> int:
+    """Realizations needed for the General method: ``ceil(ln(1-c) / ln(p))`` (Sohier et al.)."""
+    import significantdigits as sd
+
+    return int(sd.minimum_number_of_trials(probability, confidence))
+
+
+@dataclass
+class SigDigits:
+    """Per-element significant digits of realizations ``x`` of shape ``(R, *shape)``.
+
+    ``digits`` (float64, ``shape``) are in ``basis``, clipped to ``[0, cap]`` where ``cap`` is
+    the format's precision in that basis. ``no_variation`` marks elements whose every error
+    is exactly zero (digits = cap; "no variation observed"). ``undefined`` marks elements
+    whose relative error is unbounded (zero reference but varying values, or non-finite
+    values): their digits are 0.
+    """
+
+    digits: np.ndarray
+    no_variation: np.ndarray
+    undefined: np.ndarray
+    cap: float
+    precision_bits: int
+    method: str
+    basis: int
+    error: str
+    probability: float
+    confidence: float
+    n: int
+
+    def summary(self) -> dict:
+        """JSON-able summary; see :func:`summarize_digits`."""
+        return summarize_digits(self)
+
+
+def _check(method: str, basis: int, error: str, probability: float, confidence: float):
+    if method not in METHODS:
+        raise AnalysisError(f"method must be one of {METHODS}, not {method!r}")
+    if error not in ERRORS:
+        raise AnalysisError(f"error must be one of {ERRORS}, not {error!r}")
+    if not isinstance(basis, int) or basis < 2:
+        raise AnalysisError(f"basis must be an integer >= 2, not {basis!r}")
+    if not (0.0 < probability < 1.0 and 0.0 < confidence < 1.0):
+        raise AnalysisError("probability and confidence must lie strictly between 0 and 1")
+
+
+def _as_f64(t) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        return t.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(t, dtype=np.float64)
+
+
+def significant_digits(x: torch.Tensor, reference, *, method: str = "cnh", basis: int = 2,
+                       error: str = "relative", probability: float = 0.95,
+                       confidence: float = 0.95, precision_bits: int | None = None
+                       ) -> SigDigits:
+    """Significant digits of realizations ``x`` (``(R, ...)``) against ``reference``.
+
+    ``reference`` has ``x``'s trailing shape (the IEEE result, or ``x.mean(0)``; pass
+    ``"mean"`` for the latter). ``precision_bits`` defaults to ``x``'s format (24 for
+    float32). Digits are capped at that precision and clipped below at 0.
+    """
+    _check(method, basis, error, probability, confidence)
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x)
+    if x.ndim < 1 or x.shape[0] < 2:
+        raise AnalysisError(f"need at least 2 realizations along axis 0, got shape {tuple(x.shape)}")
+    if precision_bits is None:
+        precision_bits = precision_of(x.dtype) if x.is_floating_point() else 53
+    R = x.shape[0]
+    shape = tuple(x.shape[1:])
+    xs = _as_f64(x).reshape(R, -1)
+    if isinstance(reference, str):
+        if reference != "mean":
+            raise AnalysisError(f"reference must be a tensor or 'mean', not {reference!r}")
+        same = np.all(xs == xs[:1], axis=0)
+        ref = np.where(same, xs[0], xs.mean(axis=0))  # exact when every value is equal
+    else:
+        ref = _as_f64(reference)
+        if ref.shape != shape:
+            raise AnalysisError(f"reference shape {ref.shape} differs from the realizations' {shape}")
+        ref = ref.reshape(-1)
+    import significantdigits as sd
+
+    M = xs.shape[1]
+    out = np.empty(M, dtype=np.float64)
+    for lo in range(0, M, _CHUNK):
+        hi = min(M, lo + _CHUNK)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # relative error at a zero reference: handled below
+            out[lo:hi] = sd.significant_digits(
+                xs[:, lo:hi], reference=ref[lo:hi], axis=0, basis=2,
+                error=sd.Error.Relative if error == "relative" else sd.Error.Absolute,
+                method=sd.Method.CNH if method == "cnh" else sd.Method.General,
+                probability=probability, confidence=confidence, dtype=np.float64)
+    # No variation observed: every realization equals the reference exactly (all Z = 0).
+    no_var = np.all(xs == ref[None, :], axis=0)
+    finite = np.all(np.isfinite(xs), axis=0) & np.isfinite(ref)
+    undefined = ~no_var & (~finite | ~np.isfinite(out))
+    bits = np.clip(np.where(undefined, 0.0, out), 0.0, float(precision_bits))
+    bits[no_var] = float(precision_bits)
+    factor = math.log(2) / math.log(basis)  # change of basis, as significantdigits.change_basis
+    return SigDigits(
+        digits=(bits * factor).reshape(shape), no_variation=no_var.reshape(shape),
+        undefined=undefined.reshape(shape), cap=precision_bits * factor,
+        precision_bits=int(precision_bits), method=method, basis=basis, error=error,
+        probability=probability, confidence=confidence, n=R)
+
+
+def _r(v: float, nd: int = 6):
+    v = float(v)
+    return None if not math.isfinite(v) else round(v, nd)
+
+
+def summarize_digits(sd: SigDigits) -> dict:
+    """min, median, mean, max, 5th percentile, counts, and a histogram with unit-wide bins.
+
+    Keys: ``min median mean max p05 median_varying cap no_variation no_variation_share
+    undefined numel all_no_variation histogram{edges,counts}``; ``median_varying`` is the
+    median over the elements that varied (None when none did).
+    """
+    d = sd.digits.reshape(-1)
+    n = d.size
+    edges = [float(e) for e in np.arange(0, math.ceil(sd.cap) + 1, 1.0)]
+    if edges[-1] < sd.cap:
+        edges.append(float(math.ceil(sd.cap)))
+    counts, _ = np.histogram(d, bins=np.asarray(edges))
+    nv = int(sd.no_variation.sum())
+    var = d[~sd.no_variation.reshape(-1)]
+    return {
+        "min": _r(d.min()) if n else None,
+        "median": _r(np.median(d)) if n else None,
+        "mean": _r(d.mean()) if n else None,
+        "max": _r(d.max()) if n else None,
+        "p05": _r(np.percentile(d, 5)) if n else None,
+        "median_varying": _r(np.median(var)) if var.size else None,
+        "cap": _r(sd.cap),
+        "numel": int(n),
+        "no_variation": nv,
+        "no_variation_share": _r(nv / n) if n else None,
+        "all_no_variation": bool(n and nv == n),
+        "undefined": int(sd.undefined.sum()),
+        "histogram": {"edges": [_r(e) for e in edges], "counts": [int(c) for c in counts]},
+    }

@@ -1,0 +1,365 @@
+"""``render_html``: one self-contained HTML report with PNG plots embedded as base64.
+
+Plots use matplotlib's Agg backend (no display needed). Sections: run configuration,
+captures table, a significant-digits histogram per capture, the per-layer curve, decision
+flips and accuracy, Dice and the disagreement map, training bands, final-weights spread.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .._io import atomic_write_text
+from .text import NO_VARIATION, decision_cell, digits_cell, fmt
+
+MAX_HISTOGRAMS = 24
+CSS = """body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;
+margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}td:first-child,
+th:first-child{text-align:left}figure{display:inline-block;margin:.5em}.note{color:#a60}
+pre{background:#f6f6f6;padding:.5em;overflow:auto}"""
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    _plt().close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _img(b64: str, alt: str) -> str:
+    return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
+            f"<figcaption>{html.escape(alt)}</figcaption></figure>")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    h = "".join(f"<th>{html.escape(c)}</th>" for c in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
+                   for r in rows)
+    return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def digits_histogram_png(name: str, d: dict, unit: str) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4, 2.6))
+    edges = d["histogram"]["edges"]
+    counts = list(d["histogram"]["counts"])
+    nv = d["no_variation"]
+    counts[-1] -= nv  # elements with no variation sit at the cap: drawn apart, hatched
+    ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="#4878a8",
+           edgecolor="k", label="varying elements")
+    if nv:
+        ax.bar([edges[-1] + 0.5], [nv], width=1, align="edge", color="#ddd", hatch="//",
+               edgecolor="k", label=NO_VARIATION)
+    ax.axvline(d["cap"], color="r", ls="--", lw=1, label="format precision")
+    ax.legend(fontsize=6)
+    ax.set_xlabel(f"significant digits ({unit})")
+    ax.set_ylabel("elements")
+    title = name if not d["all_no_variation"] else f"{name}: {NO_VARIATION}"
+    ax.set_title(title, fontsize=9)
+    return _png(fig)
+
+
+def layers_png(layers: list[dict], unit: str) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(5, 0.35 * len(layers)), 3.2))
+    i = np.arange(len(layers))
+    med = [la["digits_median"] for la in layers]
+    ax.fill_between(i, [la["digits_min"] for la in layers], med, color="#9bc", alpha=.4,
+                    label="min … median")
+    ax.plot(i, [la["digits_p05"] for la in layers], "--", color="#468", lw=1, label="5th percentile")
+    ax.plot(i, med, "o-", color="#246", label="median")
+    mv = [np.nan if la["digits_median_varying"] is None else la["digits_median_varying"]
+          for la in layers]
+    if any(np.isfinite(mv)) and mv != med:
+        ax.plot(i, mv, "x:", color="#a40", label="median over varying elements")
+    ax.set_xticks(i)
+    ax.set_xticklabels([la["path"] + (f"#{la['call']}" if la["call"] else "") for la in layers],
+                       rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(f"significant digits ({unit})")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title("significant digits per layer, network order", fontsize=9)
+    return _png(fig)
+
+
+def flips_png(name: str, c: dict) -> str:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(8, 2.8))
+    h = c["flip_count_histogram"]
+    axes[0].bar(range(len(h)), h, color="#a64")
+    axes[0].set_yscale("symlog")
+    axes[0].set_xlabel(f"k: realizations differing from {c['against']} (of {c['n']})")
+    axes[0].set_ylabel("samples")
+    axes[0].set_title(f"{name}: {c['flipped_samples']} flipped samples", fontsize=9)
+    if c.get("accuracy"):
+        a = c["accuracy"]
+        axes[1].plot(range(len(a["per_realization"])), a["per_realization"], "o", label="realization")
+        if a["ieee"] is not None:
+            axes[1].axhline(a["ieee"], color="r", ls="--", label="IEEE")
+        axes[1].set_xlabel("realization")
+        axes[1].set_ylabel("accuracy")
+        axes[1].legend(fontsize=7)
+    else:
+        axes[1].plot(range(len(c["flips_per_realization"])), c["flips_per_realization"], "o")
+        axes[1].set_xlabel("realization")
+        axes[1].set_ylabel("flipped decisions")
+    return _png(fig)
+
+
+def dice_png(name: str, s: dict) -> str:
+    plt = _plt()
+    labs = list(s["labels"])
+    fig, ax = plt.subplots(figsize=(max(4, 0.4 * len(labs)), 2.8))
+    x = np.arange(len(labs))
+    ax.plot(x, [s["labels"][k]["dice_mean"] for k in labs], "o", label="mean")
+    ax.plot(x, [s["labels"][k]["dice_min"] for k in labs], "v", label="min")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labs, fontsize=7)
+    ax.set_xlabel("label")
+    ax.set_ylabel(f"Dice vs {s['against']}")
+    ax.legend(fontsize=7)
+    ax.set_title(f"{name}: Dice per label", fontsize=9)
+    return _png(fig)
+
+
+def slice_2d(m: np.ndarray) -> tuple[np.ndarray, str]:
+    """Reduce a map to 2-D by taking, axis after axis, the slice holding most disagreement."""
+    where = []
+    while m.ndim > 2:
+        tot = m.reshape(m.shape[0], -1).sum(axis=1)
+        j = int(np.argmax(tot))
+        where.append(str(j))
+        m = m[j]
+    if m.ndim == 1:
+        m = m[None, :]
+    return m, ("slice [" + ", ".join(where) + "]") if where else ""
+
+
+def disagreement_png(name: str, dis: np.ndarray) -> str:
+    plt = _plt()
+    m, where = slice_2d(dis)
+    fig, ax = plt.subplots(figsize=(4, 4))
+    im = ax.imshow(m, cmap="magma", vmin=0, vmax=max(0.5, float(m.max())), interpolation="nearest")
+    fig.colorbar(im, ax=ax, fraction=.046, label="share disagreeing with majority")
+    ax.set_title(f"{name} {where}".strip(), fontsize=9)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return _png(fig)
+
+
+def series_png(s: dict) -> str:
+    plt = _plt()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3))
+    st = s["steps"]
+    mean = np.asarray(s["mean"], dtype=float)
+    std = np.asarray(s["std"], dtype=float)
+    ax.fill_between(st, s["min"], s["max"], color="#cde", label="min … max")
+    ax.fill_between(st, mean - std, mean + std, color="#8ab", label="mean ± std")
+    ax.plot(st, mean, color="#246", lw=1, label="mean")
+    if s["reference"]:
+        ax.plot(st, s["reference"], "--", color="r", lw=1, label="IEEE")
+    ax.set_xlabel("step")
+    ax.set_ylabel(s["name"])
+    ax.legend(fontsize=7)
+    ax.set_title(f"{s['name']}: band across realizations", fontsize=9)
+    # the band is often thinner than a line: its width on its own axis
+    ax2.plot(st, std, "o-", ms=3, label="std (R−1)")
+    width = np.asarray(s["max"], dtype=float) - np.asarray(s["min"], dtype=float)
+    ax2.plot(st, width, "s--", ms=3, label="max − min")
+    if np.all(np.concatenate([std, width]) > 0):
+        ax2.set_yscale("log")
+    ax2.set_xlabel("step")
+    ax2.set_title("spread across realizations", fontsize=9)
+    ax2.legend(fontsize=7)
+    return _png(fig)
+
+
+def weights_png(ws: list[dict], unit: str) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(4, 0.5 * len(ws)), 2.8))
+    x = np.arange(len(ws))
+    ax.bar(x - .2, [w["digits_median"] for w in ws], .4, label="median")
+    ax.bar(x + .2, [w["digits_min"] for w in ws], .4, label="min")
+    ax.set_xticks(x)
+    ax.set_xticklabels([w["layer"] for w in ws], rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(f"digits ({unit})")
+    ax.legend(fontsize=7)
+    ax.set_title("final weights: significant digits per layer", fontsize=9)
+    return _png(fig)
+
+
+def render_html(result: dict, samples=None, path=None) -> str:
+    """Render ``result`` (from :func:`analyze`) as one self-contained HTML page.
+
+    ``samples`` (the analysed :class:`Samples`) is needed only for the disagreement maps
+    of segmentations. Writes ``path`` atomically when given; returns the HTML text.
+    """
+    from .segmentation import disagreement_map, label_maps
+
+    st = result["settings"]
+    run = result["run"]
+    unit = "bits" if st["basis"] == 2 else f"base {st['basis']}"
+    title = f"numvar report: {run.get('path') or 'samples'}"
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts.append(f"<p>R = {run['n']} realizations ({run['failed']} failed); significant digits: "
+                 f"{html.escape(st['method'].upper())}, {html.escape(st['error'])} error, {unit}, "
+                 f"p = {st['probability']}, confidence = {st['confidence']}, against "
+                 f"{html.escape(st['against'])}. The General method needs at least "
+                 f"{st['minimum_trials']} realizations for these p and confidence.</p>")
+    for n in result["notes"]:
+        parts.append(f"<p class='note'>note: {html.escape(n)}</p>")
+
+    parts.append("<h2 id='configuration'>Run configuration</h2>")
+    parts.append(f"<pre>{html.escape(json.dumps(run['config'], indent=2, default=str))}</pre>")
+
+    parts.append("<h2 id='captures'>Captures</h2><p>std: the dispersion of one execution "
+                 "(R−1); sem = std/√R: the uncertainty of the estimated mean only.</p>")
+    rows = []
+    for name, e in result["captures"].items():
+        dmin, dmed = digits_cell(e["digits"])
+        rows.append([name, e["kind"], "×".join(map(str, e["shape"])) or "scalar", fmt(e["mean_abs"]),
+                     fmt(e["std"]), fmt(e["sem"]), fmt(e["rel_std"]), dmin, dmed,
+                     decision_cell(result, name)])
+    parts.append(_table(["capture", "kind", "shape", "mean |x|", "std", "sem", "rel std",
+                         "digits min", "digits median", "flips / Dice"], rows))
+
+    hist = [(n, e) for n, e in result["captures"].items()
+            if e["digits"] and e["kind"] not in ("layer", "series")
+            and not n.startswith(("weights.", "params.", "state_dict."))]
+    if hist:
+        parts.append("<h2 id='digits'>Significant digits per capture</h2>")
+        for n, e in hist[:MAX_HISTOGRAMS]:
+            parts.append(_img(digits_histogram_png(n, e["digits"], unit), f"digits histogram: {n}"))
+        if len(hist) > MAX_HISTOGRAMS:
+            parts.append(f"<p>({len(hist) - MAX_HISTOGRAMS} more captures in the table above)</p>")
+
+    if result["layers"]:
+        parts.append("<h2 id='layers'>Layers</h2>")
+        parts.append(_img(layers_png(result["layers"], unit), "significant digits per layer"))
+
+    if result["classification"]:
+        parts.append("<h2 id='decisions'>Decisions</h2>")
+        for n, c in result["classification"].items():
+            if c["decision_never_flips_while_scores_vary"]:
+                parts.append(f"<p class='note'>{html.escape(n)}: the decision never flips while "
+                             f"the scores vary (score std up to {fmt(c['score_std_max'])}).</p>")
+            acc = c.get("accuracy") or {}
+            parts.append(_table(["scores", "flipped", "flip rate", "agreement with IEEE",
+                                 "accuracy mean", "accuracy std", "accuracy IEEE"],
+                                [[n, fmt(c["flipped_samples"]), fmt(c["flip_rate"], "p"),
+                                  fmt(c["agreement_with_ieee"], "p"), fmt(acc.get("mean"), "p"),
+                                  fmt(acc.get("std"), "p"), fmt(acc.get("ieee"), "p")]]))
+            parts.append(_img(flips_png(n, c), f"flips: {n}"))
+
+    if result["segmentation"]:
+        parts.append("<h2 id='segmentation'>Segmentation</h2>")
+        for n, s in result["segmentation"].items():
+            rows = [[lab, fmt(v["dice_mean"]), fmt(v["dice_min"]), fmt(v["volume_mean"]),
+                     fmt(v["volume_std"]), fmt(v["volume_cv"])] for lab, v in s["labels"].items()]
+            parts.append(_table(["label", "Dice mean", "Dice min", "volume mean", "volume std",
+                                 "volume CV"], rows))
+            if s["labels"]:
+                parts.append(_img(dice_png(n, s), f"Dice: {n}"))
+            if samples is not None and n in samples.captures:
+                dis = disagreement_map(label_maps(samples.captures[n], n))
+                parts.append(_img(disagreement_png(n, dis), f"disagreement map: {n}"))
+
+    if result["series"]:
+        parts.append("<h2 id='training'>Training series</h2>")
+        for s in result["series"]:
+            parts.append(_img(series_png(s), f"band: {s['name']}"))
+    if result["weights"]:
+        parts.append("<h2 id='weights'>Final weights</h2>")
+        parts.append(_table(["layer", "numel", "std", "rel std", "digits min", "digits median"],
+                            [[w["layer"], str(w["numel"]), fmt(w["std"]), fmt(w["rel_std"]),
+                              fmt(w["digits_min"], "d"), fmt(w["digits_median"], "d")]
+                             for w in result["weights"]]))
+        parts.append(_img(weights_png(result["weights"], unit), "final weights per layer"))
+    parts.append("</body></html>\n")
+    text = "\n".join(parts)
+    if path is not None:
+        atomic_write_text(Path(path), text)
+    return text
+
+
+def compare_png(cmp: dict) -> str:
+    """Median digits per capture for runs A and B; with layers, the two layer curves."""
+    plt = _plt()
+    caps = [c for c in cmp["captures"] if c["kind"] != "layer"
+            and (c["a"]["digits_median"] is not None or c["b"]["digits_median"] is not None)]
+    panels = (1 if caps else 0) + (1 if cmp["layers"] else 0)
+    fig, axes = plt.subplots(1, max(panels, 1), figsize=(6 * max(panels, 1), 3.2), squeeze=False)
+    axes = list(axes[0])
+    if caps:
+        ax = axes.pop(0)
+        x = np.arange(len(caps))
+        for off, side in ((-0.2, "a"), (0.2, "b")):
+            ax.bar(x + off, [c[side]["digits_median"] or 0 for c in caps], 0.4,
+                   label=side.upper())
+        ax.set_xticks(x)
+        ax.set_xticklabels([c["name"] for c in caps], rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel("median significant digits")
+        ax.legend(fontsize=7)
+        ax.set_title("captures", fontsize=9)
+    if cmp["layers"]:
+        ax = axes.pop(0)
+        i = np.arange(len(cmp["layers"]))
+        ax.plot(i, [la["a"] for la in cmp["layers"]], "o-", label="A")
+        ax.plot(i, [la["b"] for la in cmp["layers"]], "s-", label="B")
+        ax.set_xticks(i)
+        ax.set_xticklabels([la["name"].removeprefix("layers/") for la in cmp["layers"]],
+                           rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("median significant digits")
+        ax.legend(fontsize=7)
+        ax.set_title("layers, network order", fontsize=9)
+    return _png(fig)
+
+
+def render_compare_html(cmp: dict, path=None) -> str:
+    """One self-contained HTML page for a :func:`compare` result (tables and a plot)."""
+    a, b = (p or "?" for p in cmp["runs"])
+    title = f"numvar compare: A = {a}, B = {b}"
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+             f"</title><style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts.append("<h2 id='configuration'>Run configurations</h2>")
+    parts.append(_table(["", "A", "B"], [[k, str(cmp["configs"][0].get(k, "—")),
+                                          str(cmp["configs"][1].get(k, "—"))]
+                                         for k in dict.fromkeys([*cmp["configs"][0],
+                                                                 *cmp["configs"][1]])]))
+    parts.append("<h2 id='captures'>Significant digits</h2>")
+    rows = [[c["name"], fmt(c["a"]["digits_median"], "d"), fmt(c["b"]["digits_median"], "d"),
+             fmt(c["delta_median"], "d"), fmt(c["a"]["digits_min"], "d"),
+             fmt(c["b"]["digits_min"], "d"), fmt(c["a"]["std"]), fmt(c["b"]["std"])]
+            for c in cmp["captures"]
+            if c["a"]["digits_median"] is not None or c["b"]["digits_median"] is not None]
+    parts.append(_table(["capture", "A median", "B median", "B − A", "A min", "B min",
+                         "A std", "B std"], rows))
+    if rows or cmp["layers"]:
+        parts.append(_img(compare_png(cmp), "median significant digits, A vs B"))
+    if cmp["classification"]:
+        parts.append("<h2 id='decisions'>Decisions</h2>")
+        parts.append(_table(["scores", "A flip rate", "B flip rate", "A agreement", "B agreement"],
+                            [[c["name"], fmt(c["a"]["flip_rate"], "p"), fmt(c["b"]["flip_rate"], "p"),
+                              fmt(c["a"]["agreement_with_ieee"], "p"),
+                              fmt(c["b"]["agreement_with_ieee"], "p")]
+                             for c in cmp["classification"]]))
+    parts.append("</body></html>\n")
+    text = "\n".join(parts)
+    if path is not None:
+        atomic_write_text(Path(path), text)
+    return text
