@@ -193,7 +193,8 @@ def machine() -> dict[str, str]:
     import numba
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "torch threads": str(torch.get_num_threads()),
+    return {"cpu": cpu, "cores": str(os.cpu_count()),
+            "threads (torch / numba)": f"{torch.get_num_threads()} / {numba.get_num_threads()}",
             "python": platform.python_version(), "torch": torch.__version__,
             "numba": numba.__version__, "os": f"{platform.system()} {platform.release()}",
             "load average at start": "—" if load is None else
@@ -256,7 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--matmul", default="256,512", help="SR matmul sizes ('' to skip)")
     p.add_argument("--out", default=str(HERE / "results.md"))
     p.add_argument("--note", action="append", default=[], help="a note for results.md")
+    p.add_argument("--threads", type=int, default=None, help="torch and numba threads "
+                   "(default: theirs); 1 gives steadier numbers on a shared machine")
     args = p.parse_args(argv)
+    if args.threads:
+        import numba
+
+        torch.set_num_threads(args.threads)
+        numba.set_num_threads(args.threads)
 
     def log(msg: str) -> None:
         print(msg, flush=True)

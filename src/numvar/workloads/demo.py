@@ -189,6 +189,14 @@ def _cell(ident: str, v: Any, kind: str = "d") -> str:
     return f"<td id='{html.escape(ident)}'>{html.escape(_fmt(v, kind))}</td>"
 
 
+def _curve_value(layer: dict) -> float | None:
+    """A layer's point on the curve: the median digits over its elements that varied
+    (ReLU zeros never vary and would pull the median to the format's cap), or the median
+    over all elements when none varied."""
+    v = layer.get("digits_median_varying")
+    return layer["digits_median"] if v is None else v
+
+
 def _layer_png(result: DemoResult) -> str | None:
     import matplotlib
 
@@ -202,13 +210,14 @@ def _layer_png(result: DemoResult) -> str | None:
     names = None
     for mode, layers in curves.items():
         names = [la["path"] for la in layers]
-        ax.plot(range(len(layers)), [la["digits_median"] for la in layers], "o-",
+        ax.plot(range(len(layers)), [_curve_value(la) for la in layers], "o-",
                 label=mode.upper())
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
     unit = "bits" if result.config.basis == 2 else f"base-{result.config.basis} digits"
     ax.set_ylabel(f"median significant {unit}")
-    ax.set_title("significant digits of each layer's output, in network order", fontsize=9)
+    ax.set_title("significant digits of each layer's output (median over the elements "
+                 "that vary), in network order", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -238,10 +247,12 @@ def render_demo_html(result: DemoResult) -> str:
          f"digits (Sohier et al. 2021, CNH, relative error, probability 0.95, confidence "
          f"0.95) are in {unit}, against the IEEE reference; binary32 holds at most "
          f"{'24 bits' if cfg.basis == 2 else '7.22 decimal digits'}.</p>"]
-    if cfg.n < 30:
-        p.append(f"<p class='note'>With {cfg.n} realizations the digits are an estimate; "
-                 f"the confidence-interval method needs ≥ 299 realizations for p = 0.99 "
-                 f"at 95 % confidence.</p>")
+    st = next(iter(result.results.values()))["settings"] if result.results else None
+    if st is not None and not st["enough_trials"]:
+        p.append(f"<p class='note'>With {cfg.n} realizations the digits are an estimate "
+                 f"(CNH assumes normal errors); the distribution-free General method needs "
+                 f"at least {st['minimum_trials']} realizations for p = {st['probability']} "
+                 f"at confidence {st['confidence']}.</p>")
 
     p.append("<h2>Outputs</h2><table><tr><th>mode</th>"
              + "".join(f"<th>{lab} median</th><th>{lab} min</th>"
@@ -270,7 +281,8 @@ def render_demo_html(result: DemoResult) -> str:
         p.append(f"<img alt='significant digits per layer' src='data:image/png;base64,{png}'>")
         modes = [m for m in result.results if result.results[m]["layers"]]
         p.append("<table><tr><th>layer</th>"
-                 + "".join(f"<th>{m.upper()} median</th><th>{m.upper()} min</th>" for m in modes)
+                 + "".join(f"<th>{m.upper()} median (varying)</th><th>{m.upper()} median "
+                           f"(all)</th><th>{m.upper()} min</th>" for m in modes)
                  + "</tr>")
         first = result.results[modes[0]]["layers"]
         by_mode = {m: {la["name"]: la for la in result.results[m]["layers"]} for m in modes}
@@ -278,6 +290,8 @@ def render_demo_html(result: DemoResult) -> str:
             cells = ""
             for m in modes:
                 e = by_mode[m].get(la["name"], {})
+                cells += _cell(f"{m}-layer-{la['path']}-varying",
+                               _curve_value(e) if e else None)
                 cells += _cell(f"{m}-layer-{la['path']}-median", e.get("digits_median"))
                 cells += _cell(f"{m}-layer-{la['path']}-min", e.get("digits_min"))
             p.append(f"<tr><td>{html.escape(la['path'])}</td>{cells}</tr>")
