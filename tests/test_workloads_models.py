@@ -213,3 +213,13 @@ def test_speech_forward_under_dispatch_mode():
     for op in ("convolution", "native_group_norm", "native_layer_norm", "gelu",
                "_softmax", "bmm"):
         assert op in rec.ops, (op, sorted(rec.ops))
+
+
+def test_brain_and_speech_scripts_print_metrics(cache, capsys):
+    assert brain.main(["--limit", "3"], config=BRAIN_SMALL) == 0
+    out = dict(line.split() for line in capsys.readouterr().out.strip().splitlines())
+    assert out["slices"] == "3"
+    assert 0.8 <= float(out["dice_mean"]) <= 1.0 and float(out["volume_gm_ml"]) > 0
+    assert speech.main(["--limit", "10"], config=SPEECH_SMALL) == 0
+    out = dict(line.split() for line in capsys.readouterr().out.strip().splitlines())
+    assert out["signals"] == "10" and 0.8 <= float(out["accuracy"]) <= 1.0

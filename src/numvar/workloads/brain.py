@@ -265,7 +265,7 @@ def load_or_train(config: BrainConfig | None = None, *,
                               build_model, train, cache_dir, retrain)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, config: BrainConfig | None = None) -> int:
     """Segment the held-out slices and print Dice and volumes, one per line."""
     p = argparse.ArgumentParser(prog="python -m numvar.workloads.brain",
                                 description=__doc__.split("\n\n")[0])
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retrain", action="store_true", help="ignore the cached model")
     p.add_argument("--cache-dir", default=None, help="model cache folder")
     args = p.parse_args(argv)
-    trained = load_or_train(cache_dir=args.cache_dir, retrain=args.retrain)
+    trained = load_or_train(config, cache_dir=args.cache_dir, retrain=args.retrain)
     data = load_data("test", trained.config).subset(args.limit)
     pred = infer(trained.model, data.inputs).argmax(1)
     d = dice(pred, data.targets)

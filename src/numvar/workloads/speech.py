@@ -237,7 +237,7 @@ def load_or_train(config: SpeechConfig | None = None, *,
                               build_model, train, cache_dir, retrain)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, config: SpeechConfig | None = None) -> int:
     """Classify the held-out signals and print the metrics, one per line."""
     p = argparse.ArgumentParser(prog="python -m numvar.workloads.speech",
                                 description=__doc__.split("\n\n")[0])
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retrain", action="store_true", help="ignore the cached model")
     p.add_argument("--cache-dir", default=None, help="model cache folder")
     args = p.parse_args(argv)
-    trained = load_or_train(cache_dir=args.cache_dir, retrain=args.retrain)
+    trained = load_or_train(config, cache_dir=args.cache_dir, retrain=args.retrain)
     data = load_data("test", trained.config).subset(args.limit)
     logits = infer(trained.model, data.inputs)
     m = metrics_from_logits(logits, data.targets)
