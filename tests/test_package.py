@@ -39,3 +39,10 @@ def test_tensors_roundtrip_and_errors(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"garbage")
     with pytest.raises(errors.StoreError, match="corrupt"):
         _io.load_tensors(tmp_path / "bad.safetensors")
+
+
+def test_save_tensors_that_share_memory(tmp_path):
+    base = torch.arange(4.0)
+    _io.save_tensors(tmp_path / "v.safetensors", {"a": base, "b": base[:2]})
+    back = _io.load_tensors(tmp_path / "v.safetensors")
+    assert torch.equal(back["b"], torch.tensor([0.0, 1.0]))

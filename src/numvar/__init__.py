@@ -2,8 +2,59 @@
 
 Stochastic arithmetic (SR, UD, random rounding) inside any PyTorch model,
 realizations and their statistics, bitwise determinism, worst-case bounds.
+
+The top-level names are imported lazily, so ``import numvar`` stays cheap and
+``numvar.capture`` costs nothing in a script that is not run by numvar.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
 from . import errors  # noqa: E402,F401
+
+# public name -> (module, attribute)
+_EXPORTS = {
+    # stochastic arithmetic and instrumentation
+    "fuzzy": ("numvar.instrument", "fuzzy"),
+    "FuzzyConfig": ("numvar.instrument", "FuzzyConfig"),
+    "Stream": ("numvar.rounding", "Stream"),
+    # realizations
+    "sample": ("numvar.runner", "sample"),
+    "capture": ("numvar.runner", "capture"),
+    "load_run": ("numvar.runner", "load_run"),
+    "Samples": ("numvar.runner", "Samples"),
+    # analysis
+    "analyze": ("numvar.analysis", "analyze"),
+    "significant_digits": ("numvar.analysis", "significant_digits"),
+    "render_html": ("numvar.analysis", "render_html"),
+    # bitwise determinism
+    "BitwiseEquivalenceMode": ("numvar.determinism", "BitwiseEquivalenceMode"),
+    "HashMode": ("numvar.determinism", "HashMode"),
+    "ObserverContext": ("numvar.determinism", "ObserverContext"),
+    "observe": ("numvar.determinism", "observe"),
+    "observe_grad": ("numvar.determinism", "observe_grad"),
+    "observe_non_deterministic": ("numvar.determinism", "observe_non_deterministic"),
+    "observe_non_deterministic_grad": ("numvar.determinism", "observe_non_deterministic_grad"),
+    # worst-case bounds
+    "network_bounds": ("numvar.bounds", "network_bounds"),
+}
+
+__all__ = ["__version__", "errors", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'numvar' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically; create parent folders. Returns the path."""
@@ -45,11 +47,13 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, Any],
                  metadata: Mapping[str, str] | None = None) -> Path:
     """Save a name → tensor mapping as safetensors, atomically.
 
-    Tensors are made contiguous and moved to CPU first (safetensors needs that).
+    Tensors are moved to CPU and copied into fresh contiguous storage first
+    (safetensors refuses tensors that share memory, e.g. two views of one buffer).
     """
     from safetensors.torch import save
 
-    flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    flat = {k: v.detach().to("cpu").clone(memory_format=torch.contiguous_format)
+            for k, v in tensors.items()}
     data = save(flat, metadata=dict(metadata) if metadata else None)
     return atomic_write_bytes(path, data)
 

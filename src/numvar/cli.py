@@ -239,9 +239,143 @@ def compare_cmd(
 
 
 # ---------------------------------------------------------------- determinism
+_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@determinism_app.command("record", context_settings=_PASSTHROUGH)
+def determinism_record(
+    ctx: typer.Context,
+    out: str = typer.Option(..., "--out", "-o", help="Folder for the recording (hashes.json)."),
+    stacks: bool = typer.Option(True, "--stacks/--no-stacks",
+                                help="Store each op's user stack (ops run in backward: "
+                                     "the forward call, via autograd anomaly mode)."),
+) -> None:
+    """Record a script's op hashes as a reference (usage: record -o DIR -- COMMAND).
+
+    Runs COMMAND (python SCRIPT.py ..., python -m MODULE ..., SCRIPT.py ...) under
+    HashMode and writes DIR/hashes.json: every aten op in call order, the hash of its
+    outputs and its user-code stack. Nothing is written when the script fails.
+
+    Example: numvar determinism record -o ref/ -- python train_step.py --steps 1
+    """
+    from rich.console import Console
+
+    from .determinism import record_script
+
+    res = record_script(list(ctx.args), out, stacks=stacks)
+    Console().print(f"recorded {res.n_ops} ops ({len(res.counts)} distinct) to {res.path}")
+
+
+@determinism_app.command("check", context_settings=_PASSTHROUGH)
+def determinism_check(
+    ctx: typer.Context,
+    reference: str = typer.Argument(..., help="A folder written by `numvar determinism record`."),
+) -> None:
+    """Check a script's run against a recording, op by op (usage: check REF -- COMMAND).
+
+    Runs COMMAND under HashMode, compares every op's output hash with REF as it runs and
+    prints the first divergent op with both stacks, or "bitwise identical (N ops)".
+    Exit status 1 on divergence, 2 on a missing or corrupt recording.
+
+    Example: numvar determinism check ref/ -- python train_step.py --steps 1
+    """
+    from rich.console import Console
+
+    from .determinism import check_script
+
+    res = check_script(reference, list(ctx.args))
+    console = Console(highlight=False, soft_wrap=True)
+    if res.identical:
+        console.print(f"[green]{res.message()}[/green]")
+        return
+    console.print(f"[red]not bitwise identical[/red]\n{res.message()}", markup=True)
+    raise typer.Exit(1)
+
 
 
 # ---------------------------------------------------------------- bounds
+@app.command("bounds")
+def bounds_cmd(
+    spec: str = typer.Argument(..., metavar="MODEL.py:BUILD",
+                               help="File (or module) and function returning the model."),
+    input_shape: str = typer.Option(None, "--input-shape",
+                                    help="Shape of the sample input, e.g. 1,1,28,28 "
+                                         "(uniform in [0,1), seed --seed)."),
+    precision: str = typer.Option("fp32", "--precision",
+                                  help="fp32 or bf16-mixed (bf16 operands and stored "
+                                       "conv/dense results, fp32 accumulation)."),
+    input_file: str = typer.Option(None, "--input", help="Sample input (.safetensors)."),
+    input_bound: float = typer.Option(None, "--input-bound",
+                                      help="A-priori bound A on |input| (default: 1 for "
+                                           "generated inputs, max|x| for --input)."),
+    run: str = typer.Option(None, "--run", help="Run directory: adds the SR std per layer."),
+    plot: str = typer.Option(None, "--plot", help="Write log10 of the curves vs depth (PNG)."),
+    fmt: str = typer.Option("table", "--format", help="table or json."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the generated sample input."),
+) -> None:
+    """Worst-case rounding-error bounds per layer (a-priori and data-dependent) against
+    the measured error |computed - float64| and, with --run, the SR std."""
+    import json
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import _spec
+    from .bounds import get_precision, network_bounds
+    from .errors import ConfigError
+
+    if fmt not in ("table", "json"):
+        raise ConfigError(f"--format {fmt!r}: expected table or json")
+    if precision not in ("fp32", "bf16-mixed"):
+        raise ConfigError(f"--precision {precision!r}: expected fp32 or bf16-mixed")
+    get_precision(precision)
+    if input_file is not None:
+        x = _spec.load_input(input_file)
+        if input_shape is not None and tuple(x.shape) != _spec.parse_shape(input_shape):
+            raise ConfigError(f"--input has shape {tuple(x.shape)}, --input-shape says "
+                              f"{_spec.parse_shape(input_shape)}")
+    elif input_shape is not None:
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.rand(_spec.parse_shape(input_shape), generator=gen)
+        if input_bound is None:
+            input_bound = 1.0
+    else:
+        raise ConfigError("give --input-shape or --input")
+    model = _spec.load_object(spec)()
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
+    result = network_bounds(model, x, precision=precision, input_bound=input_bound, run=run)
+    if plot:
+        result.plot(plot)
+    if fmt == "json":
+        typer.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
+        return
+
+    def g(v, digits=3):
+        return "-" if v is None else f"{v:.{digits}g}"
+
+    table = Table(title=f"rounding-error bounds ({result.precision}), input "
+                        f"{list(result.input_shape)}, |input| <= {result.input_bound:g}")
+    for col in ("#", "layer", "kind", "fan-in", "w", "A", "a-priori", "data-dep.",
+                "measured", "SR std"):
+        table.add_column(col, justify="left" if col in ("layer", "kind") else "right")
+    for r in result.layers:
+        table.add_row(str(r.index), r.name, r.kind, "-" if r.fan_in is None else str(r.fan_in),
+                      g(r.w), g(r.A), g(r.apriori), g(r.data_dependent), g(r.measured),
+                      g(r.sr_std))
+    console = Console()
+    if console.width < 120:  # a full table beats ellipses in narrow or piped output
+        console = Console(width=120)
+    console.print(table)
+    console.print(f"output: a-priori bound {g(result.output_apriori)}, data-dependent "
+                  f"{g(result.output_data_dependent)}, measured {g(result.output_measured)}"
+                  + (f", SR std {g(result.output_sr_std)}" if result.output_sr_std is not None
+                     else ""))
+    console.print(f"bound/measured: a-priori {g(result.ratio_apriori)}, data-dependent "
+                  f"{g(result.ratio_data_dependent)}; network gain {g(result.network_gain)}")
+    if plot:
+        console.print(f"plot written to {plot}")
 
 
 # ---------------------------------------------------------------- locate

@@ -1,1 +1,12 @@
-"""numvar.instrument"""
+"""numvar.instrument: every aten op of a PyTorch model through numvar's rounding.
+
+``with numvar.instrument.fuzzy(mode="sr", granularity="flop", seed=0) as fz: ...`` then
+``fz.report()``. See :mod:`numvar.instrument.mode` for what is perturbed and how.
+"""
+
+from .config import ENV_VARS, GRANULARITIES, MODES, FuzzyConfig
+from .mode import Fuzzy, FuzzyMode, FuzzyReport, fuzzy
+from .ops import OP_KINDS
+
+__all__ = ["fuzzy", "Fuzzy", "FuzzyMode", "FuzzyReport", "FuzzyConfig", "OP_KINDS", "MODES",
+           "GRANULARITIES", "ENV_VARS"]

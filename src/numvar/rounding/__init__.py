@@ -1,1 +1,32 @@
-"""numvar.rounding"""
+"""numvar.rounding: the stochastic arithmetic core (SR, UD, random rounding, ieee).
+
+Elementwise, broadcasting operations on tensors, each rounded once to the result dtype
+(binary32, binary64, bfloat16, float16) under a rounding mode, optionally at a virtual
+precision of ``t`` significand bits::
+
+    from numvar.rounding import Stream, add, mul, round
+    s = Stream(0)
+    y = add(a, b, mode="sr", stream=s)            # float32 a, b -> SR-rounded float32
+    z = round(x64, dtype=torch.float32, mode="ud", stream=s)
+
+Semantics (DESIGN.md): SR returns the upper neighbour b of the exact x with probability
+(x-a)/(b-a) (53 random bits), ``random`` up or down with probability 1/2, ``ud``
+perturbs the round-to-nearest result by one grid step up or down, ``ieee`` rounds to
+nearest even. Exact results stay exact (except under ``ud``). NaN stays NaN, +-inf stays,
+signed zeros and overflow follow IEEE 754, subnormals are rounded on the subnormal grid.
+
+Virtual precision ``t``: for |x| in [2**e, 2**(e+1)) the grid spacing is
+``2**max(e - t + 1, emin - p + 1)``: t bits relative precision, never finer than the
+format's subnormal spacing (Verificarlo's convention); the exponent range stays the
+format's.
+
+Randomness: each call takes one ``stream.next_key()``; element j of the C-order output
+uses ``bits(key, j)`` (splitmix64), identical on the numba and torch backends.
+"""
+
+from ._api import BACKENDS, FORMATS, MODES, Format, add, div, fma, mul, round, sqrt, sub, \
+    target_format
+from ._stream import Stream, bits, mix64
+
+__all__ = ["MODES", "BACKENDS", "FORMATS", "Format", "Stream", "bits", "mix64", "add", "sub",
+           "mul", "div", "sqrt", "fma", "round", "target_format"]

@@ -1,0 +1,114 @@
+"""Slowdown of numvar.fuzzy versus plain PyTorch (fp32), ratios measured in one run.
+
+Workloads: a LeNet-style CNN inference (batch 64, 1x28x28) and a small transformer
+encoder inference (batch 16, 32 tokens, d=64, 4 heads, 2 layers). For each mode
+(ieee, sr, ud, random) and granularity (op, flop): median time over repeats, divided by
+the median native time measured in the same run.
+
+    python benchmarks/bench_instrument.py [--repeats 5] [--threads 1] [--profile]
+
+``--threads`` sets both torch's and numba's thread counts (default: 1, a per-core
+comparison that stays meaningful on a shared machine). ``--profile`` prints where the
+time goes (cProfile, top entries) for flop SR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+
+import numba
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from numvar.instrument import fuzzy
+
+MODES = ("ieee", "sr", "ud", "random")
+GRANULARITIES = ("op", "flop")
+
+
+class LeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 6, 5)
+        self.c2 = nn.Conv2d(6, 16, 5)
+        self.f1 = nn.Linear(256, 120)
+        self.f2 = nn.Linear(120, 84)
+        self.f3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.c1(x)), 2)
+        x = F.max_pool2d(F.relu(self.c2(x)), 2)
+        x = F.relu(self.f1(x.flatten(1)))
+        return self.f3(F.relu(self.f2(x)))
+
+
+class Encoder(nn.Module):
+    def __init__(self, vocab=100, d=64, heads=4, layers=2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, tokens):
+        return self.head(self.enc(self.emb(tokens)).mean(1))
+
+
+def _time(fn, repeats: int) -> float:
+    fn()  # warm-up (numba compilation / caches)
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts)  # the least disturbed run (shared machines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    numba.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    work = {
+        "LeNet b64": (LeNet().eval(), torch.randn(64, 1, 28, 28)),
+        "encoder b16x32": (Encoder().eval(), torch.randint(0, 100, (16, 32))),
+    }
+    print(f"torch {torch.__version__}, threads {args.threads}, best of {args.repeats}")
+    header = f"{'workload':16s} {'native ms':>10s} " + " ".join(
+        f"{g + ' ' + m:>12s}" for g in GRANULARITIES for m in MODES)
+    print(header)
+    for name, (model, x) in work.items():
+        with torch.no_grad():
+            native = _time(lambda: model(x), args.repeats)
+            cells = []
+            for g in GRANULARITIES:
+                for m in MODES:
+                    def run(m=m, g=g):
+                        with fuzzy(mode=m, granularity=g, seed=0):
+                            model(x)
+                    cells.append(_time(run, args.repeats) / native)
+        print(f"{name:16s} {native * 1e3:10.2f} " + " ".join(f"{c:11.1f}x" for c in cells))
+    if args.profile:
+        for name, (model, x) in work.items():
+            print(f"\n--- profile: {name}, flop sr ---")
+            pr = cProfile.Profile()
+            with torch.no_grad():
+                pr.enable()
+                for _ in range(args.repeats):
+                    with fuzzy(mode="sr", granularity="flop", seed=0):
+                        model(x)
+                pr.disable()
+            pstats.Stats(pr).sort_stats("tottime").print_stats(8)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Configuration of the instrumentation: :class:`FuzzyConfig` and its environment form.
+
+The environment variables play the role of Verificarlo's ``VFC_BACKENDS``: a script run
+by ``numvar run`` (or by hand) is instrumented without changing its code.
+
+=====================  ============================================================
+variable               value
+=====================  ============================================================
+``NUMVAR_MODE``        ``ieee`` | ``sr`` | ``ud`` | ``random`` (unset: no instrumentation)
+``NUMVAR_GRANULARITY`` ``flop`` (default) | ``op``
+``NUMVAR_PRECISION``   virtual precision in bits, an integer >= 1 (unset: the format's own)
+``NUMVAR_SEED``        integer >= 0 (default 0)
+``NUMVAR_EXCLUDE``     comma-separated globs over aten op names (``aten.exp*,aten.log*``)
+``NUMVAR_INCLUDE``     comma-separated globs, or op kinds of :data:`OP_KINDS` (``matmul``)
+``NUMVAR_MODULES``     comma-separated globs over ``named_modules()`` paths
+=====================  ============================================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+MODES = ("ieee", "sr", "ud", "random")
+GRANULARITIES = ("flop", "op")
+
+ENV_VARS = (
+    "NUMVAR_MODE",
+    "NUMVAR_GRANULARITY",
+    "NUMVAR_PRECISION",
+    "NUMVAR_SEED",
+    "NUMVAR_EXCLUDE",
+    "NUMVAR_INCLUDE",
+    "NUMVAR_MODULES",
+)
+
+
+def _globs(value: Any, name: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be a string or a sequence of strings, got {value!r}") from None
+    out = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"{name} must contain strings, got {item!r}")
+        item = item.strip()
+        if item:
+            out.append(item)
+    return tuple(out)
+
+
+def _split_env(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+@dataclass(frozen=True)
+class FuzzyConfig:
+    """Everything that defines one instrumented realization.
+
+    ``mode``: ieee | sr | ud | random. ``granularity``: ``flop`` (every scalar operation,
+    also inside matmul, convolution and reductions) or ``op`` (each tensor op's result
+    rounded once). ``precision``: virtual precision in significand bits (None: the
+    format's own, 24 for binary32, 53 for binary64). ``seed``: the realization's seed
+    (realization i of a series uses ``seed + i``). ``exclude`` / ``include``: globs over
+    aten op names (``aten.exp``, ``aten.exp.default``, ``aten.nll_loss*``) or op kinds of
+    :data:`numvar.instrument.OP_KINDS`. ``modules``: globs over ``named_modules()`` paths
+    of ``model`` (or of the outermost module called). ``model`` is not part of the
+    environment form.
+    """
+
+    mode: str = "sr"
+    granularity: str = "flop"
+    precision: int | None = None
+    seed: int = 0
+    exclude: tuple[str, ...] = ()
+    include: tuple[str, ...] | None = None
+    modules: tuple[str, ...] | None = None
+    model: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, str) or self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        if not isinstance(self.granularity, str) or self.granularity not in GRANULARITIES:
+            raise ConfigError(
+                f"granularity must be one of {', '.join(GRANULARITIES)}; got {self.granularity!r}"
+            )
+        if self.precision is not None:
+            if isinstance(self.precision, bool) or not isinstance(self.precision, int) or not (
+                1 <= self.precision <= 53
+            ):
+                raise ConfigError(f"precision must be an integer in [1, 53] or None; got {self.precision!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer; got {self.seed!r}")
+        object.__setattr__(self, "exclude", _globs(self.exclude, "exclude"))
+        if self.include is not None:
+            object.__setattr__(self, "include", _globs(self.include, "include"))
+        if self.modules is not None:
+            object.__setattr__(self, "modules", _globs(self.modules, "modules"))
+
+    # ------------------------------------------------------------------ environment
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> FuzzyConfig | None:
+        """The configuration in ``environ`` (default ``os.environ``); None if NUMVAR_MODE is unset.
+
+        A bad value raises :class:`numvar.errors.ConfigError` naming the variable.
+        """
+        env = os.environ if environ is None else environ
+        mode = env.get("NUMVAR_MODE", "").strip()
+        if not mode:
+            return None
+        kw: dict[str, Any] = {}
+        if mode.lower() not in MODES:
+            raise ConfigError(f"NUMVAR_MODE must be one of {', '.join(MODES)}; got {mode!r}")
+        kw["mode"] = mode.lower()
+        gran = env.get("NUMVAR_GRANULARITY", "").strip()
+        if gran:
+            if gran.lower() not in GRANULARITIES:
+                raise ConfigError(
+                    f"NUMVAR_GRANULARITY must be one of {', '.join(GRANULARITIES)}; got {gran!r}"
+                )
+            kw["granularity"] = gran.lower()
+        prec = env.get("NUMVAR_PRECISION", "").strip()
+        if prec and prec.lower() not in ("none", "native"):
+            try:
+                p = int(prec)
+            except ValueError:
+                raise ConfigError(f"NUMVAR_PRECISION must be an integer in [1, 53]; got {prec!r}") from None
+            if not 1 <= p <= 53:
+                raise ConfigError(f"NUMVAR_PRECISION must be an integer in [1, 53]; got {prec!r}")
+            kw["precision"] = p
+        seed = env.get("NUMVAR_SEED", "").strip()
+        if seed:
+            try:
+                s = int(seed)
+            except ValueError:
+                raise ConfigError(f"NUMVAR_SEED must be a non-negative integer; got {seed!r}") from None
+            if s < 0:
+                raise ConfigError(f"NUMVAR_SEED must be a non-negative integer; got {seed!r}")
+            kw["seed"] = s
+        if "NUMVAR_EXCLUDE" in env:
+            kw["exclude"] = _split_env(env["NUMVAR_EXCLUDE"])
+        if env.get("NUMVAR_INCLUDE", "").strip():
+            kw["include"] = _split_env(env["NUMVAR_INCLUDE"])
+        if env.get("NUMVAR_MODULES", "").strip():
+            kw["modules"] = _split_env(env["NUMVAR_MODULES"])
+        for var, key in (("NUMVAR_EXCLUDE", "exclude"), ("NUMVAR_INCLUDE", "include")):
+            for g in kw.get(key, ()):
+                _check_glob(g, var)
+        return cls(**kw)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment variables that :meth:`from_env` turns back into this configuration."""
+        env = {
+            "NUMVAR_MODE": self.mode,
+            "NUMVAR_GRANULARITY": self.granularity,
+            "NUMVAR_SEED": str(self.seed),
+            "NUMVAR_EXCLUDE": ",".join(self.exclude),
+        }
+        if self.precision is not None:
+            env["NUMVAR_PRECISION"] = str(self.precision)
+        if self.include is not None:
+            env["NUMVAR_INCLUDE"] = ",".join(self.include)
+        if self.modules is not None:
+            env["NUMVAR_MODULES"] = ",".join(self.modules)
+        for g in (*self.exclude, *(self.include or ()), *(self.modules or ())):
+            if "," in g:
+                raise ConfigError(f"glob {g!r} contains a comma and cannot be put in an environment variable")
+        return env
+
+    def fuzzy(self, **overrides: Any):
+        """A :func:`numvar.instrument.fuzzy` context with this configuration (fields overridable)."""
+        from .mode import fuzzy
+
+        kw = dict(
+            mode=self.mode,
+            granularity=self.granularity,
+            precision=self.precision,
+            seed=self.seed,
+            exclude=self.exclude,
+            include=self.include,
+            modules=self.modules,
+            model=self.model,
+        )
+        kw.update(overrides)
+        return fuzzy(**kw)
+
+
+def _check_glob(g: str, var: str) -> None:
+    if any(c.isspace() for c in g):
+        raise ConfigError(f"{var}: glob {g!r} contains whitespace")

@@ -1,0 +1,290 @@
+"""Flop-level contractions and reductions on tensors, built on the two kernels of
+:mod:`numvar.instrument.kernels`.
+
+Orders (every product and every add rounded):
+
+* matmul ``A (M×K) @ B (K×N)``: for each output element, the K products in increasing k,
+  accumulated left to right starting from the first product.
+* ``addmm``/``baddbmm``/``addbmm``: ``RND(RND(β·C) + RND(α·Σ))``; the scalings are
+  skipped when α or β is 1, C is ignored when β is 0 (PyTorch's rule).
+* convolution (1d/2d/3d, stride, zero padding, dilation, groups): im2col, then per output
+  element the sum over (input channel of the group, kernel position in C order) in that
+  order, zero-padding positions included as terms (as an im2col + GEMM implementation
+  does); then the bias add. Per group it is one product ``W_g (O/G × K) @ cols_g (K × N·L)``
+  (batch and output positions as columns, n-major), which fixes the random bits. Transposed convolution is the direct convolution of the
+  stride-dilated, padded input with the flipped kernel, whose inserted zeros are terms too.
+* convolution backward: grad_input is the transposed convolution of grad_output (direct
+  form above); grad_weight sums over (batch, output position) in that order; grad_bias
+  sums over (batch, output position).
+* reductions (sum, mean, prod, cumsum, cumprod, var): the reduced elements in C order of
+  the reduced dimensions, accumulated left to right from the first element; mean and var
+  divide once at the end (var: two passes, Σ(x−mean)² / (n − correction)).
+
+bfloat16 and float16 run in the binary32 kernels at 8 and 11 significand bits and are
+cast at the end (exact except below the narrow format's normal range, and for float16
+above its range). Tensors on other devices go through the CPU kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from . import kernels as KN
+from ._core import Ctx
+
+
+def _kdtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _np(x: torch.Tensor, kd: torch.dtype):
+    return x.detach().to(device="cpu", dtype=kd).contiguous().numpy()
+
+
+def _back(arr, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(arr).to(device=device, dtype=dtype)
+
+
+# ------------------------------------------------------------------------ contractions
+def bmm(a: torch.Tensor, b: torch.Tensor, ctx: Ctx, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Randomly rounded batched product of ``a`` (BA, M, K) and ``b`` (BB, K, N).
+
+    Batch ``max(BA, BB)``; ``a[i % BA]`` times ``b[i % BB]``. One stream key per call.
+    """
+    dtype = dtype or torch.result_type(a, b)
+    device = a.device
+    BO = max(a.shape[0], b.shape[0])
+    M, Kd, N = a.shape[1], a.shape[2], b.shape[2]
+    if Kd == 0:
+        return torch.zeros(BO, M, N, dtype=dtype, device=device)
+    kd = _kdtype(dtype)
+    key = ctx.stream.next_key()
+    out = KN.contract(_np(a, kd), _np(b, kd), key, ctx.code, ctx.bits(dtype))
+    return _back(out, dtype, device)
+
+
+def mm(a: torch.Tensor, b: torch.Tensor, ctx: Ctx) -> torch.Tensor:
+    return bmm(a.unsqueeze(0), b.unsqueeze(0), ctx)[0]
+
+
+def scale_add(acc: torch.Tensor, c: torch.Tensor | None, alpha, beta, ctx: Ctx) -> torch.Tensor:
+    """``RND(RND(β·c) + RND(α·acc))`` with PyTorch's conventions for α = 1, β ∈ {0, 1}."""
+    if alpha != 1:
+        acc = ctx.mul(acc, alpha)
+    if c is None or beta == 0:
+        return acc
+    if beta != 1:
+        c = ctx.mul(c, beta)
+    return ctx.add(c.to(acc.dtype), acc)
+
+
+# ------------------------------------------------------------------------- convolution
+def _tup(v, nd: int) -> tuple[int, ...]:
+    if isinstance(v, int):
+        return (v,) * nd
+    v = tuple(int(x) for x in v)
+    return v * nd if len(v) == 1 else v
+
+
+def im2col(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation):
+    """(N, C, *S) -> ((N, C·∏k, L), output spatial shape); rows in (C, k...) C order."""
+    nd = len(ks)
+    if any(padding):
+        pads = []
+        for p in reversed(padding):
+            pads += [p, p]
+        x = F.pad(x, pads)
+    for d in range(nd):
+        x = x.unfold(2 + d, dilation[d] * (ks[d] - 1) + 1, stride[d])
+    if any(dl > 1 for dl in dilation):
+        x = x[(Ellipsis,) + tuple(slice(None, None, dl) for dl in dilation)]
+    n, c = x.shape[:2]
+    ls = tuple(x.shape[2:2 + nd])
+    x = x.permute(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
+    return x.reshape(n, c * math.prod(ks), math.prod(ls)), ls
+
+
+def conv(x, w, bias, stride, padding, dilation, groups, ctx: Ctx) -> torch.Tensor:
+    """Direct (non-transposed) convolution, every product and add rounded."""
+    nd = w.dim() - 2
+    stride, padding, dilation = _tup(stride, nd), _tup(padding, nd), _tup(dilation, nd)
+    unbatched = x.dim() == nd + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    dtype = torch.result_type(x, w)
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    g = groups
+    ks = tuple(w.shape[2:])
+    cols, ls = im2col(x, ks, stride, padding, dilation)
+    kk = (c // g) * math.prod(ks)
+    L = cols.shape[-1]
+    # one product per group: (o/g, kk) @ (kk, n·L), the batch inside the columns
+    cols = cols.reshape(n, g, kk, L).permute(1, 2, 0, 3).reshape(g, kk, n * L)
+    out = bmm(w.reshape(g, o // g, kk), cols, ctx, dtype)  # (g, o/g, n·L)
+    out = out.reshape(g, o // g, n, L).permute(2, 0, 1, 3).reshape(n, o, *ls)
+    if bias is not None:
+        out = ctx.add(out, bias.to(dtype).reshape(1, o, *([1] * nd)))
+    return out[0] if unbatched else out
+
+
+def conv_transpose(x, w, bias, stride, padding, dilation, output_padding, groups, ctx: Ctx):
+    """Transposed convolution as the direct convolution of the stride-dilated, padded
+    input with the flipped, channel-swapped kernel."""
+    nd = w.dim() - 2
+    stride, padding = _tup(stride, nd), _tup(padding, nd)
+    dilation, output_padding = _tup(dilation, nd), _tup(output_padding, nd)
+    unbatched = x.dim() == nd + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    n, cin = x.shape[:2]
+    sp = x.shape[2:]
+    ks = tuple(w.shape[2:])
+    if any(s > 1 for s in stride):
+        xz = x.new_zeros(n, cin, *[(s - 1) * st + 1 for s, st in zip(sp, stride)])
+        xz[(slice(None), slice(None)) + tuple(slice(None, None, st) for st in stride)] = x
+    else:
+        xz = x
+    pads = []
+    for d in reversed(range(nd)):
+        lo = dilation[d] * (ks[d] - 1) - padding[d]
+        pads += [lo, lo + output_padding[d]]
+    if any(pads):
+        xz = F.pad(xz, pads)
+    g = groups
+    coutg = w.shape[1]
+    w2 = w.reshape(g, cin // g, coutg, *ks).transpose(1, 2).reshape(g * coutg, cin // g, *ks)
+    w2 = w2.flip(dims=tuple(range(2, 2 + nd)))
+    out = conv(xz, w2, bias, 1, 0, dilation, g, ctx)
+    return out[0] if unbatched else out
+
+
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups, ctx):
+    if transposed:
+        return conv_transpose(x, w, bias, stride, padding, dilation, output_padding, groups, ctx)
+    return conv(x, w, bias, stride, padding, dilation, groups, ctx)
+
+
+def _weight_grad(a, src, ks, stride, padding, dilation, groups, ctx, dtype):
+    """Σ over (batch, position) of a[n, g, m, l] · im2col(src)[n, g, κ, l] -> (g, m, κ)."""
+    n = a.shape[0]
+    g = groups
+    cols, ls = im2col(src, ks, stride, padding, dilation)  # (n, C·kk, L)
+    L = cols.shape[-1]
+    kk = cols.shape[1] // g
+    m = a.shape[1] // g
+    if a.reshape(n, a.shape[1], -1).shape[-1] != L:
+        raise RuntimeError("convolution_backward: inconsistent spatial sizes")
+    A = a.reshape(n, g, m, L).permute(1, 2, 0, 3).reshape(g, m, n * L)
+    B = cols.reshape(n, g, kk, L).permute(1, 0, 3, 2).reshape(g, n * L, kk)
+    return bmm(A, B, ctx, dtype)
+
+
+def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask, ctx):
+    nd = w.dim() - 2
+    stride, padding = _tup(stride, nd), _tup(padding, nd)
+    dilation, output_padding = _tup(dilation, nd), _tup(output_padding, nd)
+    ks = tuple(w.shape[2:])
+    unbatched = x.dim() == nd + 1
+    if unbatched:
+        x, grad = x.unsqueeze(0), grad.unsqueeze(0)
+    dtype = torch.result_type(grad, w)
+    gi = gw = gb = None
+    if output_mask[0]:
+        if transposed:
+            gi = conv(grad, w, None, stride, padding, dilation, groups, ctx)
+        else:
+            op = []
+            for d in range(nd):
+                full = (grad.shape[2 + d] - 1) * stride[d] - 2 * padding[d] + dilation[d] * (ks[d] - 1) + 1
+                op.append(x.shape[2 + d] - full)
+            gi = conv_transpose(grad, w, None, stride, padding, dilation, op, groups, ctx)
+        if unbatched:
+            gi = gi[0]
+    if output_mask[1]:
+        if transposed:
+            gw = _weight_grad(x, grad, ks, stride, padding, dilation, groups, ctx, dtype)
+        else:
+            gw = _weight_grad(grad, x, ks, stride, padding, dilation, groups, ctx, dtype)
+        gw = gw.reshape(w.shape)
+    if output_mask[2]:
+        gb = reduce(grad, [0, *range(2, 2 + nd)], ctx)
+    return gi, gw, gb
+
+
+# --------------------------------------------------------------------------- reductions
+def _dims(x: torch.Tensor, dim) -> list[int]:
+    if dim is None:
+        return list(range(x.dim()))
+    if isinstance(dim, int):
+        dim = [dim]
+    dims = sorted({d % max(x.dim(), 1) for d in dim})
+    return dims if dims else list(range(x.dim()))
+
+
+def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool = False,
+           dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Randomly rounded sum (or product) over ``dim`` (None or [] = all dims)."""
+    dtype = dtype or x.dtype
+    if x.dtype != dtype:
+        x = x.to(dtype)
+    dims = _dims(x, dim) if x.dim() else []
+    kept = [d for d in range(x.dim()) if d not in dims]
+    out_shape = [x.shape[d] for d in kept]
+    kshape = [1 if d in dims else x.shape[d] for d in range(x.dim())]
+    k = math.prod(x.shape[d] for d in dims)
+    m = math.prod(out_shape)
+    if k == 0:
+        res = torch.full(out_shape, 1.0 if mul else 0.0, dtype=dtype, device=x.device)
+    elif k == 1:
+        res = x.reshape(out_shape).clone()
+    else:
+        xp = x.permute(*dims, *kept).reshape(k, m)
+        kd = _kdtype(dtype)
+        key = ctx.stream.next_key()
+        arr = KN.scan(_np(xp, kd), key, ctx.code, ctx.bits(dtype), mul=mul)
+        res = _back(arr, dtype, x.device).reshape(out_shape)
+    return res.reshape(kshape) if keepdim else res
+
+
+def scan(x: torch.Tensor, dim: int, ctx: Ctx, *, mul: bool = False,
+         dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Randomly rounded cumulative sum (or product) along ``dim``."""
+    dtype = dtype or x.dtype
+    if x.dtype != dtype:
+        x = x.to(dtype)
+    if x.dim() == 0:
+        return x.clone()
+    d = dim % x.dim()
+    k = x.shape[d]
+    if k <= 1 or x.numel() == 0:
+        return x.clone()
+    xm = x.movedim(d, 0)
+    rest = xm.shape[1:]
+    kd = _kdtype(dtype)
+    key = ctx.stream.next_key()
+    arr = KN.scan(_np(xm.reshape(k, -1), kd), key, ctx.code, ctx.bits(dtype), mul=mul,
+                  cumulative=True)
+    return _back(arr, dtype, x.device).reshape(k, *rest).movedim(0, d).contiguous()
+
+
+def mean(x, dim, ctx: Ctx, *, keepdim=False, dtype=None):
+    dims = _dims(x, dim) if x.dim() else []
+    n = math.prod(x.shape[d] for d in dims)
+    s = reduce(x, dim, ctx, keepdim=keepdim, dtype=dtype)
+    return ctx.div(s, float(n))
+
+
+def var(x, dim, correction, ctx: Ctx, *, keepdim=False):
+    """Two-pass variance: mean, then Σ(x − mean)² / max(0, n − correction)."""
+    dims = _dims(x, dim) if x.dim() else []
+    n = math.prod(x.shape[d] for d in dims)
+    mu = mean(x, dims, ctx, keepdim=True)
+    d = ctx.sub(x, mu)
+    s = reduce(ctx.mul(d, d), dims, ctx, keepdim=keepdim)
+    return ctx.div(s, float(max(0, n - correction)))

@@ -1,0 +1,424 @@
+"""Flop-level numba kernels: a randomly rounded matmul and a randomly rounded scan.
+
+Two kernels serve every contraction and every reduction of the ``flop`` granularity:
+
+* :func:`contract` — ``out[b, i, j] = Σ_k a[b % BA, i, k] · b[b % BB, k, j]``, batched.
+  Order (documented, tested bit for bit against :func:`contract_reference`): for each
+  output element, ``acc = RND(a[i,0]·b[0,j])`` then for k = 1..K-1 in increasing order
+  ``acc = RND(acc + RND(a[i,k]·b[k,j]))``. Every product and every add is rounded. Term
+  (b, i, k, j) draws ``r = bits64(key, q)`` with ``q = ((b·M + i)·K + k)·N + j``; its
+  product is rounded with ``r``, its add with ``r`` rotated left by 29 bits (the binary32
+  fast paths use bits 35..63 and 6..34: disjoint). A counter hash with no loop-carried
+  state, so the ikj loop vectorises and rows run in parallel.
+* :func:`scan` — ``x`` of shape (K, M) reduced (or scanned) along K with add or mul:
+  ``acc = x[0, m]``, then ``acc = RND(acc ∘ x[k, m])`` for k = 1..K-1; random bits
+  ``bits64(key, k·M + m)``. With ``cumulative`` every partial result is written.
+
+Both compute binary32 arrays with binary32 roundings and binary64 arrays with binary64
+roundings, at ``t`` significand bits (24 / 53 for the formats' own precision), using the
+scalar functions of :mod:`numvar.rounding.kernels`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from numvar.rounding import kernels as K
+
+#: columns per parallel tile of the kernels (keeps one-row products parallel too)
+TILE = 1024
+
+
+@intrinsic
+def _f64_bits(typingctx, x):
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint64))
+
+    return types.uint64(types.float64), codegen
+
+
+@intrinsic
+def _bits_f64(typingctx, x):
+    if x != types.uint64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float64))
+
+    return types.float64(types.uint64), codegen
+
+
+_LOW29 = np.uint64((1 << 29) - 1)
+_NLOW29 = np.uint64(~((1 << 29) - 1) & ((1 << 64) - 1))
+_ULP32 = np.uint64(1 << 29)  # one binary32 ulp in the float64 bit pattern (normal range)
+_U35 = np.uint64(35)
+_U52 = np.uint64(52)
+_U63 = np.uint64(63)
+_EXPMASK = np.uint64(0x7FF)
+_EMIN32 = np.uint64(1023 - 126)
+_EMAX32 = np.uint64(1023 + 127)
+_G = np.uint64(K.GAMMA)
+_M1 = np.uint64(K.MIX1)
+_M2 = np.uint64(K.MIX2)
+_SR, _IEEE, _UD, _RANDOM = K.MODE_SR, K.MODE_IEEE, K.MODE_UD, K.MODE_RANDOM
+
+
+@njit(inline="always")
+def _bits(key, index):
+    """``numvar.rounding.kernels.bits64`` written inline so that loops vectorise
+    (tests check that the two agree bit for bit)."""
+    z = key + (index + np.uint64(1)) * _G
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(inline="always")
+def _rot(r):
+    """The add's random bits from the product's: r rotated left by 29 (the binary32
+    fast paths then draw on disjoint bits: 35..63 for the product, 6..34 for the add)."""
+    return (r << np.uint64(29)) | (r >> np.uint64(35))
+
+
+@njit(inline="always")
+def _fast32(x, r, mode):
+    """binary32 rounding of the exact float64 value ``x`` at 24 bits: (value, ok).
+
+    ``ok`` is False outside the binary32 normal range (strictly above 2**-126 for UD),
+    where the caller takes numvar.rounding's full path. Inside, the result is identical
+    to numvar.rounding.kernels.round_f32(x, 0, mode, 24, r): SR adds a 29-bit random
+    integer to the float64 pattern and clears the low 29 bits; ieee is the hardware
+    cast; random rounds the pattern down or up by the top bit unless exact; UD moves the
+    round-to-nearest result one binary32 step by the top bit unless it is 0 or inf.
+    """
+    b = _f64_bits(x)
+    be = (b >> _U52) & _EXPMASK
+    ok = (be >= _EMIN32 and be <= _EMAX32) or x == 0.0
+    top = (r >> _U63) == np.uint64(1)
+    if mode == _SR:
+        v = np.float32(_bits_f64((b + ((~r) >> _U35)) & _NLOW29))
+    elif mode == _RANDOM:
+        up = (b & _LOW29) != np.uint64(0) and top
+        v = np.float32(_bits_f64((b & _NLOW29) + (_ULP32 if up else np.uint64(0))))
+    elif mode == _UD:
+        ok = ok and be != _EMIN32
+        y = np.float64(np.float32(x))
+        yb = _f64_bits(y)
+        fin = y != 0.0 and abs(y) < np.inf
+        yb = (yb + _ULP32 if top else yb - _ULP32) if fin else yb
+        v = np.float32(_bits_f64(yb))
+    else:
+        v = np.float32(x)
+    return v, ok
+
+
+@njit(inline="always")
+def _loop32(o, bb, aik, ukey, qb, first, mode, bad):
+    nbad = 0
+    if first:
+        for jj in range(o.size):
+            p, okp = _fast32(aik * np.float64(bb[jj]), _bits(ukey, qb + np.uint64(jj)), mode)
+            o[jj] = p if okp else o[jj]
+            bad[jj] = not okp
+            nbad += 0 if okp else 1
+        return nbad
+    for jj in range(o.size):
+        r = _bits(ukey, qb + np.uint64(jj))
+        p, okp = _fast32(aik * np.float64(bb[jj]), r, mode)
+        acc = np.float64(o[jj])
+        pp = np.float64(p)
+        s = acc + pp
+        bv = s - acc
+        e = (acc - (s - bv)) + (pp - bv)
+        v, oks = _fast32(s, _rot(r), mode)
+        ok = okp and oks and e == 0.0
+        o[jj] = v if ok else o[jj]
+        bad[jj] = not ok
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(inline="always")
+def _tile_fast(o, arow, bmat, ukey, base, N, j0, mode, t, bad):
+    """All k-steps of one row tile ``o`` (= out[b, i, j0:j0+len]) on the binary32 fast
+    path, with the full path (numvar.rounding.kernels) for the elements it rejects."""
+    Kd = arow.size
+    for k in range(Kd):
+        aik = np.float64(arow[k])
+        bb = bmat[k, j0:j0 + o.size]
+        qb = (base + np.uint64(k)) * np.uint64(N) + np.uint64(j0)
+        if _loop32(o, bb, aik, ukey, qb, k == 0, mode, bad) == 0:
+            continue
+        for jj in range(o.size):
+            if bad[jj]:
+                r = _bits(ukey, qb + np.uint64(jj))
+                p = K.mul_f32(aik, np.float64(bb[jj]), mode, t, r)
+                if k == 0:
+                    o[jj] = p
+                else:
+                    o[jj] = K.add_f32(np.float64(o[jj]), np.float64(p), mode, t, _rot(r))
+
+
+@njit(cache=True)
+def _tile32(o, arow, bmat, ukey, base, N, j0, mode, t, bad):  # pragma: no cover - compiled
+    """One row tile, binary32 at 24 bits. One copy of the loops per mode (constants
+    folded) so that LLVM vectorises each; slices indexed from 0 for the same reason."""
+    if mode == _SR:
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _SR, t, bad)
+    elif mode == _IEEE:
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _IEEE, t, bad)
+    elif mode == _UD:
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _UD, t, bad)
+    else:
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _RANDOM, t, bad)
+
+
+@njit(parallel=True, cache=True)
+def _contract_fast32(a, b, out, key, mode):  # pragma: no cover - compiled
+    """binary32 at 24 bits: vectorised fast path per row tile, full path for rejects."""
+    BO, M, N = out.shape
+    Kd = b.shape[1]
+    BA = a.shape[0]
+    BB = b.shape[0]
+    ntile = (N + TILE - 1) // TILE
+    ukey = np.uint64(key)
+    for task in prange(BO * M * ntile):
+        row = task // ntile
+        tile = task - row * ntile
+        bo = row // M
+        i = row - bo * M
+        j0 = tile * TILE
+        j1 = min(N, j0 + TILE)
+        bad = np.empty(j1 - j0, dtype=np.bool_)
+        _tile32(out[bo, i, j0:j1], a[bo % BA, i], b[bo % BB], ukey,
+                np.uint64(row) * np.uint64(Kd), N, j0, mode, 24, bad)
+
+
+@njit(parallel=True, cache=True)
+def _contract_kernel(a, b, out, key, mode, t, is32):  # pragma: no cover - compiled
+    """Any precision, binary32 or binary64: numvar.rounding's scalar functions."""
+    BO, M, N = out.shape
+    Kd = b.shape[1]
+    BA = a.shape[0]
+    BB = b.shape[0]
+    ukey = np.uint64(key)
+    for row in prange(BO * M):
+        bo = row // M
+        i = row - bo * M
+        orow = out[bo, i]
+        arow = a[bo % BA, i]
+        base = np.uint64(row) * np.uint64(Kd)
+        for k in range(Kd):
+            aik = np.float64(arow[k])
+            brow = b[bo % BB, k]
+            q0 = (base + np.uint64(k)) * np.uint64(N)
+            for j in range(N):
+                r = _bits(ukey, q0 + np.uint64(j))
+                if is32:
+                    p32 = K.mul_f32(aik, np.float64(brow[j]), mode, t, r)
+                    if k == 0:
+                        orow[j] = p32
+                    else:
+                        orow[j] = K.add_f32(np.float64(orow[j]), np.float64(p32), mode, t, _rot(r))
+                else:
+                    p64 = K.mul_f64(aik, np.float64(brow[j]), mode, t, r)
+                    if k == 0:
+                        orow[j] = p64
+                    else:
+                        orow[j] = K.add_f64(np.float64(orow[j]), p64, mode, t, _rot(r))
+
+
+@njit(inline="always")
+def _scanloop32(prow, xrow, orow, ukey, q0, mode, use_mul, bad):
+    nbad = 0
+    for j in range(orow.size):
+        a = np.float64(prow[j])
+        x = np.float64(xrow[j])
+        if use_mul:
+            s = a * x
+            e = 0.0
+        else:
+            s = a + x
+            bv = s - a
+            e = (a - (s - bv)) + (x - bv)
+        v, ok = _fast32(s, _bits(ukey, q0 + np.uint64(j)), mode)
+        ok = ok and e == 0.0
+        orow[j] = v if ok else prow[j]
+        bad[j] = not ok
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(cache=True)
+def _scanstep32(prow, xrow, orow, ukey, q0, mode, use_mul, bad):  # pragma: no cover
+    """One k-step of a scan tile on the binary32 fast path (see :func:`_step32`)."""
+    if mode == _SR:
+        return _scanloop32(prow, xrow, orow, ukey, q0, _SR, use_mul, bad)
+    if mode == _IEEE:
+        return _scanloop32(prow, xrow, orow, ukey, q0, _IEEE, use_mul, bad)
+    if mode == _UD:
+        return _scanloop32(prow, xrow, orow, ukey, q0, _UD, use_mul, bad)
+    return _scanloop32(prow, xrow, orow, ukey, q0, _RANDOM, use_mul, bad)
+
+
+@njit(parallel=True, cache=True)
+def _scan_fast32(x, out, key, mode, use_mul, cumulative):  # pragma: no cover
+    """binary32 at 24 bits: vectorised fast path per column tile, full path for rejects."""
+    Kd, M = x.shape
+    ntile = (M + TILE - 1) // TILE
+    ukey = np.uint64(key)
+    for tile in prange(ntile):
+        j0 = tile * TILE
+        j1 = min(M, j0 + TILE)
+        for j in range(j0, j1):
+            out[0, j] = x[0, j]
+        bad = np.empty(j1 - j0, dtype=np.bool_)
+        prev = 0
+        for k in range(1, Kd):
+            cur = k if cumulative else 0
+            q0 = np.uint64(k) * np.uint64(M) + np.uint64(j0)
+            xrow = x[k, j0:j1]
+            prow = out[prev, j0:j1]
+            orow = out[cur, j0:j1]
+            if _scanstep32(prow, xrow, orow, ukey, q0, mode, use_mul, bad) != 0:
+                for jj in range(j1 - j0):
+                    if bad[jj]:
+                        r = _bits(ukey, q0 + np.uint64(jj))
+                        a = np.float64(prow[jj])
+                        xv = np.float64(xrow[jj])
+                        if use_mul:
+                            orow[jj] = K.mul_f32(a, xv, mode, 24, r)
+                        else:
+                            orow[jj] = K.add_f32(a, xv, mode, 24, r)
+            prev = cur
+
+
+@njit(parallel=True, cache=True)
+def _scan_kernel(x, out, key, mode, t, is32, use_mul, cumulative):  # pragma: no cover
+    """Any precision, binary32 or binary64: numvar.rounding's scalar functions."""
+    Kd, M = x.shape
+    ukey = np.uint64(key)
+    for j in prange(M):
+        out[0, j] = x[0, j]
+        prev = 0
+        for k in range(1, Kd):
+            cur = k if cumulative else 0
+            r = _bits(ukey, np.uint64(k) * np.uint64(M) + np.uint64(j))
+            a = np.float64(out[prev, j])
+            xv = np.float64(x[k, j])
+            if is32:
+                if use_mul:
+                    out[cur, j] = K.mul_f32(a, xv, mode, t, r)
+                else:
+                    out[cur, j] = K.add_f32(a, xv, mode, t, r)
+            else:
+                if use_mul:
+                    out[cur, j] = K.mul_f64(a, xv, mode, t, r)
+                else:
+                    out[cur, j] = K.add_f64(a, xv, mode, t, r)
+            prev = cur
+
+
+def _check(arr: np.ndarray, name: str) -> None:
+    if arr.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{name}: float32 or float64 array expected, got {arr.dtype}")
+
+
+def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int) -> np.ndarray:
+    """Batched randomly rounded product of ``a`` (BA, M, K) and ``b`` (BB, K, N).
+
+    The batch of the result is ``max(BA, BB)``; ``a`` is indexed ``b % BA`` and ``b``
+    ``b % BB`` (so BA or BB may be 1, or divide the batch: convolution groups). Order and
+    random bits: see the module docstring. ``K`` must be >= 1.
+    """
+    _check(a, "a")
+    _check(b, "b")
+    if a.dtype != b.dtype:
+        raise TypeError("a and b must have the same dtype")
+    if a.ndim != 3 or b.ndim != 3 or a.shape[2] != b.shape[1] or a.shape[2] < 1:
+        raise ValueError(f"bad shapes for contract: {a.shape} @ {b.shape}")
+    BA, BB = a.shape[0], b.shape[0]
+    BO = max(BA, BB)
+    if BO % BA or BO % BB:
+        raise ValueError(f"batch sizes {BA} and {BB} are incompatible")
+    out = np.empty((BO, a.shape[1], b.shape[2]), dtype=a.dtype)
+    if out.size:
+        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        if a.dtype == np.float32 and t == 24:
+            _contract_fast32(a, b, out, np.uint64(key), mode)
+        else:
+            _contract_kernel(a, b, out, np.uint64(key), mode, t, a.dtype == np.float32)
+    return out
+
+
+def scan(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
+         cumulative: bool = False) -> np.ndarray:
+    """Randomly rounded sum (or product, ``mul``) of ``x`` (K, M) along axis 0.
+
+    Returns (1, M), or (K, M) with ``cumulative`` (every partial result). ``K >= 1``.
+    """
+    _check(x, "x")
+    if x.ndim != 2 or x.shape[0] < 1:
+        raise ValueError(f"scan needs a (K>=1, M) array, got {x.shape}")
+    x = np.ascontiguousarray(x)
+    out = np.empty((x.shape[0] if cumulative else 1, x.shape[1]), dtype=x.dtype)
+    if x.shape[1]:
+        if x.dtype == np.float32 and t == 24:
+            _scan_fast32(x, out, np.uint64(key), mode, mul, cumulative)
+        else:
+            _scan_kernel(x, out, np.uint64(key), mode, t, x.dtype == np.float32, mul, cumulative)
+    return out
+
+
+# --------------------------------------------------------------------------- references
+def contract_reference(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int) -> np.ndarray:
+    """Slow obviously-sequential reference of :func:`contract` (same order, same bits)."""
+    is32 = a.dtype == np.float32
+    mul = K.mul_f32 if is32 else K.mul_f64
+    add = K.add_f32 if is32 else K.add_f64
+    BA, M, Kd = a.shape
+    BB, _, N = b.shape
+    BO = max(BA, BB)
+    out = np.empty((BO, M, N), dtype=a.dtype)
+    key = np.uint64(key)
+    for bo in range(BO):
+        for i in range(M):
+            for j in range(N):
+                acc = None
+                for k in range(Kd):
+                    q = ((bo * M + i) * Kd + k) * N + j
+                    r = int(K.bits64(key, np.uint64(q)))
+                    r_add = ((r << 29) | (r >> 35)) & 0xFFFFFFFFFFFFFFFF
+                    p = mul(a[bo % BA, i, k], b[bo % BB, k, j], mode, t, np.uint64(r))
+                    acc = p if k == 0 else add(acc, p, mode, t, np.uint64(r_add))
+                out[bo, i, j] = acc
+    return out
+
+
+def scan_reference(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
+                   cumulative: bool = False) -> np.ndarray:
+    """Slow reference of :func:`scan`."""
+    is32 = x.dtype == np.float32
+    if mul:
+        op = K.mul_f32 if is32 else K.mul_f64
+    else:
+        op = K.add_f32 if is32 else K.add_f64
+    Kd, M = x.shape
+    out = np.empty((Kd if cumulative else 1, M), dtype=x.dtype)
+    key = np.uint64(key)
+    for m in range(M):
+        acc = x[0, m]
+        if cumulative:
+            out[0, m] = acc
+        for k in range(1, Kd):
+            acc = op(acc, x[k, m], mode, t, np.uint64(K.bits64(key, np.uint64(k * M + m))))
+            if cumulative:
+                out[k, m] = acc
+        if not cumulative:
+            out[0, m] = acc
+    return out

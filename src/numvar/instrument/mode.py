@@ -1,0 +1,504 @@
+"""The dispatch mode that sends every aten op of a model through numvar's rounding.
+
+``with fuzzy(mode="sr", granularity="flop", seed=0): ...`` — every aten op that runs in
+the block (forward, backward, optimizer step) reaches :class:`FuzzyMode`, which
+
+1. runs exact ops natively (views, copies, indexing, comparisons, integer tensors,
+   random draws, max/min/abs/neg/relu/clamp: :data:`numvar.instrument.ops.EXACT_OPS`);
+2. runs natively what the user excluded (``exclude``/``include`` globs over aten names)
+   and what lies outside the selected modules (``modules`` globs);
+3. turns in-place and ``out=`` ops into their functional form and copies the result into
+   the destination, so aliasing semantics hold;
+4. at ``flop`` granularity: calls the op's handler (elementwise arithmetic, matmul,
+   convolution, reductions), or runs a curated torch decomposition with the mode
+   re-entered so that each sub-op is seen, or rounds once a float64 result
+   (transcendental and other pointwise functions);
+   at ``op`` granularity: rounds each float result once (computed in float64 for
+   binary32/16);
+5. runs anything else natively, logs a warning once per op name and lists it in
+   :meth:`Fuzzy.report`.
+
+Composite-implicit ops (``linear``, ``matmul``, ``einsum``, ``scaled_dot_product_attention``)
+never reach a dispatch mode: their aten pieces do. Scaled dot-product attention is forced
+to its math path inside the block so that forward and backward are consistent. Code
+compiled with ``torch.compile`` runs eagerly while a dispatch mode is active.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import numvar.rounding as R
+
+from ..errors import ConfigError
+from . import handlers as H
+from . import ops as O
+from ._core import FLOATS, Ctx
+from .config import FuzzyConfig
+
+logger = logging.getLogger("numvar.instrument")
+
+_WARNED: set[str] = set()
+
+# op kinds of the dispatch decision
+K_EXACT, K_HANDLER, K_DECOMP, K_F64, K_OPONCE, K_FOREACH = range(6)
+_ELEMENTWISE_OP_LEVEL = frozenset(
+    ["aten.add", "aten.sub", "aten.mul", "aten.div", "aten.true_divide", "aten.sqrt",
+     "prims.add", "prims.sub", "prims.mul", "prims.div", "prims.sqrt", "aten.native_dropout"]
+)
+
+_DECOMPS: dict | None = None
+
+
+def _decomps() -> dict:
+    global _DECOMPS
+    if _DECOMPS is None:
+        from torch._decomp import get_decompositions
+
+        packets = []
+        for n in O.DECOMPOSED_OPS:
+            ns, name = n.split(".", 1)
+            p = getattr(getattr(torch.ops, ns), name, None)
+            if p is not None:
+                packets.append(p)
+        _DECOMPS = dict(get_decompositions(packets))
+        aten = torch.ops.aten
+        _DECOMPS[aten.softmax.int] = _softmax_int
+        _DECOMPS[aten.log_softmax.int] = _log_softmax_int
+    return _DECOMPS
+
+
+def _softmax_int(x, dim, dtype=None):
+    """``softmax.int`` (reached from decompositions) as ``_softmax``, itself decomposed."""
+    return torch.ops.aten._softmax.default(x if dtype is None else x.to(dtype), dim, False)
+
+
+def _log_softmax_int(x, dim, dtype=None):
+    return torch.ops.aten._log_softmax.default(x if dtype is None else x.to(dtype), dim, False)
+
+
+@dataclass
+class _OpInfo:
+    name: str  # aten.mm.default
+    packet: str  # aten.mm
+    kind: int
+    handler: Any = None
+    how: str = ""
+    functional: Any = None  # functional variant of an in-place / out= op
+    out_args: tuple[str, ...] = ()
+    inplace: bool = False
+
+
+def _functional_variant(func):
+    """(functional op, out-arg names, in-place?) for a mutating op; None when it has none."""
+    schema = func._schema
+    if not schema.is_mutable:
+        return None
+    ns, base = func._schema.name.split("::")
+    if base.endswith("_") and not base.startswith("_foreach"):
+        packet = getattr(getattr(torch.ops, ns), base[:-1], None)
+        fn = getattr(packet, func._overloadname, None) if packet is not None else None
+        if fn is not None and not fn._schema.is_mutable:
+            return fn, (), True
+        return None
+    outs = [a.name for a in schema.arguments
+            if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+    if not outs:
+        return None
+    names = [a.name for a in schema.arguments if a.name not in outs]
+    packet = func.overloadpacket
+    for ov in packet.overloads():
+        f2 = getattr(packet, ov)
+        if not f2._schema.is_mutable and [a.name for a in f2._schema.arguments] == names:
+            return f2, tuple(outs), False
+    return None
+
+
+def _classify(func, granularity: str) -> _OpInfo:
+    packet = O.packet_name(func)
+    name = O.full_name(func)
+    info = _OpInfo(name, packet, K_OPONCE, how="rounded once (op)")
+    if packet in O.EXACT_OPS:
+        info.kind = K_EXACT
+        return info
+    if packet.startswith(H.FOREACH_PREFIX):
+        info.kind, info.how = K_FOREACH, "per tensor"
+        return info
+    fv = _functional_variant(func)
+    if fv is not None:
+        info.functional, info.out_args, info.inplace = fv
+        return info
+    tags = getattr(func, "tags", ())
+    if granularity == "op":
+        if packet in H.OP_HANDLERS:
+            info.kind, info.handler, info.how = K_HANDLER, H.OP_HANDLERS[packet], H.HOW[packet]
+        elif packet in _ELEMENTWISE_OP_LEVEL:
+            info.kind, info.handler, info.how = K_HANDLER, H.FLOP_HANDLERS[packet], "elementwise"
+        return info
+    if packet in H.FLOP_HANDLERS:
+        info.kind, info.handler, info.how = K_HANDLER, H.FLOP_HANDLERS[packet], H.HOW[packet]
+    elif func in _decomps():
+        info.kind, info.handler, info.how = K_DECOMP, _decomps()[func], "decomposed"
+    elif packet in O.TRANSCENDENTAL_OPS or torch.Tag.pointwise in tags:
+        info.kind, info.how = K_F64, "float64, rounded once"
+    else:
+        info.kind, info.how = K_OPONCE, "rounded once (no flop handler)"
+    return info
+
+
+def _has_float(args, kwargs) -> bool:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.dtype in FLOATS:
+                return True
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, torch.Tensor) and x.dtype in FLOATS:
+                    return True
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor) and a.dtype in FLOATS:
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------- report
+@dataclass
+class FuzzyReport:
+    """What a fuzzy block did, per aten op name (``aten.mm.default``) and call count.
+
+    ``instrumented``: ops whose results numvar rounded (``how`` says how: flop kernel,
+    elementwise, float64 rounded once, rounded once). ``decomposed``: ops split into
+    sub-ops (counted themselves). ``native``: ops that ran natively for want of a handler
+    (NOT perturbed). ``exact``: never-perturbed ops (data movement, exact float ops,
+    integer tensors). ``excluded``: ops left native by ``exclude``/``include``.
+    ``outside_modules``: ops that ran outside the ``modules`` selection.
+    """
+
+    mode: str
+    granularity: str
+    instrumented: dict[str, int] = field(default_factory=dict)
+    how: dict[str, str] = field(default_factory=dict)
+    decomposed: dict[str, int] = field(default_factory=dict)
+    native: dict[str, int] = field(default_factory=dict)
+    exact: dict[str, int] = field(default_factory=dict)
+    excluded: dict[str, int] = field(default_factory=dict)
+    outside_modules: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
+
+    def __str__(self) -> str:
+        lines = [f"numvar fuzzy report: mode={self.mode} granularity={self.granularity}"]
+        for title, d in (("instrumented", self.instrumented), ("decomposed", self.decomposed),
+                         ("native (NOT perturbed: no handler)", self.native),
+                         ("excluded", self.excluded), ("outside modules", self.outside_modules),
+                         ("exact (never perturbed)", self.exact)):
+            if not d:
+                continue
+            lines.append(f"{title}: {sum(d.values())} calls, {len(d)} ops")
+            for name, n in sorted(d.items(), key=lambda kv: (-kv[1], kv[0])):
+                extra = f"  [{self.how[name]}]" if title == "instrumented" and name in self.how else ""
+                lines.append(f"  {n:8d}  {name}{extra}")
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ modules filter
+class _ModuleFilter:
+    """Which ops run inside the selected modules, in forward (a stack maintained by global
+    module hooks) and in backward (autograd nodes created inside a selected module, found
+    by their sequence numbers)."""
+
+    def __init__(self, globs: tuple[str, ...], model) -> None:
+        self.globs = globs
+        self.paths: dict[int, str] = {}
+        self.fixed = model is not None
+        if model is not None:
+            if not isinstance(model, torch.nn.Module):
+                raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+            self._index(model)
+        self.stack: list[tuple[bool, bool, int]] = []
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.handles: list = []
+        self.matched: set[str] = set()
+
+    def _index(self, root) -> None:
+        for path, mod in root.named_modules(remove_duplicate=True):
+            self.paths.setdefault(id(mod), path)
+
+    def _match(self, path: str) -> bool:
+        return any(O.fnmatch.fnmatchcase(path, g) for g in self.globs)
+
+    def pre(self, module, args):
+        if not self.stack and not self.fixed and id(module) not in self.paths:
+            self._index(module)
+        path = self.paths.get(id(module))
+        parent = self.stack[-1][0] if self.stack else False
+        own = path is not None and self._match(path)
+        if own:
+            self.matched.add(path)
+        self.stack.append((parent or own, own and not parent,
+                           torch._C._autograd._get_sequence_nr()))
+
+    def post(self, module, args, output):
+        if not self.stack:
+            return
+        _, record, lo = self.stack.pop()
+        if record:
+            hi = torch._C._autograd._get_sequence_nr()
+            if hi > lo:
+                self.starts.append(lo)
+                self.ends.append(hi)
+
+    def active(self) -> bool:
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return bool(self.stack) and self.stack[-1][0]
+        seq = node._sequence_nr()
+        i = bisect.bisect_right(self.starts, seq) - 1
+        # intervals are recorded in increasing, non-overlapping order per thread
+        while i >= 0:
+            if self.starts[i] <= seq < self.ends[i]:
+                return True
+            if self.ends[i] <= seq:
+                return False
+            i -= 1
+        return False
+
+    def install(self) -> None:
+        from torch.nn.modules import module as M
+
+        self.handles = [M.register_module_forward_pre_hook(self.pre),
+                        M.register_module_forward_hook(self.post)]
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.stack.clear()
+
+
+# --------------------------------------------------------------------------- the mode
+class FuzzyMode(TorchDispatchMode):
+    """The TorchDispatchMode behind :func:`fuzzy` (use :func:`fuzzy`, not this class)."""
+
+    def __init__(self, fz: Fuzzy) -> None:
+        super().__init__()
+        self.fz = fz
+        self.depth = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        fz = self.fz
+        info = fz._infos.get(func)
+        if info is None:
+            info = fz._infos[func] = _classify(func, fz.config.granularity)
+            info_sel = fz._selection(func)
+            fz._selected[func] = info_sel
+        if info.kind == K_EXACT:
+            fz._count("exact", info.name)
+            return func(*args, **kwargs)
+        if fz._filter is not None and not fz._filter.active():
+            fz._count("outside_modules", info.name)
+            return func(*args, **kwargs)
+        included, excluded = fz._selected[func]
+        if excluded or (not included and self.depth == 0):
+            fz._count("excluded", info.name)
+            return func(*args, **kwargs)
+        if not _has_float(args, kwargs):
+            fz._count("exact", info.name)
+            return func(*args, **kwargs)
+        return self._run(func, info, args, kwargs)
+
+    def _reenter(self, fn, *args, **kwargs):
+        self.depth += 1
+        try:
+            with self:
+                return fn(*args, **kwargs)
+        finally:
+            self.depth -= 1
+
+    def _run(self, func, info: _OpInfo, args, kwargs):
+        fz = self.fz
+        ctx = fz._ctx
+        if info.functional is not None:
+            return self._mutating(func, info, args, kwargs)
+        kind = info.kind
+        try:
+            if kind == K_HANDLER:
+                out = info.handler(ctx, func, args, kwargs)
+                if out is H.EXACT:
+                    fz._count("exact", info.name)
+                    return func(*args, **kwargs)
+            elif kind == K_DECOMP:
+                fz._count("decomposed", info.name)
+                return self._reenter(info.handler, *args, **kwargs)
+            elif kind == K_FOREACH:
+                fz._count("decomposed", info.name)
+                return self._reenter(H._foreach, ctx, func, args, kwargs)
+            else:  # K_F64, K_OPONCE
+                out = H.op_once(ctx, func, args, kwargs)
+        except (NotImplementedError, RuntimeError, TypeError) as e:
+            if info.name not in _WARNED:
+                _WARNED.add(info.name)
+                logger.warning("numvar: %s could not be instrumented (%s: %s); it runs natively "
+                               "and is NOT perturbed", info.name, type(e).__name__, e)
+            fz._count("native", info.name)
+            return func(*args, **kwargs)
+        if kind == K_OPONCE and fz.config.granularity == "flop" and info.name not in _WARNED:
+            _WARNED.add(info.name)
+            logger.warning("numvar: %s has no flop-level handler; its result is rounded once "
+                           "(op granularity)", info.name)
+        fz._count("instrumented", info.name, info.how)
+        return out
+
+    def _mutating(self, func, info: _OpInfo, args, kwargs):
+        """In-place / out= op: compute functionally (through the mode), copy into place."""
+        fz = self.fz
+        fz._count("decomposed", info.name)
+        if info.inplace:
+            res = self._reenter(info.functional, *args, **kwargs)
+            dest = args[0]
+            with torch.utils._python_dispatch._disable_current_modes():
+                dest.copy_(res)
+            return dest
+        kw = {k: v for k, v in kwargs.items() if k not in info.out_args}
+        res = self._reenter(info.functional, *args, **kw)
+        outs = [kwargs[k] for k in info.out_args]
+        res_l = list(res) if isinstance(res, (tuple, list)) else [res]
+        with torch.utils._python_dispatch._disable_current_modes():
+            for o, r in zip(outs, res_l):
+                if o.shape != r.shape:
+                    o.resize_(r.shape)
+                o.copy_(r)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class Fuzzy:
+    """A fuzzy block: ``with Fuzzy(config) as fz: ...; fz.report()``.
+
+    Each entry starts a fresh random stream from ``config.seed``, so the same seed
+    reproduces a realization bit for bit. The report accumulates over entries.
+    """
+
+    def __init__(self, config: FuzzyConfig, *, backend: str = "auto") -> None:
+        self.config = config
+        self.backend = backend  # numvar.rounding backend of elementwise roundings
+        self._infos: dict = {}
+        self._selected: dict = {}
+        self._counts: dict[str, Counter] = {k: Counter() for k in (
+            "instrumented", "decomposed", "native", "exact", "excluded", "outside_modules")}
+        self._how: dict[str, str] = {}
+        self._include = O.expand_kinds(config.include) if config.include is not None else None
+        self._exclude = O.expand_kinds(config.exclude)
+        unknown = [g for g in (config.include or ()) if not _looks_like_op_glob(g)]
+        if unknown:
+            raise ConfigError(f"include: {unknown[0]!r} is neither an op kind "
+                              f"({', '.join(O.OP_KINDS)}) nor an aten-name glob (aten.*)")
+        bad = [g for g in config.exclude if not _looks_like_op_glob(g)]
+        if bad:
+            raise ConfigError(f"exclude: {bad[0]!r} is neither an op kind "
+                              f"({', '.join(O.OP_KINDS)}) nor an aten-name glob (aten.*)")
+        self._filter: _ModuleFilter | None = None
+        self._ctx: Ctx | None = None
+        self._mode: FuzzyMode | None = None
+        self._sdpa = None
+        self._fastpath: bool | None = None
+
+    def _selection(self, func) -> tuple[bool, bool]:
+        included = True if self._include is None else O.op_matches(func, self._include)
+        excluded = bool(self._exclude) and O.op_matches(func, self._exclude)
+        return included, excluded
+
+    def _count(self, cat: str, name: str, how: str | None = None) -> None:
+        self._counts[cat][name] += 1
+        if how is not None:
+            self._how[name] = how
+
+    @property
+    def stream(self) -> R.Stream | None:
+        return None if self._ctx is None else self._ctx.stream
+
+    def __enter__(self) -> Fuzzy:
+        if self._mode is not None:
+            raise ConfigError("this fuzzy block is already active")
+        c = self.config
+        self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend)
+        if c.modules is not None:
+            self._filter = _ModuleFilter(c.modules, c.model)
+            self._filter.install()
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            self._sdpa = sdpa_kernel(SDPBackend.MATH)
+            self._sdpa.__enter__()
+        except ImportError:  # torch < 2.3
+            self._sdpa = None
+        # the fused inference fast path of nn.TransformerEncoderLayer / MultiheadAttention
+        # (_transformer_encoder_layer_fwd, _native_multi_head_attention) has no
+        # decomposition: use the modules' composite path inside the block
+        mha = getattr(torch.backends, "mha", None)
+        self._fastpath = mha.get_fastpath_enabled() if mha is not None else None
+        if mha is not None:
+            mha.set_fastpath_enabled(False)
+        self._mode = FuzzyMode(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self._mode is not None:
+                self._mode.__exit__(*exc)
+        finally:
+            self._mode = None
+            if self._sdpa is not None:
+                self._sdpa.__exit__(*exc)
+                self._sdpa = None
+            if self._filter is not None:
+                self._filter.remove()
+            if self._fastpath is not None:
+                torch.backends.mha.set_fastpath_enabled(self._fastpath)
+                self._fastpath = None
+        return None
+
+    def report(self) -> FuzzyReport:
+        """Which aten ops ran instrumented (with counts and how) and which ran natively."""
+        c = self._counts
+        return FuzzyReport(
+            mode=self.config.mode, granularity=self.config.granularity,
+            instrumented=dict(c["instrumented"]), how=dict(self._how),
+            decomposed=dict(c["decomposed"]), native=dict(c["native"]), exact=dict(c["exact"]),
+            excluded=dict(c["excluded"]), outside_modules=dict(c["outside_modules"]),
+        )
+
+    @property
+    def matched_modules(self) -> set[str]:
+        """Module paths that matched ``modules`` so far (empty without ``modules``)."""
+        return set() if self._filter is None else set(self._filter.matched)
+
+
+def _looks_like_op_glob(g: str) -> bool:
+    return g in O.OP_KINDS or "." in g or "*" in g
+
+
+def fuzzy(mode: str = "sr", granularity: str = "flop", precision: int | None = None,
+          seed: int = 0, exclude=(), include=None, modules=None, model=None) -> Fuzzy:
+    """Instrument every aten op run in the ``with`` block (forward, backward, optimizer).
+
+    ``mode``: ieee | sr | ud | random; ``granularity``: flop | op; ``precision``: virtual
+    precision in bits (None: the format's own); ``seed``: the realization's seed;
+    ``exclude``/``include``: globs over aten op names or op kinds of :data:`OP_KINDS`
+    (include selects the outermost ops; the sub-ops of a selected decomposition follow
+    it, exclusions apply at every level); ``modules``: globs over ``named_modules()``
+    paths of ``model`` (or of the outermost module called), so that only ops run inside
+    those modules' forward, and their backward, are perturbed.
+    """
+    return Fuzzy(FuzzyConfig(mode=mode, granularity=granularity, precision=precision, seed=seed,
+                             exclude=exclude, include=include, modules=modules, model=model))

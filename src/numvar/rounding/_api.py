@@ -1,0 +1,217 @@
+"""Tensor API of the rounding core: dtype/broadcast handling and backend dispatch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import RoundingError
+from . import _torch as T
+from ._stream import Stream
+from .kernels import OP_ADD, OP_DIV, OP_MUL, OP_SUB, mode_code
+
+MODES = ("ieee", "sr", "ud", "random")
+BACKENDS = ("auto", "torch", "numba")
+
+
+@dataclass(frozen=True)
+class Format:
+    """A floating-point target: p significand bits (hidden bit included), normal
+    exponent range [emin, emax]; ``compute`` is the exact carrier of its inputs."""
+
+    name: str
+    p: int
+    emin: int
+    emax: int
+
+
+FORMATS: dict[torch.dtype, Format] = {
+    torch.float32: Format("binary32", 24, -126, 127),
+    torch.float64: Format("binary64", 53, -1022, 1023),
+    torch.bfloat16: Format("bfloat16", 8, -126, 127),
+    torch.float16: Format("binary16", 11, -14, 15),
+}
+
+
+def target_format(dtype: torch.dtype) -> Format:
+    try:
+        return FORMATS[dtype]
+    except KeyError:
+        raise RoundingError(f"unsupported target dtype {dtype}; expected one of "
+                            "float32, float64, bfloat16, float16") from None
+
+
+def _check(mode: str, precision: int | None, fmt: Format, backend: str,
+           stream: Stream) -> tuple[int, int]:
+    m = mode_code(mode)
+    t = fmt.p if precision is None else int(precision)
+    if not 1 <= t <= fmt.p:
+        raise RoundingError(f"precision must be in [1, {fmt.p}] for {fmt.name}, got {precision}")
+    if backend not in BACKENDS:
+        raise RoundingError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    if not isinstance(stream, Stream):
+        raise RoundingError("stream must be a numvar.rounding.Stream")
+    return m, t
+
+
+def _result_type(args) -> torch.dtype:
+    """torch.result_type extended to any number of operands (pairwise fold; a Python
+    number takes the default dtype when no tensor is given)."""
+    rep = args[0]
+    if len(args) == 1:
+        return rep.dtype if isinstance(rep, torch.Tensor) else torch.result_type(rep, rep)
+    for b in args[1:]:
+        dt = torch.result_type(rep, b)
+        dims = any(isinstance(x, torch.Tensor) and x.dim() > 0 for x in (rep, b))
+        rep = torch.empty((1,) if dims else (), dtype=dt)
+    return rep.dtype
+
+
+def _as_tensors(args) -> tuple[list[torch.Tensor], torch.dtype]:
+    if not all(isinstance(a, (torch.Tensor, int, float)) for a in args):
+        raise RoundingError("operands must be tensors or Python numbers")
+    dtype = _result_type(args)
+    target_format(dtype)
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    ts = [a.to(dtype) if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=dtype, device=device)
+          for a in args]
+    if len({t.device for t in ts}) > 1:
+        raise RoundingError("operands are on different devices")
+    return ts, dtype
+
+
+def _use_numba(backend: str, ts: list[torch.Tensor]) -> bool:
+    cpu = all(t.device.type == "cpu" for t in ts)
+    if backend == "numba":
+        if not cpu:
+            raise RoundingError("backend='numba' needs CPU tensors")
+        return True
+    return backend == "auto" and cpu
+
+
+def _flat(ts: list[torch.Tensor], carrier: torch.dtype) -> tuple[list[torch.Tensor], torch.Size]:
+    bs = torch.broadcast_tensors(*ts)
+    shape = bs[0].shape
+    return [b.to(carrier).contiguous().reshape(-1) for b in bs], shape
+
+
+def _numba_call(kernel, pre, flats, fmt: Format, m: int, t: int, key: int, shape, dtype):
+    import numpy as np
+
+    carrier = torch.float64 if fmt.p == 53 else torch.float32
+    out = torch.empty(shape, dtype=carrier)
+    if out.numel():
+        kernel(*pre, *[f.detach().numpy() for f in flats], out.view(-1).numpy(),
+               fmt.p, fmt.emin, fmt.emax, m, t, np.uint64(key))
+    return out if carrier == dtype else out.to(dtype)
+
+
+def _elementwise(kind: int | str, args, mode, stream, precision, backend) -> torch.Tensor:
+    ts, dtype = _as_tensors(list(args))
+    fmt = target_format(dtype)
+    m, t = _check(mode, precision, fmt, backend, stream)
+    key = stream.next_key()
+    if _use_numba(backend, ts):
+        from . import kernels as K
+
+        carrier = torch.float64 if fmt.p == 53 else torch.float32
+        flats, shape = _flat(ts, carrier)
+        if kind == "sqrt":
+            return _numba_call(K.k_sqrt, (), flats, fmt, m, t, key, shape, dtype)
+        if kind == "fma":
+            return _numba_call(K.k_fma, (), flats, fmt, m, t, key, shape, dtype)
+        return _numba_call(K.k_binary, (kind,), flats, fmt, m, t, key, shape, dtype)
+    flats, shape = _flat(ts, torch.float64)
+    device = flats[0].device
+    r = T.bits_tensor(key, flats[0].numel(), device)
+    pf = (fmt.p, fmt.emin, fmt.emax)
+    wide = fmt.p == 53
+    if kind == "sqrt":
+        res = T.wide_sqrt(*flats, m, t, r) if wide else T.narrow_sqrt(*flats, m, t, *pf, r)
+    elif kind == "fma":
+        res = T.wide_fma(*flats, m, t, r) if wide else T.narrow_fma(*flats, m, t, *pf, r)
+    else:
+        res = (T.wide_binary(kind, *flats, m, t, r) if wide
+               else T.narrow_binary(kind, *flats, m, t, *pf, r))
+    return res.reshape(shape).to(dtype)
+
+
+def add(a, b, *, mode: str = "sr", stream: Stream, precision: int | None = None,
+        backend: str = "auto") -> torch.Tensor:
+    """a + b, rounded once under ``mode`` to ``torch.result_type(a, b)`` at
+    ``precision`` significand bits. Exact: binary32/bf16/f16 via float64 TwoSum;
+    binary64 via TwoSum (x = s + e exactly)."""
+    return _elementwise(OP_ADD, (a, b), mode, stream, precision, backend)
+
+
+def sub(a, b, *, mode: str = "sr", stream: Stream, precision: int | None = None,
+        backend: str = "auto") -> torch.Tensor:
+    """a - b, one rounding (as :func:`add` with -b)."""
+    return _elementwise(OP_SUB, (a, b), mode, stream, precision, backend)
+
+
+def mul(a, b, *, mode: str = "sr", stream: Stream, precision: int | None = None,
+        backend: str = "auto") -> torch.Tensor:
+    """a * b, one rounding. binary32/bf16/f16: the float64 product is exact; binary64:
+    Dekker's TwoProduct gives the exact error (inputs scaled by powers of two outside
+    [2**-480, 2**480], so also exact near under/overflow)."""
+    return _elementwise(OP_MUL, (a, b), mode, stream, precision, backend)
+
+
+def div(a, b, *, mode: str = "sr", stream: Stream, precision: int | None = None,
+        backend: str = "auto") -> torch.Tensor:
+    """a / b, one rounding. x = q + r/b with q = RN64(a/b) and the exact residual
+    r = a - q*b (TwoProduct); r/b is rounded, so the SR probability is exact to 2**-53
+    relative, exactness and ties are decided exactly."""
+    return _elementwise(OP_DIV, (a, b), mode, stream, precision, backend)
+
+
+def sqrt(a, *, mode: str = "sr", stream: Stream, precision: int | None = None,
+         backend: str = "auto") -> torch.Tensor:
+    """sqrt(a), one rounding. x = s + r/(2s) with s = RN64(sqrt a), exact residual
+    r = a - s*s: the sign of x - s and exactness are exact, the SR probability is
+    within 2**-52 relative (first-order term of the Taylor expansion)."""
+    return _elementwise("sqrt", (a,), mode, stream, precision, backend)
+
+
+def fma(a, b, c, *, mode: str = "sr", stream: Stream, precision: int | None = None,
+        backend: str = "auto") -> torch.Tensor:
+    """a * b + c with one rounding. binary32/bf16/f16: exact product + TwoSum;
+    binary64: TwoProduct + TwoSums (exact when |a|,|b|,|c| in [2**-300, 2**300] or
+    zero; outside, after a common power-of-two scaling)."""
+    return _elementwise("fma", (a, b, c), mode, stream, precision, backend)
+
+
+def round(hi, lo=None, *, dtype: torch.dtype, mode: str = "sr", stream: Stream,
+          precision: int | None = None, backend: str = "auto") -> torch.Tensor:
+    """Round the exact value ``hi + lo`` (float tensors, converted to float64 exactly;
+    ``lo`` optional, broadcast) to ``dtype`` under ``mode``. hi + lo is first
+    renormalised by TwoSum (exact barring overflow)."""
+    fmt = target_format(dtype)
+    m, t = _check(mode, precision, fmt, backend, stream)
+    if not isinstance(hi, torch.Tensor) or not hi.is_floating_point():
+        raise RoundingError("hi must be a floating-point tensor")
+    if lo is not None and (not isinstance(lo, torch.Tensor) or not lo.is_floating_point()):
+        raise RoundingError("lo must be a floating-point tensor or None")
+    ts = [hi] if lo is None else [hi, lo]
+    key = stream.next_key()
+    if _use_numba(backend, ts):
+        from . import kernels as K
+
+        flats, shape = _flat(ts, torch.float64)
+        h = flats[0]
+        lo_ = flats[1] if lo is not None else h[:0]
+        carrier = torch.float64 if fmt.p == 53 else torch.float32
+        out = torch.empty(shape, dtype=carrier)
+        if out.numel():
+            import numpy as np
+
+            K.k_round(h.detach().numpy(), lo_.detach().numpy(), out.view(-1).numpy(), lo is not None,
+                      fmt.p, fmt.emin, fmt.emax, m, t, np.uint64(key))
+        return out if carrier == dtype else out.to(dtype)
+    flats, shape = _flat(ts, torch.float64)
+    r = T.bits_tensor(key, flats[0].numel(), flats[0].device)
+    res = T.round_values(flats[0], flats[1] if lo is not None else None, m, t,
+                         fmt.p, fmt.emin, fmt.emax, r)
+    return res.reshape(shape).to(dtype)

@@ -1,0 +1,47 @@
+"""Counter-based random bits, identical in pure Python, numba and torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .kernels import GAMMA, MIX1, MIX2
+
+_M64 = (1 << 64) - 1
+_SEED_SALT = 0x243F6A8885A308D3  # digits of pi: separates seed space from key space
+
+
+def mix64(z: int) -> int:
+    """splitmix64 finalizer on a Python int (mod 2**64)."""
+    z &= _M64
+    z = ((z ^ (z >> 30)) * MIX1) & _M64
+    z = ((z ^ (z >> 27)) * MIX2) & _M64
+    return z ^ (z >> 31)
+
+
+def bits(key: int, j: int) -> int:
+    """64 random bits for element ``j`` of the call with ``key``:
+    ``mix64(key + (j + 1) * 0x9E3779B97F4A7C15 mod 2**64)`` (splitmix64)."""
+    return mix64((key + (j + 1) * GAMMA) & _M64)
+
+
+@dataclass
+class Stream:
+    """A seeded, counter-based stream of call keys; never touches torch's RNG.
+
+    ``next_key()`` returns ``bits(mix64(seed ^ salt), counter)`` and increments the
+    counter, so a stream is reproduced exactly by its seed and position.
+    """
+
+    seed: int
+    counter: int = 0
+    _base: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.seed = int(self.seed)
+        self._base = mix64(self.seed ^ _SEED_SALT)
+
+    def next_key(self) -> int:
+        """A fresh 64-bit key (Python int in [0, 2**64)) for one rounding call."""
+        k = bits(self._base, self.counter)
+        self.counter += 1
+        return k

@@ -1,0 +1,690 @@
+"""numba kernels of the stochastic arithmetic core.
+
+Scalar functions (``@njit(inline="always")``) that other parts' kernels call, plus four
+array kernels (one per op family: round, binary, sqrt, fma) used by
+:mod:`numvar.rounding`. ``mode`` and the virtual precision ``t`` are runtime integers.
+
+Rounding model (see ``numvar.rounding`` for the full statement)
+----------------------------------------------------------------
+A value is given exactly as ``x = (hi + lo) * 2**-k`` (float64 ``hi``, ``lo``; ``k`` an
+integer scale, 0 except inside the binary64 ops near under/overflow). The target grid
+at ``t`` significand bits has, for ``|x|`` in ``[2**e, 2**(e+1))``, the spacing
+``u = 2**max(e - t + 1, emin - p + 1)``: ``t`` bits relative precision, never finer
+than the format's subnormal spacing (Verificarlo's convention). ``a <= x < b = a + u``
+are the neighbours; ``b >= 2**(emax+1)`` means overflow to ``inf``.
+
+* SR: ``b`` with probability ``floor(d * 2**53) / 2**53``, ``d = (x - a)/u`` (53 random
+  bits; ``d`` is exact when ``lo == 0``, else within 2**-53 relative). Exact values stay.
+* random: ``b`` or ``a`` with probability 1/2 each (top random bit); exact values stay.
+* ieee: round to nearest, ties to even on the t-bit grid (exact tie detection).
+* UD: ``r`` = ieee result; if ``r`` is finite and non-zero, the next grid value above
+  or below ``r`` in magnitude (top random bit). ``0``, ``inf``, ``nan`` pass.
+
+Randomness: ``bits64(key, j)`` is the splitmix64 output ``mix64(key + (j+1)*γ)``
+(Steele, Lea & Flood 2014; constants of Vigna's ``splitmix64.c``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+MODE_IEEE, MODE_SR, MODE_UD, MODE_RANDOM = 0, 1, 2, 3
+_MODE_CODES = {"ieee": MODE_IEEE, "sr": MODE_SR, "ud": MODE_UD, "random": MODE_RANDOM}
+
+# (p, emin, emax) of the targets
+FMT_F32 = (24, -126, 127)
+FMT_F64 = (53, -1022, 1023)
+FMT_BF16 = (8, -126, 127)
+FMT_F16 = (11, -14, 15)
+
+# op codes of the binary kernel
+OP_ADD, OP_SUB, OP_MUL, OP_DIV = 0, 1, 2, 3
+
+GAMMA = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+
+_G = np.uint64(GAMMA)
+_M1 = np.uint64(MIX1)
+_M2 = np.uint64(MIX2)
+_U1 = np.uint64(1)
+_U11 = np.uint64(11)
+_U63 = np.uint64(63)
+_U35 = np.uint64(35)
+_U0 = np.uint64(0)
+_EXPMASK = np.uint64(0x7FF)
+_MANT = np.uint64((1 << 52) - 1)
+_TWO53 = 9007199254740992.0
+_TWO64 = 18446744073709551616.0
+_SPLIT = 134217729.0  # 2**27 + 1 (Veltkamp)
+
+
+def mode_code(mode: str) -> int:
+    """Integer code of a mode name ("ieee" 0, "sr" 1, "ud" 2, "random" 3)."""
+    try:
+        return _MODE_CODES[mode]
+    except KeyError:
+        from ..errors import RoundingError
+
+        raise RoundingError(f"unknown rounding mode {mode!r}; expected one of "
+                            f"{tuple(_MODE_CODES)}") from None
+
+
+@intrinsic
+def _f64_bits(typingctx, x):
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint64))
+
+    return types.uint64(types.float64), codegen
+
+
+@intrinsic
+def _bits_f64(typingctx, x):
+    if x != types.uint64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float64))
+
+    return types.float64(types.uint64), codegen
+
+
+@njit(cache=True, error_model="numpy")
+def mix64(z):
+    """splitmix64 finalizer (uint64 -> uint64, wrapping)."""
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, error_model="numpy")
+def bits64(key, index):
+    """64 random bits for element ``index`` of the call with ``key``."""
+    return mix64(np.uint64(key) + (np.uint64(index) + _U1) * _G)
+
+
+@njit(cache=True, error_model="numpy")
+def pow2(k):
+    """2.0**k for integer -1074 <= k <= 1023, built from the bit pattern (exact)."""
+    if k >= -1022:
+        return _bits_f64(np.uint64(k + 1023) << np.uint64(52))
+    return _bits_f64(_U1 << np.uint64(k + 1074))
+
+
+@njit(cache=True, error_model="numpy")
+def exponent(h):
+    """floor(log2(h)) for finite h > 0 (subnormals included)."""
+    be = np.int64(_f64_bits(h) >> np.uint64(52))
+    if be == 0:
+        return np.int64(_f64_bits(h * _TWO64) >> np.uint64(52)) - 1023 - 64
+    return be - 1023
+
+
+@njit(cache=True, error_model="numpy")
+def scale2(x, n):
+    """x * 2**n, exact whenever the result is representable (n any integer)."""
+    while n > 1000:
+        x = x * pow2(1000)
+        n -= 1000
+    while n < -1000:
+        x = x * pow2(-1000)
+        n += 1000
+    return x * pow2(n)
+
+
+@njit(cache=True, error_model="numpy")
+def two_sum(a, b):
+    """Knuth's TwoSum: s = RN(a+b), e = a+b-s exactly (barring overflow)."""
+    s = a + b
+    bb = s - a
+    e = (a - (s - bb)) + (b - bb)
+    return s, e
+
+
+@njit(cache=True, error_model="numpy")
+def _split(a):
+    c = _SPLIT * a
+    ah = c - (c - a)
+    return ah, a - ah
+
+
+@njit(cache=True, error_model="numpy")
+def two_prod(a, b):
+    """Dekker's TwoProduct (Veltkamp splitting): p = RN(a*b), e = a*b-p exactly when
+    |a|, |b| < 2**995 and the error does not underflow (|a*b| >= 2**-969)."""
+    p = a * b
+    ah, al = _split(a)
+    bh, bl = _split(b)
+    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    return p, e
+
+
+@njit(cache=True, error_model="numpy")
+def _odd(q):
+    return q - 2.0 * math.floor(0.5 * q) == 1.0
+
+
+@njit(cache=True, error_model="numpy")
+def _spacing_exp(e_true, t, sub):
+    s = e_true - t + 1
+    return s if s > sub else sub
+
+
+@njit(cache=True, error_model="numpy")
+def round_core(hi, lo, k, mode, t, p, emin, emax, r):
+    """round_core3 with lo2 = 0."""
+    return round_core3(hi, lo, 0.0, k, mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, error_model="numpy")
+def round_core3(hi, lo, lo2, k, mode, t, p, emin, emax, r):
+    """Round x = (hi + lo + lo2) * 2**-k (lo2: a tiny term that only breaks ties) to the t-bit grid of the format (p, emin, emax).
+
+    Requires sign(hi) == sign(x) and |lo| < ulp-of-the-grid at hi (true of every EFT
+    output here). Returns a float64 on the target grid (or +-inf / nan / +-0).
+    """
+    if not (abs(hi) < np.inf):
+        return hi  # nan stays nan, +-inf stays
+    if hi == 0.0:
+        return hi
+    neg = hi < 0.0
+    H = -hi if neg else hi
+    L = -lo if neg else lo
+    sub = emin - p + 1
+    e = exponent(H)
+    ue_s = _spacing_exp(e - k, t, sub) + k
+    if ue_s > 1023:
+        # |x| far below the smallest grid value 2**sub: only random can round up
+        v = 0.0
+        if mode == MODE_RANDOM and (r >> _U63) == _U1:
+            v = pow2(sub)
+        return -v if neg else v
+    u = pow2(ue_s)
+    A = math.floor(H / u) * u
+    L2 = -lo2 if neg else lo2
+    D = H - A
+    s, ee = two_sum(D, L)
+    ee = ee + L2
+    if A > 0.0 and (s < 0.0 or (s == 0.0 and ee < 0.0)):
+        # x lies below A: step one grid point down (finer spacing below a power of two)
+        ea = exponent(A)
+        if A == pow2(ea):
+            u = pow2(_spacing_exp(ea - k - 1, t, sub) + k)
+        A = A - u
+        D = H - A
+        s, ee = two_sum(D, L)
+        ee = ee + L2
+    elif s > u or (s == u and ee >= 0.0):
+        A = A + u
+        D = H - A
+        s, ee = two_sum(D, L)
+        ee = ee + L2
+        u = pow2(_spacing_exp(exponent(A) - k, t, sub) + k)
+    exact = s == 0.0 and ee == 0.0
+    R = A
+    if mode == MODE_SR:
+        if not exact:
+            if np.float64(r >> _U11) + 1.0 <= (s / u) * _TWO53:
+                R = A + u
+    elif mode == MODE_RANDOM:
+        if not exact and (r >> _U63) == _U1:
+            R = A + u
+    else:
+        s2 = 2.0 * s  # exact; u/2 could underflow at the subnormal spacing
+        if s2 > u or (s2 == u and (ee > 0.0 or (ee == 0.0 and _odd(A / u)))):
+            R = A + u
+        if mode == MODE_UD and R != 0.0:
+            eR = exponent(R)
+            if eR - k <= emax:
+                if (r >> _U63) == _U1:
+                    R = R + pow2(_spacing_exp(eR - k, t, sub) + k)
+                elif R == pow2(eR):
+                    R = R - pow2(_spacing_exp(eR - k - 1, t, sub) + k)
+                else:
+                    R = R - pow2(_spacing_exp(eR - k, t, sub) + k)
+    if R != 0.0 and R < np.inf and exponent(R) - k > emax:
+        R = np.inf
+    elif k != 0:
+        R = scale2(R, -k)
+    return -R if neg else R
+
+
+@njit(cache=True, error_model="numpy")
+def round_bits(hi, mode, t, p, emin, emax, r):
+    """round_core for lo == 0, k == 0, t <= 24 and hi with exponent in [emin, emax], by
+    integer operations on the float64 bit pattern (identical results):
+    SR adds the complement of the top 53-t random bits below the kept bits and
+    truncates (up iff floor(d * 2**53) >= (r >> 11) + 1), random truncates and adds one
+    unit on the top bit, ieee/UD round to nearest even by the add-and-truncate trick."""
+    b = _f64_bits(hi)
+    nb = np.uint64(53 - t)
+    one = _U1 << nb
+    mask = one - _U1
+    if mode == MODE_SR:
+        b = (b + ((~r) >> np.uint64(11 + t))) & ~mask
+    elif mode == MODE_RANDOM:
+        if (b & mask) != _U0:
+            b = (b & ~mask) + ((r >> _U63) << nb)
+    else:
+        # ties to even: the integer significand's last bit (always 1 when t == 1)
+        lsb = _U1 if t == 1 else (b >> nb) & _U1
+        b = (b + ((one >> _U1) - _U1) + lsb) & ~mask
+        if mode == MODE_UD:
+            be = np.int64((b >> np.uint64(52)) & _EXPMASK)
+            if be <= 1023 + emax:
+                if (r >> _U63) == _U1:
+                    b = b + one
+                elif (b & _MANT) == _U0 and be == 1023 + emin and t == p:
+                    b = b - (one << _U1)  # below 2**emin: the subnormal spacing
+                else:
+                    b = b - one  # below a power of two this is half a unit (lower binade)
+    if np.int64((b >> np.uint64(52)) & _EXPMASK) > 1023 + emax:
+        return -np.inf if hi < 0.0 else np.inf
+    return _bits_f64(b)
+
+
+@njit(cache=True, error_model="numpy")
+def round_narrow(hi, lo, mode, t, p, emin, emax, r):
+    """Round hi+lo (float64, hi = RN64(hi+lo)) to a format of p <= 24 bits at t bits:
+    the integer fast path (round_bits) when lo == 0 and hi is in the normal range,
+    else round_core."""
+    if lo == 0.0:
+        be = np.int64((_f64_bits(hi) >> np.uint64(52)) & _EXPMASK)
+        if be >= 1023 + emin and be <= 1023 + emax:
+            return round_bits(hi, mode, t, p, emin, emax, r)
+    return round_core(hi, lo, 0, mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, error_model="numpy")
+def round_f32(hi, lo, mode, t, r):
+    """Randomly round the exact value hi+lo (float64, hi = RN64(hi+lo)) to binary32 at t
+    significand bits (t = 24: full precision)."""
+    return np.float32(round_narrow(hi, lo, mode, t, 24, -126, 127, r))
+
+
+@njit(cache=True, error_model="numpy")
+def round_f64(hi, lo, mode, t, r):
+    """Randomly round hi+lo to binary64 at t bits; hi = RN(exact), lo = exact error."""
+    if mode == MODE_IEEE and t == 53:
+        return hi
+    return round_core(hi, lo, 0, mode, t, 53, -1022, 1023, r)
+
+
+# ---------------------------------------------------------------- narrow-format ops
+# Inputs are values of a format with p <= 24 (binary32, bfloat16, float16) as float64.
+# Products are exact in float64; sums carry the TwoSum residual; div/sqrt carry the
+# exact residual (Dekker TwoProduct), divided by b (resp. 2s): exact sign, 2**-53 rel.
+
+@njit(cache=True, error_model="numpy")
+def _div_parts(a, b):
+    q = a / b
+    if q == 0.0 or not (abs(q) < np.inf) or not (abs(a) < np.inf) or not (abs(b) < np.inf):
+        return q, 0.0
+    ph, pl = two_prod(q, b)
+    return q, ((a - ph) - pl) / b
+
+
+@njit(cache=True, error_model="numpy")
+def _sqrt_parts(a):
+    if not (a > 0.0) or not (a < np.inf):
+        return math.sqrt(a) if a >= 0.0 else np.nan, 0.0
+    s = math.sqrt(a)
+    ph, pl = two_prod(s, s)
+    return s, ((a - ph) - pl) / (2.0 * s)
+
+
+@njit(cache=True, error_model="numpy")
+def narrow_binary(op, a, b, mode, t, p, emin, emax, r):
+    x = np.float64(a)
+    y = np.float64(b)
+    if op == OP_ADD:
+        s, e = two_sum(x, y)
+    elif op == OP_SUB:
+        s, e = two_sum(x, -y)
+    elif op == OP_MUL:
+        s, e = x * y, 0.0
+    else:
+        s, e = _div_parts(x, y)
+    return round_narrow(s, e, mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, error_model="numpy")
+def narrow_sqrt(a, mode, t, p, emin, emax, r):
+    s, e = _sqrt_parts(np.float64(a))
+    return round_narrow(s, e, mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, error_model="numpy")
+def narrow_fma(a, b, c, mode, t, p, emin, emax, r):
+    s, e = two_sum(np.float64(a) * np.float64(b), np.float64(c))
+    return round_narrow(s, e, mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, error_model="numpy")
+def add_f32(a, b, mode, t, r):
+    """RN-free binary32 a+b under ``mode`` at t bits (exact TwoSum residual)."""
+    return np.float32(narrow_binary(OP_ADD, a, b, mode, t, 24, -126, 127, r))
+
+
+@njit(cache=True, error_model="numpy")
+def mul_f32(a, b, mode, t, r):
+    """binary32 a*b under ``mode`` (the float64 product is exact)."""
+    return np.float32(narrow_binary(OP_MUL, a, b, mode, t, 24, -126, 127, r))
+
+
+@njit(cache=True, error_model="numpy")
+def fma_f32(a, b, c, mode, t, r):
+    """binary32 a*b+c with one rounding (exact product, TwoSum residual)."""
+    return np.float32(narrow_fma(a, b, c, mode, t, 24, -126, 127, r))
+
+
+# ---------------------------------------------------------------- binary64 ops
+_SAFE_LO = 2.0 ** -480
+_SAFE_HI = 2.0 ** 480
+_FMA_LO = 2.0 ** -300
+_FMA_HI = 2.0 ** 300
+_STANDIN = 2.0 ** -200
+
+
+@njit(cache=True, error_model="numpy")
+def _normal_in(x, lo, hi):
+    ax = abs(x)
+    return ax >= lo and ax <= hi
+
+
+@njit(cache=True, error_model="numpy")
+def wide_binary(op, a, b, mode, t, r):
+    """binary64 a (op) b: x = hi + lo exactly via TwoSum / TwoProduct / the division
+    residual, scaled by a power of two near under/overflow."""
+    if op <= OP_SUB:
+        bb = -b if op == OP_SUB else b
+        s, e = two_sum(a, bb)
+        if not (abs(s) < np.inf) and abs(a) < np.inf and abs(bb) < np.inf:
+            s, e = two_sum(0.5 * a, 0.5 * bb)
+            return round_core(s, e, -1, mode, t, 53, -1022, 1023, r)
+        if mode == MODE_IEEE and t == 53:
+            return s
+        return round_core(s, e, 0, mode, t, 53, -1022, 1023, r)
+    finite = abs(a) < np.inf and abs(b) < np.inf and a != 0.0 and b != 0.0
+    if op == OP_MUL:
+        if not finite:
+            return a * b
+        if _normal_in(a, _SAFE_LO, _SAFE_HI) and _normal_in(b, _SAFE_LO, _SAFE_HI):
+            s, e = two_prod(a, b)
+            return round_core(s, e, 0, mode, t, 53, -1022, 1023, r)
+        ea = exponent(abs(a))
+        eb = exponent(abs(b))
+        s, e = two_prod(scale2(a, -ea), scale2(b, -eb))
+        return round_core(s, e, -(ea + eb), mode, t, 53, -1022, 1023, r)
+    # division (at t = 53 the ieee/ud decisions use the hardware-rounded quotient: the
+    # rounded residual could fake a tie, and a true tie is impossible there)
+    if not finite:
+        return a / b
+    rn = t == 53 and (mode == MODE_IEEE or mode == MODE_UD)
+    if _normal_in(a, _SAFE_LO, _SAFE_HI) and _normal_in(b, _SAFE_LO, _SAFE_HI):
+        s, e = _div_parts(a, b)
+        return round_core(s, 0.0 if rn else e, 0, mode, t, 53, -1022, 1023, r)
+    ea = exponent(abs(a))
+    eb = exponent(abs(b))
+    s, e = _div_parts(scale2(a, -ea), scale2(b, -eb))
+    return round_core(s, 0.0 if rn else e, eb - ea, mode, t, 53, -1022, 1023, r)
+
+
+@njit(cache=True, error_model="numpy")
+def wide_sqrt(a, mode, t, r):
+    """binary64 sqrt(a): s + r/(2s) with the exact residual r = a - s*s."""
+    if not (a > 0.0) or not (a < np.inf):
+        return math.sqrt(a) if a >= 0.0 else np.nan
+    ea = exponent(a)
+    h = ea // 2
+    s, e = _sqrt_parts(scale2(a, -2 * h))
+    if t == 53 and (mode == MODE_IEEE or mode == MODE_UD):
+        e = 0.0  # as in division: use the correctly rounded s
+    return round_core(s, e, -h, mode, t, 53, -1022, 1023, r)
+
+
+@njit(cache=True, error_model="numpy")
+def _fma_parts(a, b, c):
+    # x = a*b + c = H + L (L: the rounded exact error, sign exact)
+    ph, pl = two_prod(a, b)
+    s1, s2 = two_sum(ph, c)
+    t1, t2 = two_sum(s2, pl)
+    h, h2 = two_sum(s1, t1)
+    if h == 0.0:
+        return t2, 0.0, 0.0
+    return h, h2, t2
+
+
+@njit(cache=True, error_model="numpy")
+def _fma_scaled(a, b, c):
+    """(h, l, l2, m): a*b + c = (h + l + l2) * 2**m, decision-exact. a, b normalised to
+    [1, 2); a term more than 2**-110 below the other is replaced by a same-signed
+    stand-in 2**-200 (all decision thresholds are multiples of 2**-106 there)."""
+    ea = exponent(abs(a))
+    eb = exponent(abs(b))
+    ec = exponent(abs(c))
+    pe = ea + eb
+    an = scale2(a, -ea)
+    bn = scale2(b, -eb)
+    if ec > pe + 110:
+        sp = _STANDIN if (a < 0.0) == (b < 0.0) else -_STANDIN
+        h, l = two_sum(scale2(c, -ec), sp)
+        return h, l, 0.0, ec
+    if pe > ec + 110:
+        h, l, l2 = _fma_parts(an, bn, _STANDIN if c > 0.0 else -_STANDIN)
+        return h, l, l2, pe
+    m = pe if pe > ec else ec
+    h, l, l2 = _fma_parts(an, scale2(bn, pe - m), scale2(c, -m))
+    return h, l, l2, m
+
+
+@njit(cache=True, error_model="numpy")
+def wide_fma(a, b, c, mode, t, r):
+    """binary64 a*b+c, one rounding. Exact error (TwoProduct + TwoSums) when |a|, |b|,
+    |c| lie in [2**-300, 2**300]; otherwise after power-of-two scaling (_fma_scaled)."""
+    if not (abs(a) < np.inf and abs(b) < np.inf and abs(c) < np.inf):
+        return a * b + c
+    if a == 0.0 or b == 0.0:
+        if c == 0.0:
+            return a * b + c
+        return round_core(c, 0.0, 0, mode, t, 53, -1022, 1023, r)
+    if c == 0.0:
+        return wide_binary(OP_MUL, a, b, mode, t, r)
+    if (_normal_in(a, _FMA_LO, _FMA_HI) and _normal_in(b, _FMA_LO, _FMA_HI)
+            and _normal_in(c, _FMA_LO, _FMA_HI)):
+        h, l, l2 = _fma_parts(a, b, c)
+        if h == 0.0:
+            return a * b + c  # exact cancellation: IEEE sign of zero
+        return round_core3(h, l, l2, 0, mode, t, 53, -1022, 1023, r)
+    h, l, l2, m = _fma_scaled(a, b, c)
+    if h == 0.0:
+        return a * b + c
+    return round_core3(h, l, l2, -m, mode, t, 53, -1022, 1023, r)
+
+
+@njit(cache=True, error_model="numpy")
+def add_f64(a, b, mode, t, r):
+    """binary64 a+b under ``mode`` at t bits (exact TwoSum error)."""
+    return wide_binary(OP_ADD, a, b, mode, t, r)
+
+
+@njit(cache=True, error_model="numpy")
+def mul_f64(a, b, mode, t, r):
+    """binary64 a*b under ``mode`` at t bits (exact TwoProduct error)."""
+    return wide_binary(OP_MUL, a, b, mode, t, r)
+
+
+@njit(cache=True, error_model="numpy")
+def fma_f64(a, b, c, mode, t, r):
+    """binary64 a*b+c, one rounding under ``mode`` at t bits."""
+    return wide_fma(a, b, c, mode, t, r)
+
+
+# ---------------------------------------------------------------- array kernels
+# One kernel per op family; ``wide`` selects binary64 ops, else the narrow format
+# (p, emin, emax). Inputs/outputs are 1-D contiguous arrays of equal length.
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
+    key = np.uint64(key)
+    n = hi.size
+    if p <= 24 and not has_lo:
+        # pass 1: integer fast path for every element (branch-free for SR), counting the
+        # elements outside the normal range or overflowing; pass 2 redoes those exactly.
+        lo_b = np.uint64(1023 + emin)
+        hi_b = np.uint64(1023 + emax)
+        sh = np.uint64(11 + t)
+        mask = (_U1 << np.uint64(53 - t)) - _U1
+        nslow = 0
+        if mode == MODE_SR:
+            for j in prange(n):
+                b = _f64_bits(np.float64(hi[j]))
+                be = (b >> np.uint64(52)) & _EXPMASK
+                v = (b + ((~bits64(key, j)) >> sh)) & ~mask
+                out[j] = _bits_f64(v)
+                ve = (v >> np.uint64(52)) & _EXPMASK
+                nslow += np.int64((be < lo_b) | (be > hi_b) | (ve > hi_b))
+        else:
+            for j in prange(n):
+                h = np.float64(hi[j])
+                be = (_f64_bits(h) >> np.uint64(52)) & _EXPMASK
+                ok = (be >= lo_b) & (be <= hi_b)
+                out[j] = round_bits(h, mode, t, p, emin, emax, bits64(key, j)) if ok else 0.0
+                nslow += np.int64(not ok)
+        if nslow > 0:
+            for j in prange(n):
+                h = np.float64(hi[j])
+                be = (_f64_bits(h) >> np.uint64(52)) & _EXPMASK
+                if be < lo_b or be > hi_b or not (abs(out[j]) < np.inf) or \
+                        abs(out[j]) >= pow2(emax + 1):
+                    out[j] = round_narrow(h, 0.0, mode, t, p, emin, emax, bits64(key, j))
+        return
+    wide = p == 53
+    for j in prange(n):
+        r = bits64(key, j)
+        h = np.float64(hi[j])
+        if has_lo:
+            h, l = two_sum(h, np.float64(lo[j]))
+        else:
+            l = 0.0
+        if wide:
+            out[j] = round_core(h, l, 0, mode, t, p, emin, emax, r)
+        else:
+            out[j] = round_narrow(h, l, mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
+    key = np.uint64(key)
+    wide = p == 53
+    n = out.size
+    if not wide and mode == MODE_SR and op != OP_DIV:
+        # SR fast pass (exact float64 result, normal range); the rest redone exactly
+        lo_b = np.uint64(1023 + emin)
+        hi_b = np.uint64(1023 + emax)
+        sh = np.uint64(11 + t)
+        mask = (_U1 << np.uint64(53 - t)) - _U1
+        nslow = 0
+        for j in prange(n):
+            x = np.float64(a[j])
+            y = np.float64(b[j])
+            if op == OP_MUL:
+                s = x * y
+                e = 0.0
+            else:
+                s, e = two_sum(x, -y if op == OP_SUB else y)
+            bs = _f64_bits(s)
+            be = (bs >> np.uint64(52)) & _EXPMASK
+            v = (bs + ((~bits64(key, j)) >> sh)) & ~mask
+            out[j] = _bits_f64(v)
+            ve = (v >> np.uint64(52)) & _EXPMASK
+            nslow += np.int64((be < lo_b) | (be > hi_b) | (ve > hi_b) | (e != 0.0))
+        if nslow == 0:
+            return
+        for j in prange(n):
+            x = np.float64(a[j])
+            y = np.float64(b[j])
+            if op == OP_MUL:
+                s = x * y
+                e = 0.0
+            else:
+                s, e = two_sum(x, -y if op == OP_SUB else y)
+            be = (_f64_bits(s) >> np.uint64(52)) & _EXPMASK
+            if be < lo_b or be > hi_b or e != 0.0 or not (abs(out[j]) < np.inf) or \
+                    abs(out[j]) >= pow2(emax + 1):
+                out[j] = narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
+        return
+    for j in prange(out.size):
+        r = bits64(key, j)
+        if wide:
+            out[j] = wide_binary(op, np.float64(a[j]), np.float64(b[j]), mode, t, r)
+        else:
+            out[j] = narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def k_sqrt(a, out, p, emin, emax, mode, t, key):
+    key = np.uint64(key)
+    wide = p == 53
+    for j in prange(out.size):
+        r = bits64(key, j)
+        if wide:
+            out[j] = wide_sqrt(np.float64(a[j]), mode, t, r)
+        else:
+            out[j] = narrow_sqrt(a[j], mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def k_fma(a, b, c, out, p, emin, emax, mode, t, key):
+    key = np.uint64(key)
+    wide = p == 53
+    for j in prange(out.size):
+        r = bits64(key, j)
+        if wide:
+            out[j] = wide_fma(np.float64(a[j]), np.float64(b[j]), np.float64(c[j]), mode, t, r)
+        else:
+            out[j] = narrow_fma(a[j], b[j], c[j], mode, t, p, emin, emax, r)
+
+
+# ---------------------------------------------------------------- more scalar ops
+@njit(cache=True, error_model="numpy")
+def sub_f32(a, b, mode, t, r):
+    """binary32 a-b under ``mode`` at t bits."""
+    return np.float32(narrow_binary(OP_SUB, a, b, mode, t, 24, -126, 127, r))
+
+
+@njit(cache=True, error_model="numpy")
+def div_f32(a, b, mode, t, r):
+    """binary32 a/b under ``mode`` (float64 quotient + exact residual / b)."""
+    return np.float32(narrow_binary(OP_DIV, a, b, mode, t, 24, -126, 127, r))
+
+
+@njit(cache=True, error_model="numpy")
+def sqrt_f32(a, mode, t, r):
+    """binary32 sqrt(a) under ``mode`` (float64 root + exact residual / 2s)."""
+    return np.float32(narrow_sqrt(a, mode, t, 24, -126, 127, r))
+
+
+@njit(cache=True, error_model="numpy")
+def sub_f64(a, b, mode, t, r):
+    """binary64 a-b under ``mode`` at t bits."""
+    return wide_binary(OP_SUB, a, b, mode, t, r)
+
+
+@njit(cache=True, error_model="numpy")
+def div_f64(a, b, mode, t, r):
+    """binary64 a/b under ``mode`` at t bits."""
+    return wide_binary(OP_DIV, a, b, mode, t, r)
+
+
+@njit(cache=True, error_model="numpy")
+def sqrt_f64(a, mode, t, r):
+    """binary64 sqrt(a) under ``mode`` at t bits."""
+    return wide_sqrt(a, mode, t, r)

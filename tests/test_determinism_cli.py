@@ -1,0 +1,96 @@
+"""`numvar determinism record|check` on a small training-step script."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from numvar.cli import main
+
+SCRIPT = '''
+import os, sys
+import torch
+torch.manual_seed(int(os.environ.get("STEP_SEED", "0")))
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.25),
+                            torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(16, 4)
+if os.environ.get("STEP_EXTRA"):
+    x = x.abs()
+loss = model(x).pow(2).mean()  # LOSS-LINE
+loss.backward()
+opt.step()
+print("args", sys.argv[1:])
+'''
+
+
+def test_record_then_check_identical_and_divergent(tmp_path, monkeypatch, capfd):
+    script = tmp_path / "train_step.py"
+    script.write_text(SCRIPT)
+    ref = tmp_path / "ref"
+    monkeypatch.delenv("STEP_SEED", raising=False)
+    monkeypatch.delenv("STEP_EXTRA", raising=False)
+    cmd = ["--", sys.executable, str(script), "--flag", "x"]
+    assert main(["determinism", "record", "-o", str(ref), *cmd]) == 0
+    out = capfd.readouterr().out
+    rec = json.loads((ref / "hashes.json").read_text())
+    n = rec["hash_mode"]["n_ops"]
+    assert n > 30 and f"recorded {n} ops" in out and "args ['--flag', 'x']" in out
+    assert rec["hash_mode"]["counts"]["aten.addmm.default"] == 2
+
+    assert main(["determinism", "check", str(ref), *cmd]) == 0
+    assert f"bitwise identical ({n} ops)" in capfd.readouterr().out
+
+    # Same op sequence, other seed: the first divergent op is the first random draw
+    # (the weight init, uniform_), reported with this script's line.
+    monkeypatch.setenv("STEP_SEED", "1")
+    assert main(["determinism", "check", str(ref), *cmd]) == 1
+    out = capfd.readouterr().out
+    assert "not bitwise identical" in out and "first divergent op" in out
+    assert "aten.uniform_.default (call #0 of it)" in out and "differ bitwise" in out
+    assert "train_step.py" in out and "torch.nn.Linear(4, 8)" in out
+
+    # A different op sequence: reported as such, with both stacks.
+    monkeypatch.setenv("STEP_SEED", "0")
+    monkeypatch.setenv("STEP_EXTRA", "1")
+    assert main(["determinism", "check", str(ref), *cmd]) == 1
+    out = capfd.readouterr().out
+    assert "this run called aten.abs.default" in out and "op sequences diverge" in out
+    assert "x = x.abs()" in out and "LOSS-LINE" in out  # this run's and the reference's stack
+
+
+def test_check_errors_are_clear(tmp_path, capfd):
+    script = tmp_path / "s.py"
+    script.write_text("raise SystemExit(3)\n")
+    assert main(["determinism", "check", str(tmp_path / "none"), "--", "python", str(script)]) == 2
+    assert "no recording at" in capfd.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "hashes.json").write_text("{not json")
+    assert main(["determinism", "check", str(bad), "--", "python", str(script)]) == 2
+    assert "corrupt JSON" in capfd.readouterr().err
+    assert main(["determinism", "record", "-o", str(tmp_path / "r"), "--", "python",
+                 str(script)]) == 2
+    assert "exited with status 3" in capfd.readouterr().err
+    assert not (tmp_path / "r" / "hashes.json").exists()
+    assert main(["determinism", "record", "-o", str(tmp_path / "r"), "--", "ls"]) == 2
+
+
+def test_launcher_command_parsing(tmp_path):
+    import pytest
+
+    from numvar.determinism.script import launcher_command
+    from numvar.errors import ConfigError
+
+    s = tmp_path / "t.py"
+    s.write_text("")
+    head, target = launcher_command(["python", "-u", "-W", "ignore", str(s), "a", "--b"])
+    assert head[1:] == ["-u", "-W", "ignore", "-m", "numvar.determinism.launch"]
+    assert target == ["--script", str(s), "--", "a", "--b"]
+    head, target = launcher_command(["python3", "-m", "pkg.mod", "x"])
+    assert target == ["--module", "pkg.mod", "--", "x"]
+    head, target = launcher_command([str(s)])
+    assert head[0] == sys.executable and target == ["--script", str(s), "--"]
+    for bad in ([], ["ls"], ["python"], ["python", "-m"], ["python", str(tmp_path / "no.py")]):
+        with pytest.raises(ConfigError):
+            launcher_command(bad)

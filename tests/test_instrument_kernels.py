@@ -1,0 +1,165 @@
+"""Flop kernels against their slow pure-Python references, bit for bit."""
+
+import numba
+import numpy as np
+import pytest
+import torch
+
+torch.set_num_threads(1)
+numba.set_num_threads(1)  # parallel regions stall on a loaded 2-core CI box
+
+import numvar.rounding as R
+from numvar.instrument import fuzzy
+from numvar.instrument import kernels as KN
+from numvar.rounding import kernels as RK
+
+MODES = ("ieee", "sr", "ud", "random")
+
+
+def _weird(rng, shape, dt):
+    """Normal values with scattered huge/tiny/subnormal magnitudes, zeros and ones, so that
+    the fast paths' rejects (full path) are exercised too."""
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-150, 125, shape) * (rng.random(shape) < 0.3))
+    x[rng.random(shape) < 0.1] = 0.0
+    x[rng.random(shape) < 0.05] = 1.0
+    x[rng.random(shape) < 0.05] = -0.0
+    return x.astype(dt)
+
+
+def _same(a, b):
+    return np.array_equal(a, b, equal_nan=True) and np.array_equal(np.signbit(a), np.signbit(b))
+
+
+def test_inline_hash_is_the_rounding_core_hash():
+    keys = [0, 1, 2**63 + 5, 2**64 - 1, 0x1234_5678_9ABC_DEF0]
+    for key in keys:
+        for j in (0, 1, 7, 2**40 + 3):
+            want = R.bits(key, j)
+            assert int(RK.bits64(np.uint64(key), np.uint64(j))) == want
+            # the kernels' inline copy, called through a tiny njit wrapper
+            assert int(_inline_bits(np.uint64(key), np.uint64(j))) == want
+
+
+from numba import njit  # noqa: E402
+
+
+@njit
+def _inline_bits(k, j):
+    return KN._bits(k, j)
+
+
+@pytest.mark.parametrize("dt,ts", [(np.float32, (24, 11)), (np.float64, (53, 20))])
+def test_contract_matches_reference(dt, ts):
+    rng = np.random.default_rng(1)
+    for t in ts:
+        for shapes in (((2, 3, 7), (1, 7, 5)), ((1, 2, 4), (3, 4, 6)), ((2, 2, 3), (4, 3, 2))):
+            a, b = _weird(rng, shapes[0], dt), _weird(rng, shapes[1], dt)
+            for m in MODES:
+                code = RK.mode_code(m)
+                out = KN.contract(a, b, 987654321, code, t)
+                ref = KN.contract_reference(a, b, 987654321, code, t)
+                assert out.dtype == dt and _same(out, ref), (dt, t, m, shapes)
+
+
+def test_contract_tiles_match_reference():
+    # N above the tile width: tiles are split over columns
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((1, 2, 3)).astype(np.float32)
+    b = rng.standard_normal((1, 3, KN.TILE + 9)).astype(np.float32)
+    for m in ("sr", "ud"):
+        code = RK.mode_code(m)
+        assert _same(KN.contract(a, b, 5, code, 24), KN.contract_reference(a, b, 5, code, 24))
+
+
+@pytest.mark.parametrize("dt,t", [(np.float32, 24), (np.float32, 9), (np.float64, 53)])
+def test_scan_matches_reference(dt, t):
+    rng = np.random.default_rng(3)
+    x = _weird(rng, (9, 6), dt)
+    for m in MODES:
+        code = RK.mode_code(m)
+        for mul in (False, True):
+            for cum in (False, True):
+                out = KN.scan(x, 77, code, t, mul=mul, cumulative=cum)
+                ref = KN.scan_reference(x, 77, code, t, mul=mul, cumulative=cum)
+                assert _same(out, ref), (m, mul, cum)
+
+
+def test_ieee_contract_is_sequential_round_to_nearest():
+    # ieee: each product and add rounded to nearest in binary32, k in increasing order
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((1, 3, 17)).astype(np.float32)
+    b = rng.standard_normal((1, 17, 4)).astype(np.float32)
+    out = KN.contract(a, b, 1, RK.MODE_IEEE, 24)
+    for i in range(3):
+        for j in range(4):
+            acc = np.float32(a[0, i, 0] * b[0, 0, j])
+            for k in range(1, 17):
+                acc = np.float32(acc + np.float32(a[0, i, k] * b[0, k, j]))
+            assert out[0, i, j] == acc
+
+
+def test_mm_through_the_mode_matches_reference():
+    rng = np.random.default_rng(5)
+    a = torch.from_numpy(rng.standard_normal((4, 9)).astype(np.float32))
+    b = torch.from_numpy(rng.standard_normal((9, 6)).astype(np.float32))
+    for m in MODES:
+        with fuzzy(mode=m, seed=11):
+            y = torch.mm(a, b)
+        key = R.Stream(11).next_key()  # the first key of the block's stream
+        ref = KN.contract_reference(a.numpy()[None], b.numpy()[None], key, RK.mode_code(m), 24)[0]
+        assert _same(y.numpy(), ref), m
+
+
+def _conv2d_reference(x, w, stride, padding, dilation, groups, key, code, t):
+    """Direct convolution loops, independent of im2col: per output element the terms
+    (input channel of the group, kernel row, kernel column) in that order, zero-padding
+    positions included; term q = ((g·M + i)·K + k)·(N·L) + n·L + l."""
+    n_, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    og = o // groups
+    oh = (h + 2 * padding - dilation * (kh - 1) - 1) // stride + 1
+    ow = (wd + 2 * padding - dilation * (kw - 1) - 1) // stride + 1
+    L = oh * ow
+    K = cg * kh * kw
+    out = np.empty((n_, o, oh, ow), dtype=x.dtype)
+    mul, add = RK.mul_f32, RK.add_f32
+    for n in range(n_):
+        for g in range(groups):
+            for i in range(og):
+                for y in range(oh):
+                    for z in range(ow):
+                        l_ = y * ow + z
+                        acc = None
+                        k = 0
+                        for ci in range(cg):
+                            for u in range(kh):
+                                for v in range(kw):
+                                    yy = y * stride - padding + u * dilation
+                                    zz = z * stride - padding + v * dilation
+                                    inside = 0 <= yy < h and 0 <= zz < wd
+                                    xv = x[n, g * cg + ci, yy, zz] if inside else np.float32(0)
+                                    q = ((g * og + i) * K + k) * (n_ * L) + n * L + l_
+                                    r = int(RK.bits64(np.uint64(key), np.uint64(q)))
+                                    r2 = ((r << 29) | (r >> 35)) & (2**64 - 1)
+                                    p = mul(w[g * og + i, ci, u, v], xv, code, t, np.uint64(r))
+                                    acc = p if k == 0 else add(acc, p, code, t, np.uint64(r2))
+                                    k += 1
+                        out[n, g * og + i, y, z] = acc
+    return out
+
+
+@pytest.mark.parametrize("stride,padding,dilation,groups", [(1, 1, 1, 1), (2, 1, 2, 2)])
+def test_conv2d_through_the_mode_matches_direct_reference(stride, padding, dilation, groups):
+    rng = np.random.default_rng(6)
+    x = torch.from_numpy(rng.standard_normal((2, 4, 6, 5)).astype(np.float32))
+    w = torch.from_numpy(rng.standard_normal((4, 4 // groups, 3, 2)).astype(np.float32))
+    bias = torch.from_numpy(rng.standard_normal(4).astype(np.float32))
+    for m in ("sr", "ud", "random"):
+        with fuzzy(mode=m, seed=3):
+            y = torch.nn.functional.conv2d(x, w, bias, stride, padding, dilation, groups)
+        s = R.Stream(3)
+        key = s.next_key()
+        ref = _conv2d_reference(x.numpy(), w.numpy(), stride, padding, dilation, groups, key,
+                                RK.mode_code(m), 24)
+        ref = R.add(torch.from_numpy(ref), bias.view(1, 4, 1, 1), mode=m, stream=s)  # bias add
+        assert _same(y.numpy(), ref.numpy()), m

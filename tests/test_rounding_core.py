@@ -1,0 +1,189 @@
+"""Bit-for-bit agreement of the numba path, the torch path and the exact Fraction
+reference; IEEE mode against torch's own arithmetic; the random bits in three
+implementations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import numvar.rounding as R
+from numvar.rounding import _torch as RT
+from numvar.rounding import kernels as K
+from numvar.rounding.reference import ref_op
+
+MODES = R.MODES
+FULL = {torch.float32: 24, torch.float64: 53, torch.bfloat16: 8, torch.float16: 11}
+FMT = {torch.float32: "binary32", torch.float64: "binary64", torch.bfloat16: "bfloat16",
+       torch.float16: "binary16"}
+INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
+       torch.float16: torch.int16}
+
+
+def special_values(dtype: torch.dtype, n_random: int, seed: int) -> torch.Tensor:
+    """Values of ``dtype``: random magnitudes over the whole range, neighbours of powers
+    of two, subnormals, extremes, zeros, inf, nan."""
+    fi = torch.finfo(dtype)
+    rng = np.random.default_rng(seed)
+    emin, emax = R.FORMATS[dtype].emin, R.FORMATS[dtype].emax
+    mant = rng.uniform(1.0, 2.0, n_random)
+    expo = rng.integers(emin - 3, emax + 1, n_random)
+    sign = rng.choice([-1.0, 1.0], n_random)
+    vals = list(sign * np.ldexp(mant, expo))
+    for e in (0, 1, -1, 10, emin, emin + 1, emax):
+        vals += [2.0 ** e, -(2.0 ** e)]
+    vals += [fi.max, -fi.max, fi.tiny, fi.smallest_normal * 0.5, 1.0 + fi.eps, 1.0 - fi.eps / 2,
+             3.0, 0.1, -0.1, 1 / 3, 0.0, -0.0, math.inf, -math.inf, math.nan]
+    x = torch.tensor(vals, dtype=torch.float64).to(dtype)
+    # neighbours of powers of two and of 1.0 as exact dtype values
+    ones = torch.tensor([1.0, 2.0 ** (emin + 1), 2.0 ** (emax - 1)], dtype=torch.float64).to(dtype)
+    x = torch.cat([x, torch.nextafter(ones, torch.zeros_like(ones)),
+                   torch.nextafter(ones, torch.full_like(ones, math.inf))])
+    return x
+
+
+def operands(dtype: torch.dtype, n: int, seed: int) -> list[torch.Tensor]:
+    """Three operand vectors whose pairs cover the special values."""
+    base = special_values(dtype, n, seed)
+    g = np.random.default_rng(seed + 1)
+    idx = [torch.as_tensor(g.permutation(len(base))) for _ in range(3)]
+    out = [base[i] for i in idx]
+    # add exact-result pairs: b = a, b = -a, b = 2a
+    a = base
+    out = [torch.cat([o, a, a, a]) for o in out]
+    out[1][-3 * len(a):] = torch.cat([a, -a, a * 2])
+    return out
+
+
+def run(op: str, xs, dtype, mode, t, backend, seed=7):
+    s = R.Stream(seed)
+    if op == "round":
+        hi = xs[0].to(torch.float64) * 1.0000001 if dtype != torch.float64 else xs[0].double()
+        lo = xs[1].double() * 2.0 ** -60
+        return R.round(hi, lo, dtype=dtype, mode=mode, stream=s, precision=t, backend=backend)
+    fn = getattr(R, op)
+    k = 1 if op == "sqrt" else 3 if op == "fma" else 2
+    return fn(*xs[:k], mode=mode, stream=s, precision=t, backend=backend)
+
+
+OPS = ("add", "sub", "mul", "div", "sqrt", "fma", "round")
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Identical bit patterns, except that any NaN equals any NaN (payloads differ)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    na, nb = torch.isnan(a), torch.isnan(b)
+    ia, ib = a.view(INT[a.dtype]), b.view(INT[b.dtype])
+    return torch.equal(na, nb) and torch.equal(ia[~na], ib[~nb])
+
+
+SMALL_T = {torch.float32: 3, torch.float64: 20, torch.bfloat16: 1, torch.float16: 6}
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_numba_equals_torch_bitwise(dtype):
+    xs = operands(dtype, 300, 1)
+    for op in OPS:
+        for mode in MODES:
+            for t in (FULL[dtype], SMALL_T[dtype]):
+                a = run(op, xs, dtype, mode, t, "numba")
+                b = run(op, xs, dtype, mode, t, "torch")
+                assert same_bits(a, b), (op, mode, t, torch.nonzero((a != b) & ~(a.isnan() & b.isnan())))
+
+
+def test_bits_three_implementations():
+    for key in (0, 1, 2 ** 63 + 12345, 2 ** 64 - 1, R.Stream(3).next_key()):
+        n = 1000
+        py = [R.bits(key, j) for j in range(n)]
+        nb = [int(K.bits64(np.uint64(key), np.uint64(j))) for j in range(n)]
+        th = [int(v) & (2 ** 64 - 1) for v in RT.bits_tensor(key, n, "cpu").tolist()]
+        assert py == nb == th
+    # uniformity sanity: top bits of 4096 draws, each bit set with probability 1/2;
+    # 4096 draws: std 32, so |count - 2048| < 6 std = 192 fails with prob < 1e-8.
+    v = [R.bits(99, j) for j in range(4096)]
+    for b in (0, 11, 35, 63):
+        c = sum((x >> b) & 1 for x in v)
+        assert abs(c - 2048) < 192
+
+
+def test_stream_reproducible_and_distinct():
+    s1, s2, s3 = R.Stream(5), R.Stream(5), R.Stream(6)
+    k1 = [s1.next_key() for _ in range(5)]
+    assert k1 == [s2.next_key() for _ in range(5)]
+    assert len(set(k1)) == 5 and not set(k1) & {s3.next_key() for _ in range(5)}
+    state = torch.random.get_rng_state()
+    R.add(torch.ones(10), torch.ones(10) * 1e-9, stream=s1)
+    R.add(torch.ones(10), torch.ones(10) * 1e-9, stream=s1, backend="torch")
+    assert torch.equal(state, torch.random.get_rng_state())
+    assert s1.counter == 7
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_numba_equals_fraction_reference(dtype):
+    xs = operands(dtype, 60, 2)
+    fmt = FMT[dtype]
+    for op in OPS:
+        k = 1 if op == "sqrt" else 3 if op == "fma" else 2
+        args = [x.double() for x in xs[:k]]
+        if op == "round":
+            args = [xs[0].double() * 1.0000001 if dtype != torch.float64 else xs[0].double(),
+                    xs[1].double() * 2.0 ** -60]
+        for mode in MODES:
+            for t in (FULL[dtype], 5):
+                got = run(op, xs, dtype, mode, t, "numba").double().tolist()
+                key = R.Stream(7).next_key()
+                cols = [a.tolist() for a in args]
+                for j in range(len(got)):
+                    vals = tuple(c[j] for c in cols)
+                    ieee = _ieee64(op, vals)
+                    want = ref_op(op, vals, fmt, t, K.mode_code(mode), key, j, ieee)
+                    assert _same(got[j], want), (op, mode, t, vals, got[j], want)
+
+
+def _ieee64(op, v):
+    try:
+        if op in ("add", "round"):
+            return v[0] + v[1]
+        if op == "sub":
+            return v[0] - v[1]
+        if op == "mul":
+            return v[0] * v[1]
+        if op == "div":
+            return float(torch.tensor(v[0], dtype=torch.float64) / v[1])
+        if op == "fma":
+            return v[0] * v[1] + v[2]
+        if op == "sqrt":
+            return math.sqrt(v[0]) if v[0] >= 0 else math.nan
+    except (OverflowError, ValueError):
+        pass
+    return float(torch.tensor(v[0], dtype=torch.float64) * v[1]) if op == "mul" else math.nan
+
+
+def _same(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b and math.copysign(1, a) == math.copysign(1, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_ieee_equals_torch(dtype, backend):
+    a, b, c = operands(dtype, 300, 3)
+    s = R.Stream(0)
+    kw = dict(mode="ieee", stream=s, backend=backend)
+    assert same_bits(R.add(a, b, **kw), a + b)
+    assert same_bits(R.sub(a, b, **kw), a - b)
+    assert same_bits(R.mul(a, b, **kw), a * b)
+    assert same_bits(R.div(a, b, **kw), a / b)
+    # torch's own CPU sqrt is not correctly rounded (SLEEF, ~1% of inputs one ulp off,
+    # e.g. sqrt(2.0) in float64): compare with numpy's hardware sqrt instead.
+    with np.errstate(invalid="ignore"):
+        want = torch.from_numpy(np.sqrt(a.numpy()))
+    assert same_bits(R.sqrt(a, **kw), want)
+    x = a.double() * b.double() + 1e-3 * c.double()
+    assert same_bits(R.round(x, dtype=torch.float32, **kw), x.float())
