@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import Trained, batches, cache_dir, load_or_train_impl, seeded
+from ._common import Trained, capture, batches, cache_dir, load_or_train_impl, seeded
 
 NAME = "brain"
 TRAIN_VERSION = 1
@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None, config: BrainConfig | None = None) -> in
     pred = infer(trained.model, data.inputs).argmax(1)
     d = dice(pred, data.targets)
     v = volumes(pred, data.voxel_ml)
+    capture("segmentation", pred)     # label maps for `numvar report --task segmentation`
     print(f"slices {len(data)}")
     for k in ("gm", "wm", "mean"):
         print(f"dice_{k} {d[k]:.6f}")

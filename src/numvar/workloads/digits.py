@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import Trained, batches, load_or_train_impl, seeded
+from ._common import Trained, capture, batches, load_or_train_impl, seeded
 
 NAME = "digits"
 TRAIN_VERSION = 1
@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None, config: DigitsConfig | None = None) -> i
     data = load_data("test", trained.config).subset(args.limit)
     logits = infer(trained.model, data.inputs)
     m = metrics_from_logits(logits, data.targets)
+    capture("logits", logits)         # for flips under `numvar run` (no-op otherwise)
+    capture("targets", data.targets)
     print(f"images {len(data)}")
     print(f"accuracy {m['accuracy']:.6f}")
     print(f"loss {m['loss']:.9g}")

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import Trained, batches, load_or_train_impl, seeded
+from ._common import Trained, capture, batches, load_or_train_impl, seeded
 
 NAME = "speech"
 TRAIN_VERSION = 1
@@ -249,6 +249,8 @@ def main(argv: list[str] | None = None, config: SpeechConfig | None = None) -> i
     data = load_data("test", trained.config).subset(args.limit)
     logits = infer(trained.model, data.inputs)
     m = metrics_from_logits(logits, data.targets)
+    capture("logits", logits)         # for flips under `numvar run` (no-op otherwise)
+    capture("targets", data.targets)
     print(f"signals {len(data)}")
     print(f"accuracy {m['accuracy']:.6f}")
     print(f"loss {m['loss']:.9g}")
