@@ -3,8 +3,8 @@
     PYTHONPATH=src python benchmarks/bench_rounding.py [--n 10000000] [--repeat 5]
 
 Prints elements/s of SR, UD, random and ieee rounding of n float64 values to binary32
-and to binary64 (the latter via fma(x, 1, lo)), numba and torch backends, and the ratio
-of each time to the plain cast ``x.to(float32, out=...)``; best of ``repeat`` runs.
+(round), of binary32 and binary64 additions, numba backend (``--torch``: also the torch
+backend), and the ratio of each time to a plain cast; best of ``repeat`` runs.
 """
 
 from __future__ import annotations
@@ -41,10 +41,17 @@ def main() -> None:
     out32 = torch.empty(n, dtype=torch.float32)
     s = R.Stream(0)
     print(f"n = {n:.0e}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    t_cast = best(lambda: torch.Tensor.to(x, torch.float32) if False else out32.copy_(x), args.repeat)
-    t_add = best(lambda: torch.add(x32, y32, out=out32), args.repeat)
-    print(f"{'plain float64->float32 cast':44s} {n / t_cast / 1e6:8.0f} M/s   1.00x")
-    print(f"{'plain float32 add (torch)':44s} {n / t_add / 1e6:8.0f} M/s   {t_add / t_cast:5.2f}x")
+    t_cast = best(lambda: out32.copy_(x), args.repeat)
+    t_new = best(lambda: x.to(torch.float32), args.repeat)
+    t_add = best(lambda: torch.add(x32, y32), args.repeat)
+    print("ratios: time / plain cast into a preallocated tensor (first column) and / plain")
+    print("cast into a new tensor (second column; numvar's ops return new tensors)")
+    print(f"{'plain float64->float32 cast, preallocated':44s} {n / t_cast / 1e6:8.0f} M/s "
+          f"{1.0:6.2f}x {t_cast / t_new:6.2f}x")
+    print(f"{'plain float64->float32 cast, new tensor':44s} {n / t_new / 1e6:8.0f} M/s "
+          f"{t_new / t_cast:6.2f}x {1.0:6.2f}x")
+    print(f"{'plain float32 add (torch), new tensor':44s} {n / t_add / 1e6:8.0f} M/s "
+          f"{t_add / t_cast:6.2f}x {t_add / t_new:6.2f}x")
     backends = ["numba"] + (["torch"] if args.torch else [])
     for backend in backends:
         for mode in ("sr", "ud", "random", "ieee"):
@@ -58,7 +65,7 @@ def main() -> None:
             ]
             for name, fn in cases:
                 t = best(fn, args.repeat if backend == "numba" else 1)
-                print(f"{name:44s} {n / t / 1e6:8.0f} M/s {t / t_cast:6.2f}x")
+                print(f"{name:44s} {n / t / 1e6:8.0f} M/s {t / t_cast:6.2f}x {t / t_new:6.2f}x")
 
 
 if __name__ == "__main__":

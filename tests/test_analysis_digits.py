@@ -59,6 +59,14 @@ def test_std_sem_closed_form():
     # the mean |x|: mean of mu_j (=1.5) plus the mean of M·R noise terms / M (sd σ/√(RM))
     assert abs(e["mean_abs"] - 1.5) <= 6 * sigma / math.sqrt(R * M) + 1e-5
     assert e["varying_elements"] == M and e["shape"] == [M]
+    # the other per-capture numbers against direct float64 computations (6 significant
+    # figures in the JSON: relative 5e-6)
+    xs = x.numpy()
+    s = xs.std(axis=0, ddof=1)
+    assert e["std_max"] == pytest.approx(s.max(), rel=5e-6)
+    assert e["rel_std"] == pytest.approx(np.median(s / np.abs(xs.mean(axis=0))), rel=5e-6)
+    assert e["mean"] == pytest.approx(xs.mean(), rel=5e-6)
+    assert e["max_abs_dev_ref"] == pytest.approx(np.abs(xs - mu[None]).max(), rel=5e-6)
 
 
 def test_std_sem_exact_scalar():
@@ -211,7 +219,7 @@ def test_minimum_trials_and_errors():
         analyze(samples_of({"y": torch.ones(1, 2)}))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)  # fixed examples
 @given(st.integers(2, 12), st.integers(1, 6), st.integers(-30, 30), st.integers(0, 2 ** 31),
        st.sampled_from(["cnh", "general"]), st.sampled_from([2, 10]))
 def test_digits_invariants(R, M, k, seed, method, basis):

@@ -127,6 +127,17 @@ def test_identical_layers_closed_form(gain, c, d, E0):
     assert close(m(float(E0)), E, 1e-12)
 
 
+@pytest.mark.parametrize("gain", [1 + 2.0 ** -40, 1 - 2.0 ** -40, 1 + 2.0 ** -20, 0.5, 1.5])
+def test_identical_layers_near_one(gain):
+    """gain^d - 1 without cancellation: relative 1e-12 of the exact geometric sum even
+    when gain is within 2^-40 of 1 (the naive (gain^d - 1)/(gain - 1) loses ~6 digits)."""
+    d, c, E0 = 1000, 0.75, 0.5
+    g = Fr(gain)
+    gd = g ** d
+    exact = gd * Fr(E0) + Fr(c) * (gd - 1) / (g - 1)      # exact geometric sum
+    assert close(B.identical_layers(gain, c, d, E0), exact, 1e-12)
+
+
 def test_precisions():
     assert B.get_precision("fp32").uacc == 2.0 ** -24 and not B.get_precision("fp32").mixed
     p = B.get_precision("bf16-mixed")

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from numvar import _io
@@ -19,6 +20,9 @@ def bad():
 
 def notmodel():
     return 3
+
+def boom():
+    raise RuntimeError("user code failed")
 """
 
 
@@ -71,3 +75,61 @@ def test_errors_exit_2(tmp_path, capsys):
     assert "--input-shape" in capsys.readouterr().err
     assert main(["bounds", f"{f}:notmodel", "--input-shape", "1,4"]) == 2
     assert "not a torch.nn.Module" in capsys.readouterr().err
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
+    """Every user mistake is one line naming the culprit, exit status 2, no traceback."""
+    f = _model(tmp_path)
+    two = tmp_path / "two.safetensors"
+    _io.save_tensors(two, {"x": torch.rand(1, 1, 8, 8), "y": torch.rand(1, 1, 8, 8)})
+    cases = [
+        ([f"{f}:boom", "--input-shape", "1,1,8,8"], "RuntimeError: user code failed"),
+        ([f"{f}:build", "--input-shape", "1,1,5"], "layer '0' (Conv2d) fails on an input of "
+                                                   "shape (1, 1, 5)"),
+        ([f"{f}:build", "--input-shape", "1,2,8,8"], "layer '0' (Conv2d)"),
+        ([f"{f}:build", "--input-shape", "1,1,8,8", "--plot", str(tmp_path)],
+         f"--plot {tmp_path}: cannot write"),
+        ([f"{f}:build", "--input-shape", "1,1,8,8", "--input-bound", "nan"], "--input-bound"),
+        ([f"{f}:build", "--input-shape", "1,1,8,8", "--input-bound", "-1"], "--input-bound"),
+        ([f"{f}:build", "--input-shape", "1,1,8,8", "--run", str(tmp_path / "none")],
+         f"no run directory at {tmp_path / 'none'}"),
+        ([f"{f}:build", "--input-shape", "1,1,8,8", "--run", str(f)], "no run directory"),
+        ([f"{f}:build", "--input", str(f)], "corrupt tensor file"),
+        ([f"{f}:build", "--input", str(two)], "holds 2 tensors"),
+        ([f"{f}:build", "--input", str(two), "--input-key", "z"], "no tensor named 'z'"),
+    ]
+    for argv, want in cases:
+        assert main(["bounds", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert want in err and "Traceback" not in err, (argv, err)
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+
+
+def test_run_of_another_model_is_left_out(tmp_path, capsys, caplog):
+    """Captures whose shape does not fit the layer (beyond the batch size) are not
+    reported as that layer's SR std."""
+    from numvar.runner.store import RunStore
+
+    f = _model(tmp_path)
+    store = RunStore.create(tmp_path / "run", config={}, seeds=[0, 1])
+    for i in range(2):
+        store.save_realization(i, {"layers/0#0": torch.full((3, 4, 6, 6), float(i)),  # batch 3
+                                   "layers/4#0": torch.full((3, 7), float(i)),      # not (., 10)
+                                   "output": torch.full((3, 7), float(i))})
+    rc = main(["bounds", f"{f}:build", "--input-shape", "1,1,8,8", "--run",
+               str(tmp_path / "run"), "--format", "json"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["layers"][0]["sr_std"] == pytest.approx(0.5 ** 0.5)
+    assert d["layers"][0]["shape"] == [1, 4, 6, 6]
+    assert d["layers"][3]["sr_std"] is None and d["final"]["sr_std"] is None
+    assert "capture layers/4#0 has shape (3, 7), layer 4 outputs (1, 10)" in caplog.text
+
+
+def test_input_key_picks_a_tensor(tmp_path, capsys):
+    f = _model(tmp_path)
+    _io.save_tensors(tmp_path / "two.safetensors", {"a": torch.rand(1, 1, 8, 8),
+                                                    "b": torch.full((1, 1, 8, 8), 3.0)})
+    rc = main(["bounds", f"{f}:build", "--input", str(tmp_path / "two.safetensors"),
+               "--input-key", "b", "--format", "json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["input_bound"] == 3.0

@@ -297,7 +297,8 @@ def test_plot_and_json(tmp_path):
     assert set(d) == {"precision", "input_shape", "input_bound", "input_error",
                       "network_gain", "layers", "final"}
     assert set(d["layers"][0]) == {"index", "name", "kind", "fan_in", "w", "A", "gain",
-                                   "apriori", "data_dependent", "measured", "sr_std"}
+                                   "apriori", "data_dependent", "measured", "sr_std", "shape"}
+    assert d["layers"][0]["shape"] == [2, 6, 10, 10]
     assert d["final"]["ratio_apriori"] == pytest.approx(r.ratio_apriori)
 
 
@@ -360,3 +361,34 @@ def test_torchvision_style_resnet():
         assert row.data_dependent <= row.apriori * (1 + REL)
     with torch.no_grad():
         assert torch.equal(r.tensors["fp"], model.eval()(x))   # in-place ReLU did no harm
+
+
+class Halves(nn.Module):
+    def forward(self, x):
+        return x[:, :64] + x[:, 64:]
+
+
+@pytest.mark.parametrize("layer,shape", [
+    (nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), (4, 3, 17, 17)),
+    (nn.AvgPool2d(2, divisor_override=3), (4, 3, 16, 16)),         # s = 4/3 > 1
+    (nn.AdaptiveAvgPool2d((3, 2)), (4, 3, 17, 11)),                 # uneven windows
+    (nn.AvgPool1d(3, ceil_mode=True), (4, 3, 50)),
+    (Halves(), (256, 128)),
+])
+def test_pool_and_add_alone_sound_and_not_vacuous(layer, shape):
+    """One average pool or add on an exact input (E = 0): every element within its
+    per-element bound of float64 (float64's own bound added), the a-priori bound above
+    all of them, and real rounding errors present, so a budget without its rounding term
+    (only the inherited error, here 0) fails. The add reaches most of its budget u·|x+y|
+    (round to nearest: up to u/(1+u))."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+    r = network_bounds(layer, x, keep_tensors=True)
+    r64 = network_bounds(layer, x, precision="fp64", keep_tensors=True)
+    err = (r.tensors["fp"].double() - r.tensors["ref"]).abs()
+    assert (err <= r.tensors["dd"] + r64.tensors["dd"]).all()
+    assert r.output_data_dependent <= r.output_apriori * (1 + REL)
+    assert float(err.max()) > 0
+    ratio = float((err / r.tensors["dd"]).max())
+    print(f"{type(layer).__name__}: max error / bound {ratio:.3f}")
+    if isinstance(layer, Halves):
+        assert ratio > 0.9

@@ -14,6 +14,7 @@ import math
 from fractions import Fraction as Fr
 
 import numpy as np
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -230,3 +231,80 @@ def test_bounds_are_nearly_attained():
                     worst = max(worst, ratio)
             print(f"{prec} n={n}: max error/bound {worst:.3f}")
             assert worst >= threshold[(prec, n)]
+
+
+def test_batchnorm_sound_and_needs_seven_roundings():
+    """Inference-mode batch norm (budgets.batchnorm_budget, and the network's per-element
+    and a-priori bounds) against float64 with its own error accounted, on data chosen to
+    make the budget's every term necessary:
+
+    - inputs x = -μ·(1+j·2^-23) (the μ·α and x·α errors add up), random inputs, and x = 0
+      with β = fp32(μ·a) so that the folded constant c = β - μ·a nearly cancels;
+    - an inherited error e = ±E aligned with sign(a) on some rows.
+
+    Float64's own error: each term passes through at most 8 roundings of 2^-53 (the seven
+    of the derivation and x̂ - e), so |ref64 - exact| <= γ_8(2^-53)·scale < 2^-49·scale,
+    scale = |a|(|x̂|+E) + |μa| + |β|, and that slack is added to every bound below.
+
+    Teeth: the largest observed error reaches more than 3u·scale (3.33u with these seeds),
+    so a budget counting 3 roundings or fewer fails; at x = 0 the error exceeds
+    γ_2·|c| + ..., so a budget through |c| (the folded constant) fails; rows with e aligned
+    exceed γ_7·scale, so a budget without |a|·E fails.
+    """
+    from numvar.bounds import budgets as B
+
+    u = B.U_FP32
+    g = torch.Generator().manual_seed(1)
+    C, eps = 1 << 14, 1e-5
+    bn = nn.BatchNorm1d(C, eps=eps)
+    sign = torch.where(torch.rand(C, generator=g) < 0.5, -1.0, 1.0)
+    mu = (torch.rand(C, generator=g) + 1) * sign
+    with torch.no_grad():
+        bn.running_mean.copy_(mu)
+        bn.running_var.copy_(torch.rand(C, generator=g) * 4 + 0.01)
+        bn.weight.copy_((torch.rand(C, generator=g) * 2 + 0.5) * torch.where(
+            torch.rand(C, generator=g) < 0.5, -1.0, 1.0))
+        bn.bias.zero_()
+        bn.bias[C // 2:] = (mu.double() * bn.weight.double() / torch.sqrt(
+            bn.running_var.double() + eps)).float()[C // 2:]       # c ≈ 0 on these channels
+    a = bn.weight.detach().double() / torch.sqrt(bn.running_var.double() + eps)  # rel. err < 2^-51
+    beta = bn.bias.detach().double()
+    mua = mu.double() * a
+    rows = [-mu * (1 + j * 2.0 ** -23) for j in range(-3, 4)]
+    rows += [torch.zeros(C), (torch.rand(C, generator=g) * 8 - 4)]
+    xhat = torch.stack(rows).float()
+    for E in (0.0, 2.0 ** -10):
+        Ax = float(xhat.abs().max()) + E                # >= |exact input| = |x̂ - e|
+        e = torch.zeros(xhat.shape, dtype=torch.float64)
+        if E:
+            e[-2:] = -E * torch.sign(a)            # exact input x = x̂ - e: a·e = -|a|E
+        res = network_bounds(bn, xhat, input_bound=Ax, input_error=E, keep_tensors=True)
+        (row,) = res.layers
+        fp = res.tensors["fp"].double()
+        with torch.no_grad():
+            exact = F.batch_norm(xhat.double() - e, mu.double(), bn.running_var.double(),
+                                 bn.weight.double(), beta, False, 0.0, eps)
+        scale = a.abs() * (xhat.double().abs() + E) + mua.abs() + beta.abs()
+        slack = 2.0 ** -49 * scale
+        err = (fp - exact).abs()
+        budget = torch.tensor([B.batchnorm_budget(float(ai), float(mi), float(bi), Ax, E)
+                               for ai, mi, bi in zip(a.tolist(), mua.tolist(), beta.tolist())])
+        # sound: per element (the network's data-dependent bound, which is the budget at
+        # |x̂|), per channel at the bounds A, E (the scalar budget), and a-priori
+        assert (err <= res.tensors["dd"] + slack).all()
+        assert (err <= budget[None] + slack).all()
+        assert float(err.max()) <= row.apriori and row.data_dependent <= row.apriori
+        g7 = B.gamma(u, 7)
+        assert row.apriori == pytest.approx(float(a.abs().max()) * (1 + g7) * E + float(
+            (g7 * (a.abs() * Ax + mua.abs() + beta.abs())).max()), rel=1e-12)
+        rel = (err - slack) / scale
+        if E == 0:
+            worst = float(rel.max()) / u
+            print(f"batch norm: worst error {worst:.3f}·u·scale (budget γ_7 ≈ 7u)")
+            assert worst * u > B.gamma(u, 3)           # 3 roundings or fewer: unsound
+            c = (beta - mua).abs()
+            folded = B.gamma(u, 2) * (a.abs() * xhat.double().abs() + c)
+            assert (err[7] > folded[7] + slack[7]).any()       # x = 0: |c| is not enough
+        else:
+            aligned = err[-2:] - slack[-2:]
+            assert (aligned > B.gamma(u, 7) * scale[-2:]).all()  # only |a|·E covers this

@@ -163,3 +163,12 @@ def test_modules_restrict_forward_and_backward(with_model):
     assert torch.equal(seen[0], h)  # a.0 and a.1 ran natively
     assert torch.equal(yb2, yb0) and not torch.equal(ya2, ya0)  # a.2 perturbed
     assert ctx2.matched_modules == {"a.2"}
+
+
+def test_nested_blocks_are_refused():
+    with fuzzy(mode="sr"):
+        with pytest.raises(ConfigError, match="nested"):
+            with fuzzy(mode="ud"):
+                pass
+    with fuzzy(mode="ud"):  # usable again after the refusal
+        pass

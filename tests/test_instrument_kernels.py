@@ -26,8 +26,18 @@ def _weird(rng, shape, dt):
     return x.astype(dt)
 
 
+def _with_specials(rng, x):
+    x = x.copy()
+    x.flat[rng.integers(0, x.size, 2)] = np.inf
+    x.flat[rng.integers(0, x.size, 1)] = -np.inf
+    x.flat[rng.integers(0, x.size, 1)] = np.nan
+    return x
+
+
 def _same(a, b):
-    return np.array_equal(a, b, equal_nan=True) and np.array_equal(np.signbit(a), np.signbit(b))
+    """Bitwise equal up to the sign of NaNs (meaningless in IEEE 754); signed zeros count."""
+    num = ~np.isnan(a)
+    return np.array_equal(a, b, equal_nan=True) and np.array_equal(np.signbit(a)[num], np.signbit(b)[num])
 
 
 def test_inline_hash_is_the_rounding_core_hash():
@@ -59,6 +69,20 @@ def test_contract_matches_reference(dt, ts):
                 out = KN.contract(a, b, 987654321, code, t)
                 ref = KN.contract_reference(a, b, 987654321, code, t)
                 assert out.dtype == dt and _same(out, ref), (dt, t, m, shapes)
+
+
+def test_special_values_match_reference():
+    rng = np.random.default_rng(7)
+    for dt, t in ((np.float32, 24), (np.float64, 53)):
+        a = _with_specials(rng, _weird(rng, (1, 4, 6), dt))
+        b = _with_specials(rng, _weird(rng, (1, 6, 5), dt))
+        x = _with_specials(rng, _weird(rng, (8, 5), dt))
+        for m in MODES:
+            code = RK.mode_code(m)
+            out = KN.contract(a, b, 3, code, t)
+            assert _same(out, KN.contract_reference(a, b, 3, code, t)), (dt, m)
+            assert np.isnan(out).any() and np.isinf(out).any()
+            assert _same(KN.scan(x, 4, code, t), KN.scan_reference(x, 4, code, t))
 
 
 def test_contract_tiles_match_reference():
@@ -163,3 +187,26 @@ def test_conv2d_through_the_mode_matches_direct_reference(stride, padding, dilat
                                 RK.mode_code(m), 24)
         ref = R.add(torch.from_numpy(ref), bias.view(1, 4, 1, 1), mode=m, stream=s)  # bias add
         assert _same(y.numpy(), ref.numpy()), m
+
+
+def test_round32_is_the_rounding_core_round():
+    rng = np.random.default_rng(8)
+    h = _with_specials(rng, _weird(rng, (3000,), np.float64))
+    h[:50] = np.float32(h[:50])  # exact binary32 values
+    h[50:60] = 3.4028235677973366e38  # just above FLT_MAX (overflow boundary)
+    h[60:70] = 1.1754943508222875e-38  # 2^-126 (the UD boundary case)
+    for m in MODES:
+        got = KN.round32(h, 12345, RK.mode_code(m))
+        want = R.round(torch.from_numpy(h), dtype=torch.float32, mode=m, stream=_key_stream(12345))
+        assert _same(got, want.numpy()), m
+
+
+class _key_stream(R.Stream):
+    """A stream whose next key is the given one."""
+
+    def __init__(self, key):
+        super().__init__(0)
+        self._k = key
+
+    def next_key(self):
+        return self._k

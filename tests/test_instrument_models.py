@@ -119,3 +119,23 @@ def test_flop_encoder_report_covers_attention_and_norms():
     assert any("softmax" in n for n in dec)
     assert "aten.gelu.default" in rep.instrumented and "aten.gelu_backward.default" in rep.instrumented
     assert not any("flash" in n or "efficient" in n for n in rep.instrumented)
+
+
+def test_foreach_adam_is_instrumented_per_tensor():
+    res = {}
+    for foreach in (False, True):
+        torch.manual_seed(0)
+        m = nn.Linear(6, 3)
+        opt = torch.optim.Adam(m.parameters(), lr=0.1, foreach=foreach)
+        x = torch.randn(5, 6)
+        with fuzzy(mode="sr", seed=0) as fz:
+            for _ in range(2):
+                opt.zero_grad()
+                m(x).pow(2).sum().backward()
+                opt.step()
+        rep = fz.report()
+        assert not rep.native
+        res[foreach] = m.weight.detach().clone()
+    assert any(n.startswith("aten._foreach_addcdiv_") for n in rep.decomposed)
+    assert "aten.addcdiv.default" in rep.instrumented and "aten.lerp.Scalar" in rep.instrumented
+    assert torch.allclose(res[True], res[False], atol=1e-5)

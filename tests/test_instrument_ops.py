@@ -25,9 +25,12 @@ def under(mode, fn, *args, seed=0, granularity="flop", **kw):
 
 
 def bits_equal(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.contiguous().view(torch.int32 if a.dtype == torch.float32 else torch.int64),
-        b.contiguous().view(torch.int32 if b.dtype == torch.float32 else torch.int64))
+    """Bitwise equal, NaNs compared as NaNs (their sign and payload carry no meaning)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    na, nb = torch.isnan(a), torch.isnan(b)
+    it = torch.int32 if a.dtype == torch.float32 else torch.int64
+    return torch.equal(na, nb) and torch.equal(a.contiguous().view(it)[~na], b.contiguous().view(it)[~nb])
 
 
 def gen(*shape, seed=0, dtype=torch.float32):
@@ -387,19 +390,19 @@ def test_bfloat16_and_float16(granularity):
 def test_fallback_is_reported_and_warned_once(caplog):
     import numvar.instrument.mode as M
 
-    M._WARNED.discard("aten.embedding_dense_backward.default")
-    emb = torch.nn.Embedding(7, 3)
-    idx = torch.tensor([1, 2, 1, 5])
+    name = "aten.reflection_pad2d_backward.default"
+    M._WARNED.discard(name)
+    x = gen(1, 2, 5, 5, seed=24).requires_grad_()
     with caplog.at_level(logging.WARNING, logger="numvar.instrument"):
         with fuzzy(mode="sr", seed=0) as fz:
             for _ in range(2):
-                emb(idx).sum().backward()
-    msgs = [r for r in caplog.records if "embedding_dense_backward" in r.getMessage()]
+                F.pad(x, (2, 2, 2, 2), mode="reflect").sum().backward()
+    msgs = [r for r in caplog.records if "reflection_pad2d_backward" in r.getMessage()]
     assert len(msgs) == 1
     rep = fz.report()
-    assert rep.instrumented["aten.embedding_dense_backward.default"] == 2
-    assert "no flop handler" in rep.how["aten.embedding_dense_backward.default"]
-    assert "embedding_dense_backward" in str(rep)
+    assert rep.instrumented[name] == 2
+    assert "no flop handler" in rep.how[name]
+    assert "reflection_pad2d_backward" in str(rep)
 
 
 def test_op_kinds_select_whole_families():
@@ -414,3 +417,67 @@ def test_op_kinds_select_whole_families():
     assert "aten._softmax.default" in rep.decomposed and "aten.exp.default" in rep.instrumented
     with torch.no_grad():
         assert not torch.equal(y, F.softmax(lin(x), -1)) or True
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)])
+def test_avg_pool2d_flop(kw):
+    x = ints(2, 3, 7, 6, seed=22).requires_grad_()
+    xd = x.detach().double().requires_grad_()
+    yd = F.avg_pool2d(xd, **kw)
+    gd = torch.autograd.grad(yd, xd, torch.ones_like(yd))[0]
+    for mode in ("ieee", "sr"):
+        with fuzzy(mode=mode, seed=1) as fz:
+            y = F.avg_pool2d(x, **kw)
+            g = torch.autograd.grad(y, x, torch.ones_like(y))[0]
+        # integer window sums are exact; one rounding of the division: within one ulp
+        assert torch.allclose(y.double(), yd, rtol=2 * U32 * 2, atol=0)
+        assert torch.allclose(g.double(), gd, rtol=4 * U32 * 2, atol=0)
+        assert fz.report().how["aten.avg_pool2d.default"] == "flop"
+    # a sum of window elements: integers exact under random
+    y = under("random", lambda: F.avg_pool2d(x.detach(), **kw) * 1)
+    assert torch.allclose(y.double(), yd.detach(), rtol=4 * U32, atol=0)
+
+
+def test_embedding_backward_flop():
+    emb = torch.nn.Embedding(6, 4, padding_idx=0)
+    idx = torch.tensor([[1, 2, 1, 0, 3], [1, 5, 2, 2, 0]])
+    g = gen(2, 5, 4, seed=23)
+    for scale in (False, True):
+        emb.scale_grad_by_freq = scale
+        emb.zero_grad()
+        emb(idx).backward(g)
+        want = emb.weight.grad.clone()
+        emb.zero_grad()
+        with fuzzy(mode="ieee", seed=0) as fz:
+            emb(idx).backward(g)
+        assert fz.report().how["aten.embedding_dense_backward.default"] == "flop"
+        assert torch.allclose(emb.weight.grad, want, rtol=1e-6, atol=1e-7)
+        emb.zero_grad()
+        with fuzzy(mode="ud", seed=0):
+            emb(idx).backward(g)
+        assert not torch.equal(emb.weight.grad, want)
+        assert torch.equal(emb.weight.grad[0], torch.zeros(4))
+
+
+def test_short_paths_equal_the_rounding_core_api():
+    """Ctx's direct kernel calls give numvar.rounding's bits (same keys, same kernels)."""
+    import numvar.rounding as R
+    from numvar.instrument._core import Ctx
+
+    for dt in (torch.float32, torch.float64):
+        a, b = gen(7, 5, seed=25, dtype=dt), gen(5, seed=26, dtype=dt)
+        a[0, :] = torch.tensor([0.0, -0.0, float("inf"), float("nan"), 3e38], dtype=dt)
+        a[1, :] = torch.tensor([1e-39, -1e-40, 2.0 ** -126, 1.0, 1e30], dtype=dt)
+        hi = gen(7, 5, seed=27, dtype=torch.float64)
+        hi[0, :] = torch.tensor([0.0, float("-inf"), 3.5e38, 1e-40, 2.0 ** -126])
+        for mode in ("ieee", "sr", "ud", "random"):
+            for prec in (None, 9):
+                ctx = Ctx(mode, "flop", prec, R.Stream(8))
+                s = R.Stream(8)
+                kw = dict(mode=mode, stream=s, precision=prec)
+                assert bits_equal(ctx.add(a, b), R.add(a, b, **kw))
+                assert bits_equal(ctx.sub(a, 2.5), R.sub(a, torch.tensor(2.5, dtype=dt), **kw))
+                assert bits_equal(ctx.mul(a, b), R.mul(a, b, **kw))
+                assert bits_equal(ctx.div(b, a), R.div(b, a, **kw))
+                assert bits_equal(ctx.round(hi, dt), R.round(hi, dtype=dt, **kw))

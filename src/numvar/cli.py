@@ -100,142 +100,369 @@ def demo(
 
 
 # ---------------------------------------------------------------- rounding demos
+@demo_app.command("harmonic")
+def demo_harmonic(
+    n: int = typer.Option(10_000_000, "--n", help="Number of terms 1/k."),
+    samples: int = typer.Option(3, "--samples",
+                                help="Realizations (seeds seed..seed+samples-1) per random mode."),
+    seed: int = typer.Option(0, "--seed", help="First seed."),
+    precision: int = typer.Option(None, "--precision",
+                                  help="Virtual precision t in bits, 1..24 (default 24)."),
+) -> None:
+    """Sum 1/k for k = 1..n sequentially in binary32 under IEEE, SR, UD and random
+    rounding (every division and addition rounded) and print the result beside the
+    Fuzzy PyTorch paper's artifact figures (n = 10**7)."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .errors import ConfigError
+    from .workloads.harmonic import harmonic_table
+
+    if n < 1 or samples < 1:
+        raise ConfigError("--n and --samples must be >= 1")
+    if precision is not None and not 1 <= precision <= 24:
+        raise ConfigError(f"--precision must be in [1, 24], got {precision}")
+    with Progress(transient=True) as prog:
+        task = prog.add_task("summing", total=3 * samples)
+        rows = harmonic_table(n, samples, seed, precision, progress=lambda: prog.advance(task))
+    t = f", t = {precision} bits" if precision else ""
+    table = Table(title=f"Harmonic series, sum of 1/k for k = 1..{n:,} in binary32{t}")
+    table.add_column("computation")
+    table.add_column("numvar", justify="right")
+    table.add_column("± std", justify="right")
+    table.add_column("paper (n = 10^7)", justify="right")
+    names = {"ieee binary32": "IEEE binary32 (RN)", "ieee binary64": "IEEE binary64 (RN)",
+             "sr": "SR", "ud": "UD", "random": "random rounding"}
+    for r in rows:
+        paper = "" if r.paper is None or n != 10_000_000 else (
+            f"{r.paper[0]:.4f}" + (f" ± {r.paper[1]:.4f}" if r.paper[1] else "")
+            + (" (Verrou)" if r.label == "random" else ""))
+        table.add_row(names[r.label], f"{r.mean:.4f}",
+                      "" if r.std is None else f"{r.std:.4f}", paper)
+    Console().print(table)
+    Console().print("SR tracks the binary64 sum; round-to-nearest stagnates once 1/k < ulp/2; "
+                    "UD only perturbs the stagnated sum; random rounding drifts upwards.")
+
+
+@demo_app.command("rounding")
+def demo_rounding(
+    dtype: str = typer.Option("float32", "--dtype",
+                              help="Target: float32, float64, bfloat16 or float16."),
+    a: float = typer.Option(1.5, "--a", help="Grid point a; x = a + frac * ulp(a)."),
+    frac: str = typer.Option("1/4", "--frac", help="Position of x between a and b, e.g. 1/4."),
+    steps: int = typer.Option(16, "--steps", help="Length of the chain s += frac*ulp."),
+    draws: int = typer.Option(100_000, "--draws", help="Realizations per mode (>= 2)."),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """SR versus UD on one value: exact-rational mean and variance of one rounding of x and
+    of a chain of roundings, against the empirical moments over many draws."""
+    import json
+    from fractions import Fraction
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from .errors import ConfigError
+    from .rounding.diagnostic import run_diagnostic
+
+    dtypes = {"float32": torch.float32, "float64": torch.float64,
+              "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in dtypes:
+        raise ConfigError(f"--dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
+    try:
+        fr = Fraction(frac)
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(f"--frac must be a fraction such as 1/4, got {frac!r}") from None
+    if not 0 <= fr < 1:
+        raise ConfigError("--frac must lie in [0, 1)")
+    if steps < 0 or draws < 2:
+        raise ConfigError("--steps must be >= 0 and --draws >= 2")
+    res = run_diagnostic(dtypes[dtype], a, fr, steps, draws, seed)
+    if as_json:
+        typer.echo(json.dumps(res, indent=2))
+        return
+    con = Console()
+    for key, title in (("single", f"one rounding of x = a + {frac} ulp, a = {a} ({dtype})"),
+                       ("chain", f"chain s ← round(s + {frac} ulp), {steps} steps from a")):
+        table = Table(title=f"{title}; {draws:,} draws, units of ulp(a)")
+        for col in ("mode", "bias theory", "bias measured", "std theory", "std measured",
+                    "agrees"):
+            table.add_column(col, justify="right" if col != "mode" else "left")
+        for r in res[key]:
+            table.add_row(r["mode"], f"{r['theory_bias_ulp']:+.4f}",
+                          f"{r['empirical_bias_ulp']:+.4f} ± {r['mean_bound_ulp']:.4f}",
+                          f"{r['theory_std_ulp']:.4f}", f"{r['empirical_std_ulp']:.4f}",
+                          "yes" if r["ok"] else "[red]NO[/red]")
+        con.print(table)
+    con.print("bias = mean - exact value. SR is unbiased; UD perturbs the round-to-nearest "
+              "result, so it keeps RN's bias; random rounding is biased toward the midpoint "
+              "of the neighbours. Tolerance: 6 standard errors of the exact moments.")
+
+
 
 
 # ---------------------------------------------------------------- run (runner)
+@app.command("run")
+def run(
+    command: list[str] = typer.Argument(
+        None, metavar="-- python SCRIPT.py [ARGS] | -- -m MODULE [ARGS]",
+        help="The script to run, after `--`, exactly as you would run it."),
+    n: int = typer.Option(None, "-n", "--n", help="Number of realizations (default: 10)."),
+    mode: str = typer.Option(None, "--mode", help="ieee | sr | ud | random (default: sr)."),
+    granularity: str = typer.Option(None, "--granularity", help="flop | op (default: flop)."),
+    precision: int = typer.Option(None, "--precision",
+                                  help="Virtual precision in significand bits."),
+    seed: int = typer.Option(None, "--seed", help="Realization i uses seed+i (default: 0)."),
+    jobs: int = typer.Option(None, "--jobs", "-j",
+                             help="Realizations run at once (default: number of cores)."),
+    out: str = typer.Option(None, "--out", "-o",
+                            help="Run directory (default: runs/SCRIPT-DATE-TIME)."),
+    capture: str = typer.Option(None, "--capture",
+                                help="What to capture, comma-separated: api (numvar.capture "
+                                     "calls), modules (top-level nn.Module outputs), stdout "
+                                     "(printed floats), or none (default: api,modules,stdout)."),
+    capture_layers: list[str] = typer.Option(
+        None, "--capture-layers", help="Globs over named_modules() paths whose outputs to "
+                                       "capture, e.g. 'features.*' (repeatable)."),
+    files: list[str] = typer.Option(
+        None, "--files", help="Globs of .npy/.npz/.safetensors files the script writes in "
+                              "its working directory, e.g. 'out/*.npy' (repeatable)."),
+    exclude: str = typer.Option(None, "--exclude",
+                                help="Aten op globs or op kinds left uninstrumented."),
+    include: str = typer.Option(None, "--include",
+                                help="Instrument only these aten op globs or op kinds."),
+    executor: str = typer.Option(None, "--executor", help="local | dask (default: local)."),
+    scheduler: str = typer.Option(None, "--scheduler",
+                                  help="Dask scheduler address (tcp://host:8786); without "
+                                       "it --executor dask starts a LocalCluster."),
+    resume: str = typer.Option(None, "--resume", metavar="RUN_DIR",
+                               help="Complete an interrupted run: only what is missing runs."),
+) -> None:
+    """Run an unmodified script N times under random rounding, after one IEEE reference.
+
+    Each realization is a fresh `python -m numvar.exec` process, instrumented before
+    the script starts; results are stored atomically in the run directory.
+    Example: numvar run -n 10 --jobs 2 --out runs/mnist -- python infer.py --batch 64
+    """
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    from functools import partial
+
+    from .errors import ConfigError
+    from .runner.script import resume_script, run_script
+
+    console = Console(stderr=True)
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("[red]{task.fields[failed]} failed"), TimeElapsedColumn(),
+                   TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                   transient=False)
+    state: dict = {"task": None, "failed": 0}
+
+    def progress(event: str, payload) -> None:
+        if event == "store":
+            state["path"] = payload
+        elif event == "total":
+            state["task"] = bar.add_task("realizations", total=payload, failed=0)
+        elif event == "done":
+            state["failed"] += payload["status"] != "ok"
+            bar.update(state["task"], advance=1, failed=state["failed"])
+
+    if resume is not None:
+        given = {"-n": n, "--mode": mode, "--granularity": granularity, "--precision": precision,
+                 "--seed": seed, "--out": out, "--capture": capture,
+                 "--capture-layers": capture_layers, "--files": files, "--exclude": exclude,
+                 "--include": include, "script": command}
+        extra = [k for k, v in given.items() if v not in (None, [], ())]
+        if extra:
+            raise ConfigError(f"--resume takes its configuration from {resume}/manifest.json; "
+                              f"drop {', '.join(extra)} (only --jobs, --executor and "
+                              f"--scheduler may change)")
+        call = partial(resume_script, resume, jobs=jobs, executor=executor,
+                       scheduler=scheduler, progress=progress)
+    else:
+        call = partial(
+                run_script, command or [], n=10 if n is None else n, mode=mode or "sr",
+                granularity=granularity or "flop", precision=precision,
+                seed=0 if seed is None else seed, jobs=jobs, out=out, capture=capture,
+                capture_layers=capture_layers, files=files, exclude=exclude, include=include,
+                executor=executor or "local", scheduler=scheduler, progress=progress)
+    try:
+        with bar:
+            result = call()
+    except KeyboardInterrupt:
+        where = state.get("path")
+        console.print("interrupted: what finished is stored"
+                      + (f"; complete it with numvar run --resume {where}" if where else ""),
+                      soft_wrap=True)
+        raise typer.Exit(130)
+    m = result.store.manifest
+    ok = sum(r["status"] == "ok" for r in m["realizations"])
+    console.print(f"{ok} of {len(m['realizations'])} realizations stored in "
+                  f"[bold]{result.path}[/] ({len(m['captures'])} captures, "
+                  f"{result.wall_s:.1f} s); next: numvar report {result.path}", soft_wrap=True)
+    if result.failed:
+        from .runner.engine import failure_summary
+
+        console.print(failure_summary(result.failed, result.total), style="red",
+                      markup=False, highlight=False, soft_wrap=True)
+        console.print(f"logs: {result.path / 'logs'}; rerun the failed ones with "
+                      f"numvar run --resume {result.path}", soft_wrap=True)
+        raise typer.Exit(1)
 
 
 # ---------------------------------------------------------------- report / compare (analysis)
-_ANALYSIS_HELP = {
-    "method": "Significant-digits method: cnh (Sohier et al.'s centred normality hypothesis) "
-              "or general (no distribution assumed).",
-    "basis": "Digits in base 2 (bits) or 10 (decimal digits).",
-    "error": "relative (X/x - 1) or absolute (X - x) error.",
-    "against": "reference (the IEEE run; the sample mean where none is stored) or mean.",
-    "probability": "Probability p that the digits are significant.",
-    "confidence": "Confidence level of that statement.",
+# options shared by report and compare
+_OPT = {
+    "format": typer.Option("table", "--format", "-f", help="table, json or html."),
+    "output": typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
+    "method": typer.Option("cnh", "--method", help="Significant-digits method: cnh (Sohier et "
+                           "al.'s centred normality hypothesis) or general (no distribution "
+                           "assumed)."),
+    "basis": typer.Option(2, "--basis", help="Digits in base 2 (bits) or 10 (decimal digits)."),
+    "error": typer.Option("relative", "--error", help="relative (X/x - 1) or absolute (X - x) "
+                          "error."),
+    "against": typer.Option("reference", "--against", help="reference (the IEEE run; the "
+                            "sample mean where none is stored) or mean."),
+    "probability": typer.Option(0.95, "--probability", "-p",
+                                help="Probability p that the digits are significant."),
+    "confidence": typer.Option(0.95, "--confidence", "-c",
+                               help="Confidence level of that statement."),
 }
 
 
-def _analysis_options(method: str, basis: int, error: str, against: str, probability: float,
-                      confidence: float) -> dict:
+def _analysis_options(fmt: str, output: str | None, method: str, basis: int, error: str,
+                      against: str, probability: float, confidence: float) -> dict:
+    """Check every option, naming it, before any run is read; the analyze() keywords."""
+    import os
+
     from .errors import ConfigError
 
+    choices = {"--format": (fmt, ("table", "json", "html")),
+               "--method": (method.lower(), ("cnh", "general")),
+               "--error": (error.lower(), ("relative", "absolute")),
+               "--against": (against.lower(), ("reference", "mean"))}
+    for flag, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{flag} {value!r}: expected {', '.join(allowed[:-1])} or "
+                              f"{allowed[-1]}")
     if basis not in (2, 10):
-        raise ConfigError(f"--basis must be 2 or 10, not {basis}")
+        raise ConfigError(f"--basis {basis}: expected 2 or 10")
+    for flag, v in (("--probability", probability), ("--confidence", confidence)):
+        if not 0.0 < v < 1.0:
+            raise ConfigError(f"{flag} {v}: expected a number strictly between 0 and 1")
+    if fmt == "html" and not output:
+        raise ConfigError("--format html needs -o FILE")
+    if output and os.path.isdir(output):
+        raise ConfigError(f"--output {output}: is a directory; expected a file name")
     return {"method": method.lower(), "basis": basis, "error": error.lower(),
             "against": against.lower(), "probability": probability, "confidence": confidence}
+
+
+def _write_output(output: str, text: str) -> None:
+    from ._io import atomic_write_text
+    from .errors import ConfigError
+
+    try:
+        atomic_write_text(output, text)
+    except OSError as exc:
+        raise ConfigError(f"--output {output}: cannot write: {exc.strerror or exc}") from exc
+
+
+def _emit(fmt: str, output: str | None, data: dict, renderables, html) -> None:
+    """Print or write (-o) ``data`` as JSON, its rich ``renderables()``, or ``html()``."""
+    import json
+
+    from rich.console import Console
+
+    if fmt == "json":
+        text = json.dumps(data, indent=2, default=str) + "\n"
+        if output:
+            _write_output(output, text)
+        else:
+            sys.stdout.write(text)
+    elif fmt == "html":
+        _write_output(output, html())
+        Console(stderr=True).print(f"wrote {output}")
+    elif output:  # the tables go to the file only, at a width that keeps them whole
+        import io
+
+        console = Console(file=io.StringIO(), record=True, width=160)
+        for r in renderables():
+            console.print(r)
+        _write_output(output, console.export_text())
+        Console(stderr=True).print(f"wrote {output}")
+    else:
+        console = Console()
+        for r in renderables():
+            console.print(r)
 
 
 @app.command("report")
 def report(
     run_dir: str = typer.Argument(..., metavar="RUN", help="Run directory (runs/NAME)."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, json or html."),
-    output: str = typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
+    fmt: str = _OPT["format"],
+    output: str = _OPT["output"],
     task: str = typer.Option("auto", "--task", help="auto (classification when a capture is "
                              "named like logits/probs), classification, segmentation, none."),
     scores: list[str] = typer.Option(None, "--scores", help="Score capture(s) to treat as "
                                      "decisions (default: names containing logits/probs)."),
     labels: str = typer.Option(None, "--labels", help="Capture holding the true labels "
                                "(default: one named labels or targets)."),
-    method: str = typer.Option("cnh", "--method", help=_ANALYSIS_HELP["method"]),
-    basis: int = typer.Option(2, "--basis", help=_ANALYSIS_HELP["basis"]),
-    error: str = typer.Option("relative", "--error", help=_ANALYSIS_HELP["error"]),
-    against: str = typer.Option("reference", "--against", help=_ANALYSIS_HELP["against"]),
-    probability: float = typer.Option(0.95, "--probability", "-p", help=_ANALYSIS_HELP["probability"]),
-    confidence: float = typer.Option(0.95, "--confidence", "-c", help=_ANALYSIS_HELP["confidence"]),
+    method: str = _OPT["method"],
+    basis: int = _OPT["basis"],
+    error: str = _OPT["error"],
+    against: str = _OPT["against"],
+    probability: float = _OPT["probability"],
+    confidence: float = _OPT["confidence"],
 ) -> None:
     """Analyse a run: mean, std, standard error and significant digits per capture; flips,
     accuracy and Dice for decisions; the per-layer curve; training bands."""
-    import json
-
-    from rich.console import Console
-
-    from .analysis import analyze_run, render_html
+    from .analysis import analyze, render_html
+    from .analysis.core import TASKS
     from .analysis.text import report_renderables
     from .errors import ConfigError
+    from .runner.store import load_run
 
-    if fmt not in ("table", "json", "html"):
-        raise ConfigError(f"--format must be table, json or html, not {fmt!r}")
-    if fmt == "html" and not output:
-        raise ConfigError("--format html needs -o FILE")
-    opts = _analysis_options(method, basis, error, against, probability, confidence)
-    result = analyze_run(run_dir, task=task, scores=scores or None, labels=labels, **opts)
-    if fmt == "json":
-        text = json.dumps(result, indent=2, default=str) + "\n"
-        if output:
-            from ._io import atomic_write_text
-
-            atomic_write_text(output, text)
-        else:
-            sys.stdout.write(text)
-        return
-    if fmt == "html":
-        from .runner.store import load_run
-
-        render_html(result, load_run(run_dir), output)
-        Console(stderr=True).print(f"wrote {output}")
-        return
-    console = Console(record=bool(output))
-    for r in report_renderables(result):
-        console.print(r)
-    if output:
-        from ._io import atomic_write_text
-
-        atomic_write_text(output, console.export_text())
+    opts = _analysis_options(fmt, output, method, basis, error, against, probability,
+                             confidence)
+    if task not in TASKS:
+        raise ConfigError(f"--task {task!r}: expected one of {', '.join(TASKS)}")
+    samples = load_run(run_dir)
+    result = analyze(samples, task=task, scores=scores or None, labels=labels,
+                     path=str(run_dir), **opts)
+    _emit(fmt, output, result, lambda: report_renderables(result),
+          lambda: render_html(result, samples))
 
 
 @app.command("compare")
 def compare_cmd(
     run_a: str = typer.Argument(..., metavar="RUN_A", help="First run directory."),
     run_b: str = typer.Argument(..., metavar="RUN_B", help="Second run directory."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, json or html."),
-    output: str = typer.Option(None, "--output", "-o", help="Write to FILE (required for html)."),
-    method: str = typer.Option("cnh", "--method", help=_ANALYSIS_HELP["method"]),
-    basis: int = typer.Option(2, "--basis", help=_ANALYSIS_HELP["basis"]),
-    error: str = typer.Option("relative", "--error", help=_ANALYSIS_HELP["error"]),
-    against: str = typer.Option("reference", "--against", help=_ANALYSIS_HELP["against"]),
-    probability: float = typer.Option(0.95, "--probability", "-p", help=_ANALYSIS_HELP["probability"]),
-    confidence: float = typer.Option(0.95, "--confidence", "-c", help=_ANALYSIS_HELP["confidence"]),
+    fmt: str = _OPT["format"],
+    output: str = _OPT["output"],
+    method: str = _OPT["method"],
+    basis: int = _OPT["basis"],
+    error: str = _OPT["error"],
+    against: str = _OPT["against"],
+    probability: float = _OPT["probability"],
+    confidence: float = _OPT["confidence"],
 ) -> None:
     """Compare two runs (e.g. SR vs UD, flop vs op): significant digits side by side."""
-    import json
-
-    from rich.console import Console
-
-    from .analysis import analyze_run, compare
+    from .analysis import analyze_run, compare, render_compare_html
     from .analysis.text import compare_renderables
-    from .errors import ConfigError
+    from .runner.store import RunStore
 
-    if fmt not in ("table", "json", "html"):
-        raise ConfigError(f"--format must be table, json or html, not {fmt!r}")
-    if fmt == "html" and not output:
-        raise ConfigError("--format html needs -o FILE")
-    opts = _analysis_options(method, basis, error, against, probability, confidence)
+    opts = _analysis_options(fmt, output, method, basis, error, against, probability,
+                             confidence)
+    for r in (run_a, run_b):
+        RunStore.open(r)         # a missing or corrupt run fails before any analysis
     cmp = compare(analyze_run(run_a, **opts), analyze_run(run_b, **opts))
-    if fmt == "html":
-        from .analysis import render_compare_html
-
-        render_compare_html(cmp, output)
-        Console(stderr=True).print(f"wrote {output}")
-        return
-    if fmt == "json":
-        text = json.dumps(cmp, indent=2, default=str) + "\n"
-        if output:
-            from ._io import atomic_write_text
-
-            atomic_write_text(output, text)
-        else:
-            sys.stdout.write(text)
-        return
-    console = Console(record=bool(output))
-    for r in compare_renderables(cmp):
-        console.print(r)
-    if output:
-        from ._io import atomic_write_text
-
-        atomic_write_text(output, console.export_text())
-
+    _emit(fmt, output, cmp, lambda: compare_renderables(cmp), lambda: render_compare_html(cmp))
 
 
 # ---------------------------------------------------------------- determinism
@@ -305,6 +532,8 @@ def bounds_cmd(
                                   help="fp32 or bf16-mixed (bf16 operands and stored "
                                        "conv/dense results, fp32 accumulation)."),
     input_file: str = typer.Option(None, "--input", help="Sample input (.safetensors)."),
+    input_key: str = typer.Option(None, "--input-key",
+                                  help="Tensor to use when --input holds several."),
     input_bound: float = typer.Option(None, "--input-bound",
                                       help="A-priori bound A on |input| (default: 1 for "
                                            "generated inputs, max|x| for --input)."),
@@ -316,22 +545,28 @@ def bounds_cmd(
     """Worst-case rounding-error bounds per layer (a-priori and data-dependent) against
     the measured error |computed - float64| and, with --run, the SR std."""
     import json
+    import logging
+    import math
 
     import torch
     from rich.console import Console
     from rich.table import Table
 
     from . import _spec
-    from .bounds import get_precision, network_bounds
+    from .bounds import network_bounds
     from .errors import ConfigError
+    from .runner.store import RunStore
 
     if fmt not in ("table", "json"):
         raise ConfigError(f"--format {fmt!r}: expected table or json")
     if precision not in ("fp32", "bf16-mixed"):
         raise ConfigError(f"--precision {precision!r}: expected fp32 or bf16-mixed")
-    get_precision(precision)
+    if input_bound is not None and not (math.isfinite(input_bound) and input_bound >= 0):
+        raise ConfigError(f"--input-bound {input_bound}: expected a finite number >= 0")
+    if run is not None:
+        RunStore.open(run)             # a missing or corrupt run fails before the work
     if input_file is not None:
-        x = _spec.load_input(input_file)
+        x = _spec.load_input(input_file, input_key)
         if input_shape is not None and tuple(x.shape) != _spec.parse_shape(input_shape):
             raise ConfigError(f"--input has shape {tuple(x.shape)}, --input-shape says "
                               f"{_spec.parse_shape(input_shape)}")
@@ -342,12 +577,22 @@ def bounds_cmd(
             input_bound = 1.0
     else:
         raise ConfigError("give --input-shape or --input")
-    model = _spec.load_object(spec)()
+    try:
+        model = _spec.load_object(spec)()
+    except NumvarError:
+        raise
+    except Exception as exc:  # the user's file or build function failed
+        logging.getLogger(__name__).info("building %s failed", spec, exc_info=True)
+        raise ConfigError(f"{spec}: building the model raised {type(exc).__name__}: {exc} "
+                          "(-v for the traceback)") from exc
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
     result = network_bounds(model, x, precision=precision, input_bound=input_bound, run=run)
     if plot:
-        result.plot(plot)
+        try:
+            result.plot(plot)
+        except OSError as exc:
+            raise ConfigError(f"--plot {plot}: cannot write: {exc.strerror or exc}") from exc
     if fmt == "json":
         typer.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
         return
@@ -379,6 +624,100 @@ def bounds_cmd(
 
 
 # ---------------------------------------------------------------- locate
+@app.command("locate")
+def locate_cmd(
+    spec: str = typer.Argument(..., metavar="MODEL",
+                               help="FILE.py:FUNCTION (or module:function) returning the model."),
+    input_shape: str = typer.Option(None, "--input-shape",
+                                    help="Random normal input of this shape, e.g. 8,16."),
+    input_file: str = typer.Option(None, "--input", help="Input tensor from a .safetensors file."),
+    input_key: str = typer.Option(None, "--input-key", help="Tensor name inside --input."),
+    input_seed: int = typer.Option(0, "--input-seed", help="Seed of the random input."),
+    dtype: str = typer.Option("float32", "--dtype",
+                              help="dtype of the random input: float32, float64, bfloat16, float16."),
+    n: int = typer.Option(6, "-n", "--n", help="Realizations per evaluated set."),
+    by: str = typer.Option("module", "--by", help="Blame 'module's (leaf modules) or 'op' kinds."),
+    mode: str = typer.Option("sr", "--mode", help="Rounding mode: sr, ud, random, ieee."),
+    granularity: str = typer.Option("flop", "--granularity", help="flop or op."),
+    precision: int = typer.Option(None, "--precision", help="Virtual precision (significand bits)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of realization 0 (realization i: seed+i)."),
+    threshold: float = typer.Option(None, "--threshold",
+                                    help="Output digits to keep (default: halfway between the "
+                                         "digits kept with everything perturbed and the cap)."),
+    basis: int = typer.Option(2, "--basis", help="Digits in this basis (2: bits, 10: decimal)."),
+    method: str = typer.Option("cnh", "--method", help="Significant digits method: cnh, general."),
+    stat: str = typer.Option("median", "--stat", help="Output summary: median, mean, min."),
+    necessity: bool = typer.Option(True, "--necessity/--no-necessity",
+                                   help="Also perturb everything except each candidate."),
+    dd: bool = typer.Option(True, "--ddmin/--no-ddmin", help="Delta-debug a minimal set."),
+    max_dd_tests: int = typer.Option(None, "--max-dd-tests", help="Cap ddmin's extra evaluations."),
+    select: str = typer.Option(None, "--select", help="Comma-separated globs over candidate names."),
+    layers: bool = typer.Option(True, "--layers/--no-layers", help="Error propagation view."),
+    map_png: str = typer.Option(None, "--map", help="Write the spatial view (PNG) here."),
+    class_dim: int = typer.Option(None, "--class-dim",
+                                  help="Segmentation: class axis of the output (flip map)."),
+    json_out: str = typer.Option(None, "--json", help="Write the result as JSON here."),
+    html_out: str = typer.Option(None, "--html", help="Write an HTML page of the result here."),
+    executor: str = typer.Option("local", "--executor", help="Runner executor: local or dask."),
+    jobs: int = typer.Option(None, "--jobs", "-j", help="Parallel realizations."),
+    scheduler: str = typer.Option(None, "--scheduler", help="Dask scheduler address."),
+) -> None:
+    """Which modules (or op kinds) cost the output its significant digits.
+
+    Perturbs one candidate at a time (everything else IEEE), ranks them most harmful
+    first, delta-debugs a minimal set breaking --threshold and prints what it spent.
+    """
+    import torch
+    from rich.console import Console
+
+    from . import _spec
+    from .errors import ConfigError
+    from .locate import locate
+    from .locate.report import html_page, renderables
+
+    if (input_shape is None) == (input_file is None):
+        raise ConfigError("give exactly one of --input-shape and --input")
+    model = _spec.load_object(spec)()
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
+    model.eval()
+    if input_file is not None:
+        x = _spec.load_input(input_file, input_key)
+    else:
+        dtypes = {"float32": torch.float32, "float64": torch.float64,
+                  "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if dtype not in dtypes:
+            raise ConfigError(f"--dtype must be one of {', '.join(dtypes)}, not {dtype!r}")
+        g = torch.Generator().manual_seed(input_seed)
+        x = torch.randn(_spec.parse_shape(input_shape), generator=g).to(dtypes[dtype])
+    console = Console(stderr=False)
+    status = console.status("locate: recording the model")
+
+    def progress(k: int, names: list[str]) -> None:
+        shown = ", ".join(names[:4]) + (f", … ({len(names)})" if len(names) > 4 else "")
+        status.update(f"locate: evaluation {k} ({n} realizations): perturbing {shown}")
+
+    with status:
+        res = locate(
+            model, x, n=n, by=by, mode=mode, granularity=granularity, precision=precision,
+            seed=seed, threshold=threshold, basis=basis, method=method, stat=stat,
+            necessity=necessity, ddmin=dd, layers=layers, spatial=map_png is not None,
+            class_dim=class_dim, max_dd_tests=max_dd_tests,
+            select=[s.strip() for s in select.split(",") if s.strip()] if select else None,
+            executor=executor, jobs=jobs, scheduler=scheduler, progress=progress)
+    for r in renderables(res):
+        console.print(r)
+    if json_out:
+        res.save_json(json_out)
+        console.print(f"JSON: {json_out}")
+    if map_png:
+        res.save_map(map_png)
+        console.print(f"map: {map_png}")
+    if html_out:
+        from ._io import atomic_write_text
+
+        atomic_write_text(html_out, html_page(res))
+        console.print(f"HTML: {html_out}")
 
 
 # ---------------------------------------------------------------- entry point

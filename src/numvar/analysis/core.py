@@ -112,9 +112,9 @@ def _pick_labels(samples: Samples, labels: str | None) -> str | None:
     return found[0] if found else None
 
 
-def _label_values(samples: Samples, name: str) -> torch.Tensor:
-    if name in samples.reference:
-        return samples.reference[name]
+def _label_values(samples: Samples, refs: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name in refs:
+        return refs[name]
     x = samples.captures[name]
     if not torch.equal(x, x[:1].expand_as(x)):
         log.warning("labels %r differ between realizations; using realization 0", name)
@@ -159,12 +159,18 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
         "captures": {}, "layers": [], "series": [], "weights": [],
         "classification": {}, "segmentation": {}, "notes": notes,
     }
+    # IEEE references that fit their capture; the others are ignored everywhere (noted)
+    refs: dict[str, torch.Tensor] = {}
+    for name, ref_t in samples.reference.items():
+        x = samples.captures.get(name)
+        if x is not None and tuple(ref_t.shape) != tuple(x.shape[1:]):
+            notes.append(f"{name}: reference shape {tuple(ref_t.shape)} differs from the "
+                         f"realizations' {tuple(x.shape[1:])}; ignored")
+        elif x is not None:
+            refs[name] = ref_t
     sds: dict[str, SigDigits] = {}
     for name, x in samples.captures.items():
-        ref_t = samples.reference.get(name)
-        if ref_t is not None and tuple(ref_t.shape) != tuple(x.shape[1:]):
-            notes.append(f"{name}: reference shape {tuple(ref_t.shape)} differs; ignored")
-            ref_t = None
+        ref_t = refs.get(name)
         xa = to_numpy(x).astype(np.float64)
         ref = to_numpy(ref_t).astype(np.float64) if ref_t is not None else None
         entry: dict[str, Any] = {
@@ -218,7 +224,7 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
     for base, names in samples.series().items():
         vals = np.stack([to_numpy(samples.captures[n]).astype(np.float64).reshape(R, -1).mean(axis=1)
                          for n in names], axis=1)  # (R, steps)
-        refs = [samples.reference.get(n) for n in names]
+        sref = [refs.get(n) for n in names]
         result["series"].append({
             "name": base, "steps": [int(SERIES_RE.match(n)["step"]) for n in names],
             "captures": names, "scalar": all(samples.captures[n][0].numel() == 1 for n in names),
@@ -226,8 +232,8 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
             "std": [gnum(v) for v in vals.std(axis=0, ddof=1)],
             "min": [gnum(v) for v in vals.min(axis=0)],
             "max": [gnum(v) for v in vals.max(axis=0)],
-            "reference": ([gnum(to_numpy(r).astype(np.float64).mean()) for r in refs]
-                          if all(r is not None for r in refs) else None),
+            "reference": ([gnum(to_numpy(r).astype(np.float64).mean()) for r in sref]
+                          if all(r is not None for r in sref) else None),
             "digits_median": [(result["captures"][n]["digits"] or {}).get("median") for n in names],
         })
 
@@ -264,8 +270,8 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
             x = samples.captures[name]
             if not x.is_floating_point():
                 continue
-            lv = _label_values(samples, lab) if lab else None
-            ref_s = samples.reference.get(name)
+            lv = _label_values(samples, refs, lab) if lab else None
+            ref_s = refs.get(name)
             try:
                 c = classify(x, ref_s, lv, name=name)
             except AnalysisError as exc:
@@ -282,7 +288,7 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
     if task == "segmentation":
         for name in _pick_scores(samples, "segmentation", scores):
             maps = label_maps(samples.captures[name], name)
-            ref = samples.reference.get(name)
+            ref = refs.get(name)
             refmap = label_maps(ref, name, per_realization=False) if ref is not None else None
             result["segmentation"][name] = segment(maps, refmap)
     for name, c in result["classification"].items():

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import AnalysisError
+from ._util import fnum
 
 METHODS = ("cnh", "general")
 ERRORS = ("relative", "absolute")
@@ -155,11 +156,6 @@ def significant_digits(x: torch.Tensor, reference, *, method: str = "cnh", basis
         probability=probability, confidence=confidence, n=R)
 
 
-def _r(v: float, nd: int = 6):
-    v = float(v)
-    return None if not math.isfinite(v) else round(v, nd)
-
-
 def summarize_digits(sd: SigDigits) -> dict:
     """min, median, mean, max, 5th percentile, counts, and a histogram with unit-wide bins.
 
@@ -176,17 +172,17 @@ def summarize_digits(sd: SigDigits) -> dict:
     nv = int(sd.no_variation.sum())
     var = d[~sd.no_variation.reshape(-1)]
     return {
-        "min": _r(d.min()) if n else None,
-        "median": _r(np.median(d)) if n else None,
-        "mean": _r(d.mean()) if n else None,
-        "max": _r(d.max()) if n else None,
-        "p05": _r(np.percentile(d, 5)) if n else None,
-        "median_varying": _r(np.median(var)) if var.size else None,
-        "cap": _r(sd.cap),
+        "min": fnum(d.min()) if n else None,
+        "median": fnum(np.median(d)) if n else None,
+        "mean": fnum(d.mean()) if n else None,
+        "max": fnum(d.max()) if n else None,
+        "p05": fnum(np.percentile(d, 5)) if n else None,
+        "median_varying": fnum(np.median(var)) if var.size else None,
+        "cap": fnum(sd.cap),
         "numel": int(n),
         "no_variation": nv,
-        "no_variation_share": _r(nv / n) if n else None,
+        "no_variation_share": fnum(nv / n) if n else None,
         "all_no_variation": bool(n and nv == n),
         "undefined": int(sd.undefined.sum()),
-        "histogram": {"edges": [_r(e) for e in edges], "counts": [int(c) for c in counts]},
+        "histogram": {"edges": [fnum(e) for e in edges], "counts": [int(c) for c in counts]},
     }

@@ -1,6 +1,7 @@
 """``render_html``: one self-contained HTML report with PNG plots embedded as base64.
 
-Plots use matplotlib's Agg backend (no display needed). Sections: run configuration,
+Plots are bare matplotlib Figures rendered by Agg (no display, no pyplot: the
+user's backend is left alone). Sections: run configuration,
 captures table, a significant-digits histogram per capture, the per-layer curve, decision
 flips and accuracy, Dice and the disagreement map, training bands, final-weights spread.
 """
@@ -25,19 +26,18 @@ th:first-child{text-align:left}figure{display:inline-block;margin:.5em}.note{col
 pre{background:#f6f6f6;padding:.5em;overflow:auto}"""
 
 
-def _plt():
-    import matplotlib
+def _subplots(*grid: int, figsize: tuple[float, float], **kw):
+    """A bare matplotlib Figure and its axes: rendered by Agg on save, without pyplot, so
+    the user's backend and pyplot's figure registry are left alone."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid, **kw)
 
 
 def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
-    _plt().close(fig)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -54,8 +54,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def digits_histogram_png(name: str, d: dict, unit: str) -> str:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(4, 2.6))
+    fig, ax = _subplots(figsize=(4, 2.6))
     edges = d["histogram"]["edges"]
     counts = list(d["histogram"]["counts"])
     nv = d["no_variation"]
@@ -75,8 +74,7 @@ def digits_histogram_png(name: str, d: dict, unit: str) -> str:
 
 
 def layers_png(layers: list[dict], unit: str) -> str:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(5, 0.35 * len(layers)), 3.2))
+    fig, ax = _subplots(figsize=(max(5, 0.35 * len(layers)), 3.2))
     i = np.arange(len(layers))
     med = [la["digits_median"] for la in layers]
     ax.fill_between(i, [la["digits_min"] for la in layers], med, color="#9bc", alpha=.4,
@@ -97,8 +95,7 @@ def layers_png(layers: list[dict], unit: str) -> str:
 
 
 def flips_png(name: str, c: dict) -> str:
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(8, 2.8))
+    fig, axes = _subplots(1, 2, figsize=(8, 2.8))
     h = c["flip_count_histogram"]
     axes[0].bar(range(len(h)), h, color="#a64")
     axes[0].set_yscale("symlog")
@@ -121,9 +118,8 @@ def flips_png(name: str, c: dict) -> str:
 
 
 def dice_png(name: str, s: dict) -> str:
-    plt = _plt()
     labs = list(s["labels"])
-    fig, ax = plt.subplots(figsize=(max(4, 0.4 * len(labs)), 2.8))
+    fig, ax = _subplots(figsize=(max(4, 0.4 * len(labs)), 2.8))
     x = np.arange(len(labs))
     ax.plot(x, [s["labels"][k]["dice_mean"] for k in labs], "o", label="mean")
     ax.plot(x, [s["labels"][k]["dice_min"] for k in labs], "v", label="min")
@@ -150,9 +146,8 @@ def slice_2d(m: np.ndarray) -> tuple[np.ndarray, str]:
 
 
 def disagreement_png(name: str, dis: np.ndarray) -> str:
-    plt = _plt()
     m, where = slice_2d(dis)
-    fig, ax = plt.subplots(figsize=(4, 4))
+    fig, ax = _subplots(figsize=(4, 4))
     im = ax.imshow(m, cmap="magma", vmin=0, vmax=max(0.5, float(m.max())), interpolation="nearest")
     fig.colorbar(im, ax=ax, fraction=.046, label="share disagreeing with majority")
     ax.set_title(f"{name} {where}".strip(), fontsize=9)
@@ -162,8 +157,7 @@ def disagreement_png(name: str, dis: np.ndarray) -> str:
 
 
 def series_png(s: dict) -> str:
-    plt = _plt()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3))
+    fig, (ax, ax2) = _subplots(1, 2, figsize=(9, 3))
     st = s["steps"]
     mean = np.asarray(s["mean"], dtype=float)
     std = np.asarray(s["std"], dtype=float)
@@ -189,8 +183,7 @@ def series_png(s: dict) -> str:
 
 
 def weights_png(ws: list[dict], unit: str) -> str:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(4, 0.5 * len(ws)), 2.8))
+    fig, ax = _subplots(figsize=(max(4, 0.5 * len(ws)), 2.8))
     x = np.arange(len(ws))
     ax.bar(x - .2, [w["digits_median"] for w in ws], .4, label="median")
     ax.bar(x + .2, [w["digits_min"] for w in ws], .4, label="min")
@@ -299,11 +292,10 @@ def render_html(result: dict, samples=None, path=None) -> str:
 
 def compare_png(cmp: dict) -> str:
     """Median digits per capture for runs A and B; with layers, the two layer curves."""
-    plt = _plt()
     caps = [c for c in cmp["captures"] if c["kind"] != "layer"
             and (c["a"]["digits_median"] is not None or c["b"]["digits_median"] is not None)]
     panels = (1 if caps else 0) + (1 if cmp["layers"] else 0)
-    fig, axes = plt.subplots(1, max(panels, 1), figsize=(6 * max(panels, 1), 3.2), squeeze=False)
+    fig, axes = _subplots(1, max(panels, 1), figsize=(6 * max(panels, 1), 3.2), squeeze=False)
     axes = list(axes[0])
     if caps:
         ax = axes.pop(0)

@@ -225,11 +225,26 @@ def batchnorm_budget(a: float, mu_a: float, beta: float, A: float, E: float,
     """Inference-mode batch norm of one channel, the affine map ``y = a·x + c`` with
     ``a = γ/sqrt(var+eps)``, ``c = β - μ·a`` (frozen statistics folded)::
 
-        budget = γ_7·(|a|(A+E) + |μ·a| + |β|) + |a|·E
+        budget = γ_7·(|a|(A+E) + |μ·a| + |β|) + |a|·E,     γ_7 = 7u/(1 - 7u)
 
-    Each of the terms a·x, μ·a, β passes through at most 7 roundings, some as divisors,
-    whether PyTorch folds (α = γ·invstd, β − μ·α, x·α + ·) or evaluates
-    ((x−μ)·invstd·γ + β); hence Higham's γ_7 rather than (1+u)^7 − 1.
+    (Scalars, or tensors of channels/elements, evaluated elementwise.)
+
+    Derivation (Higham, Lemma 3.1: a product of k factors ``(1+δ_i)^{±1}`` is
+    ``1 + θ_k``, ``|θ_k| <= γ_k``). PyTorch's CPU kernel folds
+    ``α = γ·(1/sqrt(var + fl(eps)))``, ``c' = β - μ·α``, ``y = x·α + c'``:
+
+    - ``fl(var + fl(eps)) = (var+eps)(1+δ₀)(1+δ₁)``: the cast of eps to the format and
+      the addition (var >= 0, so the cast's error is relative to var+eps); under the
+      square root ``sqrt((1+δ₀)(1+δ₁)) ∈ [1-u, 1+u]`` is one factor; the sqrt, the
+      reciprocal and the product with γ are three more: ``α = a(1+θ₄)``.
+    - path of x: ``α``, ``x·α``, the final addition: 6 factors; path of μ: ``α``,
+      ``μ·α``, ``β - μ·α``, the final addition: 7; path of β: 2.
+
+    The unfolded order ``((x-μ)·invstd)·γ + β`` costs x and μ 1 + 3 + 1 + 1 + 1 = 7
+    factors and β one. Hence γ_7 on each term's magnitude (taken at the computed input,
+    ``|x̂| <= A+E``), plus the exact propagation ``|a|·E`` of the inherited error. The
+    terms μ·a and β are bounded separately, not through ``|c|``: c may cancel while
+    their rounding errors do not.
     """
     g = gamma(u, BATCHNORM_ROUNDINGS)
     return g * (abs(a) * (A + E) + abs(mu_a) + abs(beta)) + abs(a) * E
@@ -260,5 +275,8 @@ def identical_layers(gain: float, offset: float, d: int, E0: float = 0.0) -> flo
         raise ValueError("d must be >= 0")
     if gain == 1.0:
         return E0 + offset * d
-    gd = gain ** d
-    return gd * E0 + offset * (gd - 1.0) / (gain - 1.0)
+    if gain < 0.0:
+        raise ValueError("gain must be >= 0")
+    # gain^d - 1 as expm1(d·log1p(gain - 1)): no cancellation when gain is close to 1
+    gd1 = math.expm1(d * math.log1p(gain - 1.0)) if gain > 0.0 else (-1.0 if d else 0.0)
+    return (gd1 + 1.0) * E0 + offset * gd1 / (gain - 1.0)

@@ -37,10 +37,13 @@ from .budgets import (
     Precision,
     affine_layer_gain,
     affine_layer_offset,
+    avgpool_budget,
+    batchnorm_budget,
     br,
     gamma,
     get_precision,
     growth,
+    residual_add_budget,
 )
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,7 @@ class LayerBound:
     measured: float            # max |fp - float64|
     gain: float | None = None  # coefficient of the inherited error E
     sr_std: float | None = None
+    shape: tuple[int, ...] | None = None   # shape of the layer's output
     module: bool = False       # a submodule call (name = its named_modules() path)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -80,7 +84,9 @@ class LayerBound:
         d = {k: getattr(self, k) for k in (
             "index", "name", "kind", "fan_in", "w", "A", "gain", "apriori",
             "data_dependent", "measured", "sr_std")}
-        return {k: _json_num(v) for k, v in d.items()}
+        d = {k: _json_num(v) for k, v in d.items()}
+        d["shape"] = list(self.shape) if self.shape is not None else None
+        return d
 
 
 def _json_num(v: Any) -> Any:
@@ -109,6 +115,7 @@ class NetworkBounds:
     output_measured: float
     network_gain: float
     output_sr_std: float | None = None
+    output_shape: tuple[int, ...] | None = None   # when the model returns one tensor
     tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -170,7 +177,7 @@ class _Ctx:
         measured = _maxf((out.fp.double() - out.ref).abs())
         r = LayerBound(index=len(self.rows) + 1, name=name, kind=kind, fan_in=fan_in, w=w,
                        A=x.A, apriori=out.E, data_dependent=_maxf(out.dd), measured=measured,
-                       gain=gain)
+                       gain=gain, shape=tuple(out.fp.shape))
         if self.keep:
             r.tensors = {"fp": out.fp, "ref": out.ref, "dd": out.dd}
         self.rows.append(r)
@@ -276,12 +283,11 @@ def _avgpool(ctx: _Ctx, name: str, mod: nn.Module, x: Tracked) -> Tracked:
         k = math.prod(ks)
     ones = torch.ones((1, 1) + tuple(spatial), dtype=torch.float64)
     s = _maxf(mod(ones))                     # max (elements in window)/divisor
-    g = growth(u, k + 2)
-    dd = g * mod(x.fp.double().abs()) + mod(x.dd)
-    gain = s * (1 + g)
-    offset = g * s * x.A
-    out = Tracked(fp=mod(x.fp), ref=mod(x.ref), dd=dd, A=s * x.A, E=gain * x.E + offset,
-                  G=gain * x.G)
+    # per element: the budget at the computed input's window mean of |x̂| (s folded in)
+    dd = avgpool_budget(k, mod(x.fp.double().abs()), 0.0, 1.0, u) + mod(x.dd)
+    gain = s * (1 + growth(u, k + 2))
+    out = Tracked(fp=mod(x.fp), ref=mod(x.ref), dd=dd, A=s * x.A,
+                  E=avgpool_budget(k, x.A, x.E, s, u), G=gain * x.G)
     ctx.row(name, "avgpool", x, out, fan_in=k, w=s / k, gain=gain)
     return out
 
@@ -300,13 +306,13 @@ def _batchnorm(ctx: _Ctx, name: str, mod: nn.Module, x: Tracked) -> Tracked:
     bias = mod.bias.detach().double() if mod.bias is not None else torch.zeros(C, dtype=torch.float64)
     a = weight / torch.sqrt(var + mod.eps)
     c = bias - mean * a
-    gk = gamma(u, BATCHNORM_ROUNDINGS)
     shape = (1, C) + (1,) * (x.fp.dim() - 2) if x.fp.dim() >= 2 else (C,)
-    av, muav, bv = a.abs().view(shape), (mean * a).abs().view(shape), bias.abs().view(shape)
-    dd = gk * (av * x.fp.double().abs() + muav + bv) + av * x.dd
+    av, muav, bv = a.view(shape), (mean * a).view(shape), bias.view(shape)
+    # per element: the budget at the computed input |x̂| (E = 0), plus |a|·(inherited bound)
+    dd = batchnorm_budget(av, muav, bv, x.fp.double().abs(), 0.0, u) + av.abs() * x.dd
     amax = float(a.abs().max())
-    gain = amax * (1 + gk)
-    offset = float((gk * (a.abs() * x.A + (mean * a).abs() + bias.abs())).max())
+    gain = amax * (1 + gamma(u, BATCHNORM_ROUNDINGS))   # >= every channel's coefficient of E
+    offset = float(batchnorm_budget(a, mean * a, bias, x.A, 0.0, u).max())
     fp = F.batch_norm(x.fp, mod.running_mean.to(ctx.dtype), mod.running_var.to(ctx.dtype),
                       mod.weight.to(ctx.dtype) if mod.weight is not None else None,
                       mod.bias.to(ctx.dtype) if mod.bias is not None else None,
@@ -330,14 +336,14 @@ def _add(ctx: _Ctx, name: str, x: Any, y: Any) -> Tracked:
         exact_sum = x.fp.double() + y.fp.double()
         dd = u * exact_sum.abs() + x.dd + y.dd
         A = x.A + y.A
-        E = u * (x.A + x.E + y.A + y.E) + x.E + y.E
+        E = residual_add_budget(x.A, x.E, y.A, y.E, u)
         G = (1 + u) * (x.G + y.G)
     elif isinstance(y, (int, float)):
         fp = x.fp + y
         ref = x.ref + y
         dd = u * (x.fp.double() + y).abs() + x.dd
         A = x.A + abs(y)
-        E = u * (x.A + x.E + abs(y)) + x.E
+        E = residual_add_budget(x.A, x.E, abs(y), 0.0, u)
         G = (1 + u) * x.G
     else:
         raise BoundsError(f"node {name!r}: add of a tensor and {type(y).__name__} is not "
@@ -504,8 +510,12 @@ def network_bounds(model: nn.Module, x: torch.Tensor, *, precision: str | Precis
         xin = x.detach().cpu().to(torch.float32)
         amax = _maxf(xin.double().abs())
         A0 = amax if input_bound is None else float(input_bound)
-        if input_error < 0:
-            raise BoundsError("input_error must be >= 0")
+        if not (math.isfinite(A0) and A0 >= 0):
+            raise BoundsError(f"input bound A = {A0:g}: expected a finite number >= 0")
+        if not (math.isfinite(input_error) and input_error >= 0):
+            raise BoundsError(f"input error E = {input_error:g}: expected a finite number >= 0")
+        if not math.isfinite(amax):
+            raise BoundsError("the input holds NaN or infinite values")
         if A0 + input_error < amax:
             raise BoundsError(f"input bound A = {A0:g} (+ input error {input_error:g}) is "
                               f"below max|input| = {amax:g}")
@@ -527,6 +537,7 @@ def network_bounds(model: nn.Module, x: torch.Tensor, *, precision: str | Precis
         output_data_dependent=max(_maxf(t.dd) for t in outs),
         output_measured=max(_maxf((t.fp.double() - t.ref).abs()) for t in outs),
         network_gain=max(t.G for t in outs),
+        output_shape=tuple(outs[0].fp.shape) if len(outs) == 1 else None,
     )
     if keep_tensors and len(outs) == 1:
         result.tensors = {"fp": outs[0].fp, "ref": outs[0].ref, "dd": outs[0].dd}
@@ -556,34 +567,49 @@ def _interpret(ctx: _Ctx, gm: torch.fx.GraphModule, x0: Tracked) -> Any:
 
     for node in gm.graph.nodes:
         args, kwargs = load(node.args), load(node.kwargs)
-        if node.op == "placeholder":
-            val = x0
-        elif node.op == "get_attr":
-            raise BoundsError(f"node {node.name}: tensor attribute {node.target!r} used "
-                              "directly in forward is not supported")
-        elif node.op == "call_module":
-            mod = modules[node.target]
-            x = args[0] if args else None
-            if not isinstance(x, Tracked) or len(args) != 1 or kwargs:
-                raise BoundsError(f"layer {node.target!r} ({type(mod).__name__}): expected "
-                                  "one tensor argument")
-            if isinstance(mod, MOVE_MODULES):
-                val = _move(lambda t: mod(t), x)
-            else:
-                nrows = len(ctx.rows)
-                val = MODULE_HANDLERS[type(mod)](ctx, node.target, mod, x)
-                for r in ctx.rows[nrows:]:
-                    r.module = True
-        elif node.op == "call_function":
-            val = _call_function(ctx, node, args, kwargs)
-        elif node.op == "call_method":
-            val = _call_method(ctx, node, args, kwargs)
-        elif node.op == "output":
+        if node.op == "output":
             return args[0]
-        else:  # pragma: no cover - fx has no other ops
-            raise BoundsError(f"unknown fx node op {node.op}")
-        env[node.name] = val
+        try:
+            env[node.name] = _node_value(ctx, modules, node, args, kwargs, x0)
+        except BoundsError:
+            raise
+        except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+            # the model itself fails (e.g. an input of the wrong shape): name the node
+            shapes = [tuple(a.fp.shape) for a in args if isinstance(a, Tracked)]
+            what = (f"layer {node.target!r} ({type(modules[node.target]).__name__})"
+                    if node.op == "call_module" else f"node {node.name}")
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise BoundsError(f"{what} fails on an input of shape "
+                              f"{shapes[0] if shapes else '?'}: {msg}") from exc
     return None
+
+
+def _node_value(ctx: _Ctx, modules: dict[str, nn.Module], node, args, kwargs,
+                x0: Tracked) -> Any:
+    """The value of one fx node (placeholder, module call, function or method)."""
+    if node.op == "placeholder":
+        return x0
+    if node.op == "get_attr":
+        raise BoundsError(f"node {node.name}: tensor attribute {node.target!r} used "
+                          "directly in forward is not supported")
+    if node.op == "call_module":
+        mod = modules[node.target]
+        x = args[0] if args else None
+        if not isinstance(x, Tracked) or len(args) != 1 or kwargs:
+            raise BoundsError(f"layer {node.target!r} ({type(mod).__name__}): expected "
+                              "one tensor argument")
+        if isinstance(mod, MOVE_MODULES):
+            return _move(lambda t: mod(t), x)
+        nrows = len(ctx.rows)
+        val = MODULE_HANDLERS[type(mod)](ctx, node.target, mod, x)
+        for r in ctx.rows[nrows:]:
+            r.module = True
+        return val
+    if node.op == "call_function":
+        return _call_function(ctx, node, args, kwargs)
+    if node.op == "call_method":
+        return _call_method(ctx, node, args, kwargs)
+    raise BoundsError(f"unknown fx node op {node.op}")  # pragma: no cover - fx has no other
 
 
 def _any_tracked(args, kwargs) -> bool:

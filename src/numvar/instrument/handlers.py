@@ -9,12 +9,11 @@ formulas).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import reduce as _reduce
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+import torch.nn.functional as F
 
 from . import flop
 from ._core import FLOATS, Ctx, is_float_tensor, result_dtype
@@ -49,7 +48,7 @@ def _get(args, kwargs, i: int, name: str, default=None):
 _OUT_DTYPES: dict = {}
 
 
-def _meta_out_dtypes(func, flat, spec):
+def _meta_out_dtypes(func, flat, rebuild):
     """Output dtypes of ``func`` on these inputs (run once per signature on 'meta')."""
     sig = (func, tuple(x.dtype if isinstance(x, torch.Tensor) else
                        (x if isinstance(x, torch.dtype) else None) for x in flat))
@@ -57,13 +56,60 @@ def _meta_out_dtypes(func, flat, spec):
         return _OUT_DTYPES[sig]
     try:
         meta = [x.detach().to("meta") if isinstance(x, torch.Tensor) else x for x in flat]
-        a, k = tree_unflatten(meta, spec)
+        a, k = rebuild(meta)
         out = func(*a, **k)
-        res = [o.dtype if isinstance(o, torch.Tensor) else None for o in tree_flatten(out)[0]]
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        res = [o.dtype if isinstance(o, torch.Tensor) else None for o in outs]
     except Exception:  # no meta kernel: fall back to type promotion
         res = None
     _OUT_DTYPES[sig] = res
     return res
+
+
+def _flatten(args, kwargs):
+    """(flat values, rebuild) for aten arguments: values, or lists/tuples of values
+    (one level, as aten schemas have). Cheaper than a general pytree."""
+    flat: list = []
+    shape: list = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            shape.append(len(a))
+            flat.extend(a)
+        else:
+            shape.append(-1)
+            flat.append(a)
+    keys = list(kwargs)
+    for k in keys:
+        v = kwargs[k]
+        if isinstance(v, (list, tuple)):
+            shape.append(len(v))
+            flat.extend(v)
+        else:
+            shape.append(-1)
+            flat.append(v)
+    nargs = len(args)
+
+    def rebuild(vals):
+        out, i = [], 0
+        for n in shape:
+            if n < 0:
+                out.append(vals[i])
+                i += 1
+            else:
+                out.append(list(vals[i:i + n]))
+                i += n
+        return tuple(out[:nargs]), dict(zip(keys, out[nargs:]))
+
+    return flat, rebuild
+
+
+def _map_outputs(out, fn):
+    if isinstance(out, torch.Tensor):
+        return fn(out, 0)
+    if isinstance(out, (tuple, list)):
+        res = [fn(o, j) if isinstance(o, torch.Tensor) else o for j, o in enumerate(out)]
+        return type(out)(res) if isinstance(out, tuple) else res
+    return out
 
 
 def op_once(ctx: Ctx, func, args, kwargs):
@@ -74,11 +120,11 @@ def op_once(ctx: Ctx, func, args, kwargs):
     exact (only UD, or a virtual precision, perturbs it). Mutated arguments (running
     statistics) are rounded back into place.
     """
-    flat, spec = tree_flatten((args, kwargs))
+    flat, rebuild = _flatten(args, kwargs)
     dts = [x.dtype for x in flat if is_float_tensor(x)]
     if not dts:
         return func(*args, **kwargs)
-    out_dts = _meta_out_dtypes(func, flat, spec)
+    out_dts = _meta_out_dtypes(func, flat, rebuild)
     promoted = _reduce(torch.promote_types, dts)
     up = []
     for x in flat:
@@ -87,26 +133,25 @@ def op_once(ctx: Ctx, func, args, kwargs):
         elif isinstance(x, torch.dtype) and x in FLOATS:
             x = torch.float64
         up.append(x)
-    a2, k2 = tree_unflatten(up, spec)
+    a2, k2 = rebuild(up)
     out = func(*a2, **k2)
     # rounded write-back of mutated float arguments (e.g. batch norm running stats)
-    for i, arg in enumerate(func._schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            orig = kwargs.get(arg.name) if arg.kwarg_only or arg.name in kwargs else (
-                args[i] if i < len(args) else None)
-            new = k2.get(arg.name) if arg.kwarg_only or arg.name in kwargs else (
-                a2[i] if i < len(a2) else None)
-            if is_float_tensor(orig) and new is not orig:
-                orig.copy_(ctx.round(new, orig.dtype))
-    oflat, ospec = tree_flatten(out)
-    res = []
-    for j, o in enumerate(oflat):
-        if is_float_tensor(o):
-            target = out_dts[j] if out_dts is not None and j < len(out_dts) and out_dts[j] else promoted
-            if target in FLOATS:
-                o = ctx.round(o, target)
-        res.append(o)
-    return tree_unflatten(res, ospec)
+    if func._schema.is_mutable:
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                byname = arg.kwarg_only or arg.name in kwargs
+                orig = kwargs.get(arg.name) if byname else (args[i] if i < len(args) else None)
+                new = k2.get(arg.name) if byname else (a2[i] if i < len(a2) else None)
+                if is_float_tensor(orig) and new is not orig:
+                    orig.copy_(ctx.round(new, orig.dtype))
+
+    def rnd(o, j):
+        if not is_float_tensor(o):
+            return o
+        target = out_dts[j] if out_dts is not None and j < len(out_dts) and out_dts[j] else promoted
+        return ctx.round(o, target) if target in FLOATS else o
+
+    return _map_outputs(out, rnd)
 
 
 def f64_once(ctx: Ctx, func, args, kwargs):
@@ -376,6 +421,96 @@ def _prims_var(ctx, func, args, kwargs):
     return out if dt is None else out.to(dt)
 
 
+@register("aten.embedding_dense_backward")
+def _embedding_backward(ctx, func, args, kwargs):
+    """Per vocabulary row, the gradient rows of its occurrences summed in position order
+    (each add rounded; one rounding call per occurrence rank); ``scale_grad_by_freq``
+    divides each row by its token's count first (rounded); ``padding_idx`` rows stay 0."""
+    grad, indices, num_weights, padding_idx, scale = args[:5]
+    if grad.dtype not in FLOATS:
+        return EXACT
+    d = grad.shape[-1]
+    g = grad.reshape(-1, d)
+    idx = indices.reshape(-1)
+    keep = idx != padding_idx
+    g, idx = g[keep], idx[keep]
+    out = torch.zeros(num_weights, d, dtype=grad.dtype, device=grad.device)
+    if idx.numel() == 0:
+        return out
+    sidx, order = torch.sort(idx, stable=True)
+    gs = g[order]
+    uniq, counts = torch.unique_consecutive(sidx, return_counts=True)
+    group = torch.repeat_interleave(torch.arange(uniq.numel(), device=idx.device), counts)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(idx.numel(), device=idx.device) - starts[group]
+    if scale:
+        gs = ctx.div(gs, counts[group].unsqueeze(1).to(gs.dtype))
+    acc = gs[rank == 0].clone()
+    for r in range(1, int(counts.max())):
+        sel = rank == r
+        grp = group[sel]
+        acc[grp] = ctx.add(acc[grp], gs[sel])
+    out[uniq] = acc
+    return out
+
+
+def _pool_params(ks, stride, padding):
+    ks = list(ks) * 2 if len(ks) == 1 else list(ks)
+    stride = list(stride) if len(stride) else list(ks)
+    stride = stride * 2 if len(stride) == 1 else stride
+    padding = list(padding) * 2 if len(padding) == 1 else list(padding)
+    return ks, stride, padding
+
+
+def _avg_divisor(x, ks, stride, padding, count_include_pad, divisor_override):
+    if divisor_override:
+        return float(divisor_override)
+    if count_include_pad or not any(padding):
+        return float(ks[0] * ks[1])
+    ones = torch.ones((1, 1) + tuple(x.shape[-2:]), dtype=x.dtype, device=x.device)
+    cnt, _ = flop.im2col(ones, ks, stride, padding, (1, 1))
+    return cnt.sum(1).reshape(1, -1)  # exact small integers
+
+
+@register("aten.avg_pool2d")
+def _avg_pool2d(ctx, func, args, kwargs):
+    """Window sum (im2col order, padded zeros as terms, each add rounded), then one
+    rounded division by the divisor. ``ceil_mode`` windows: rounded once (op level)."""
+    x = args[0]
+    ks, stride, padding = _pool_params(args[1], _get(args, kwargs, 2, "stride", []),
+                                       _get(args, kwargs, 3, "padding", [0]))
+    ceil = _get(args, kwargs, 4, "ceil_mode", False)
+    cip = _get(args, kwargs, 5, "count_include_pad", True)
+    dov = _get(args, kwargs, 6, "divisor_override")
+    if ceil or x.dtype not in FLOATS:
+        return op_once(ctx, func, args, kwargs)
+    lead = x.shape[:-2]
+    xx = x.reshape(-1, 1, *x.shape[-2:])
+    cols, ls = flop.im2col(xx, ks, stride, padding, (1, 1))  # (B, kh*kw, L)
+    sums = flop.reduce(cols, [1], ctx)  # (B, L)
+    div = _avg_divisor(x, ks, stride, padding, cip, dov)
+    return ctx.div(sums, div).reshape(*lead, *ls)
+
+
+@register("aten.avg_pool2d_backward")
+def _avg_pool2d_backward(ctx, func, args, kwargs):
+    """Non-overlapping windows: grad / divisor scattered (one rounded division per
+    element); overlapping windows: rounded once (op level)."""
+    gout, x = args[0], args[1]
+    ks, stride, padding = _pool_params(args[2], args[3], args[4])
+    ceil, cip, dov = args[5], args[6], args[7]
+    if ceil or any(k > s for k, s in zip(ks, stride)) or gout.dtype not in FLOATS:
+        return op_once(ctx, func, args, kwargs)
+    div = _avg_divisor(x, ks, stride, padding, cip, dov)
+    g = gout.reshape(-1, 1, gout.shape[-2] * gout.shape[-1])
+    q = ctx.div(g, div)  # (B, 1, L)
+    cols = q.expand(-1, ks[0] * ks[1], -1)
+    h, w = x.shape[-2:]
+    out = F.fold(cols, (h + 2 * padding[0], w + 2 * padding[1]), ks, stride=stride)  # no overlap: exact
+    out = out[..., padding[0]:padding[0] + h, padding[1]:padding[1] + w]
+    return out.reshape(x.shape)
+
+
 # --------------------------------------------------------------------- special cases
 def _dropout(ctx, func, args, kwargs):
     """Native dropout (so torch's RNG draws the same mask), then ``RND(x·scale)`` kept."""
@@ -410,15 +545,31 @@ def _maxpool_backward(ctx, func, args, kwargs):
 
 
 def _foreach(ctx, func, args, kwargs, mode=None):
-    """``_foreach_op(lists...)`` as the per-tensor ops, each dispatched through the mode."""
+    """``_foreach_op(lists...)`` as the per-tensor ops, each dispatched through the mode
+    (per-element values of list arguments; trailing ones passed by the base op's
+    keyword-only names, e.g. addcmul's ``value``)."""
     name = func._schema.name.split("::")[1][len("_foreach_"):]
     base = getattr(torch.ops.aten, name)
     lists = [a for a in args if isinstance(a, (list, tuple))]
     n = len(lists[0]) if lists else 0
+    nargs = len(args)
+    call = None
+    for ov in base.overloads():
+        sch = getattr(base, ov)._schema
+        pos = [a.name for a in sch.arguments if not a.kwarg_only]
+        kwo = [a.name for a in sch.arguments if a.kwarg_only and a.name not in kwargs]
+        if len(pos) >= nargs:
+            call = (len(pos), [])
+            break
+        if len(pos) < nargs <= len(pos) + len(kwo):
+            call = (len(pos), kwo[:nargs - len(pos)])
+    npos, kwnames = call if call is not None else (nargs, [])
     outs = []
     for i in range(n):
-        a_i = [a[i] if isinstance(a, (list, tuple)) else a for a in args]
-        outs.append(base(*a_i, **kwargs))
+        vals = [a[i] if isinstance(a, (list, tuple)) else a for a in args]
+        kw = dict(kwargs)
+        kw.update(zip(kwnames, vals[npos:]))
+        outs.append(base(*vals[:npos], **kw))
     if name.endswith("_"):
         return None
     return outs
@@ -428,13 +579,4 @@ def _foreach(ctx, func, args, kwargs, mode=None):
 FOREACH_PREFIX = "aten._foreach_"
 
 
-def _glob_names():  # pragma: no cover - documentation helper
-    return sorted(FLOP_HANDLERS)
-
-
-def count_elements(x) -> int:
-    return sum(t.numel() for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor))
-
-
-__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "HOW", "EXACT", "op_once", "f64_once", "register",
-           "tree_map", "math"]
+__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "HOW", "EXACT", "op_once", "f64_once", "register"]

@@ -324,6 +324,131 @@ def _scan_kernel(x, out, key, mode, t, is32, use_mul, cumulative):  # pragma: no
             prev = cur
 
 
+@njit(inline="always")
+def _roundloop32(h, o, ukey, j0, mode):
+    nbad = 0
+    for jj in range(o.size):
+        v, ok = _fast32(h[jj], _bits(ukey, np.uint64(j0 + jj)), mode)
+        o[jj] = v
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(parallel=True, cache=True)
+def _round_fast32(h, out, key, mode):  # pragma: no cover - compiled
+    """out[j] = round_f32(h[j], 0, mode, 24, bits64(key, j)): numvar.rounding's
+    ``round`` of float64 values to binary32, vectorised for every mode (the rounding
+    core's own kernel vectorises SR only)."""
+    n = h.size
+    ntile = (n + TILE - 1) // TILE
+    ukey = np.uint64(key)
+    for tile in prange(ntile):
+        j0 = tile * TILE
+        j1 = min(n, j0 + TILE)
+        hh = h[j0:j1]
+        o = out[j0:j1]
+        if mode == _SR:
+            nbad = _roundloop32(hh, o, ukey, j0, _SR)
+        elif mode == _IEEE:
+            nbad = _roundloop32(hh, o, ukey, j0, _IEEE)
+        elif mode == _UD:
+            nbad = _roundloop32(hh, o, ukey, j0, _UD)
+        else:
+            nbad = _roundloop32(hh, o, ukey, j0, _RANDOM)
+        if nbad:
+            for jj in range(j1 - j0):
+                r = _bits(ukey, np.uint64(j0 + jj))
+                v, ok = _fast32(hh[jj], r, mode)
+                if not ok:
+                    o[jj] = K.round_f32(hh[jj], 0.0, mode, 24, r)
+
+
+def round32(h: np.ndarray, key: int, mode: int) -> np.ndarray:
+    """Round float64 values to binary32 (24 bits) exactly as ``numvar.rounding.round``
+    does for that key (element j uses ``bits64(key, j)``)."""
+    h = np.ascontiguousarray(h, dtype=np.float64).reshape(-1)
+    out = np.empty(h.size, dtype=np.float32)
+    if h.size:
+        _round_fast32(h, out, np.uint64(key), mode)
+    return out
+
+
+@njit(inline="always")
+def _binloop32(a, b, o, ukey, j0, op, mode):
+    nbad = 0
+    for jj in range(o.size):
+        x = np.float64(a[jj])
+        y = np.float64(b[jj])
+        if op == K.OP_MUL:
+            s = x * y
+            e = 0.0
+        else:
+            if op == K.OP_SUB:
+                y = -y
+            s = x + y
+            bv = s - x
+            e = (x - (s - bv)) + (y - bv)
+        v, ok = _fast32(s, _bits(ukey, np.uint64(j0 + jj)), mode)
+        o[jj] = v
+        nbad += 0 if (ok and e == 0.0) else 1
+    return nbad
+
+
+@njit(cache=True)
+def _bintile32(a, b, o, ukey, j0, op, mode):  # pragma: no cover - compiled
+    if op == K.OP_MUL:
+        if mode == _SR:
+            return _binloop32(a, b, o, ukey, j0, K.OP_MUL, _SR)
+        if mode == _IEEE:
+            return _binloop32(a, b, o, ukey, j0, K.OP_MUL, _IEEE)
+        if mode == _UD:
+            return _binloop32(a, b, o, ukey, j0, K.OP_MUL, _UD)
+        return _binloop32(a, b, o, ukey, j0, K.OP_MUL, _RANDOM)
+    if mode == _SR:
+        return _binloop32(a, b, o, ukey, j0, op, _SR)
+    if mode == _IEEE:
+        return _binloop32(a, b, o, ukey, j0, op, _IEEE)
+    if mode == _UD:
+        return _binloop32(a, b, o, ukey, j0, op, _UD)
+    return _binloop32(a, b, o, ukey, j0, op, _RANDOM)
+
+
+@njit(parallel=True, cache=True)
+def _binary_fast32(op, a, b, out, key, mode):  # pragma: no cover - compiled
+    """binary32 a op b (add, sub, mul) at 24 bits exactly as numvar.rounding's ``add``,
+    ``sub``, ``mul`` (element j uses ``bits64(key, j)``), vectorised for every mode."""
+    n = out.size
+    ntile = (n + TILE - 1) // TILE
+    ukey = np.uint64(key)
+    for tile in prange(ntile):
+        j0 = tile * TILE
+        j1 = min(n, j0 + TILE)
+        aa = a[j0:j1]
+        bb = b[j0:j1]
+        o = out[j0:j1]
+        if _bintile32(aa, bb, o, ukey, j0, op, mode):
+            for jj in range(j1 - j0):
+                x = np.float64(aa[jj])
+                y = np.float64(bb[jj])
+                if op == K.OP_MUL:
+                    s = x * y
+                    e = 0.0
+                else:
+                    yy = -y if op == K.OP_SUB else y
+                    s = x + yy
+                    bv = s - x
+                    e = (x - (s - bv)) + (yy - bv)
+                r = _bits(ukey, np.uint64(j0 + jj))
+                v, ok = _fast32(s, r, mode)
+                if not (ok and e == 0.0):
+                    if op == K.OP_MUL:
+                        o[jj] = K.mul_f32(x, y, mode, 24, r)
+                    elif op == K.OP_SUB:
+                        o[jj] = K.add_f32(x, -y, mode, 24, r)
+                    else:
+                        o[jj] = K.add_f32(x, y, mode, 24, r)
+
+
 def _check(arr: np.ndarray, name: str) -> None:
     if arr.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name}: float32 or float64 array expected, got {arr.dtype}")

@@ -366,18 +366,16 @@ class FuzzyMode(TorchDispatchMode):
         if info.inplace:
             res = self._reenter(info.functional, *args, **kwargs)
             dest = args[0]
-            with torch.utils._python_dispatch._disable_current_modes():
-                dest.copy_(res)
+            dest.copy_(res)  # this mode is popped here: the copy itself is not seen
             return dest
         kw = {k: v for k, v in kwargs.items() if k not in info.out_args}
         res = self._reenter(info.functional, *args, **kw)
         outs = [kwargs[k] for k in info.out_args]
         res_l = list(res) if isinstance(res, (tuple, list)) else [res]
-        with torch.utils._python_dispatch._disable_current_modes():
-            for o, r in zip(outs, res_l):
-                if o.shape != r.shape:
-                    o.resize_(r.shape)
-                o.copy_(r)
+        for o, r in zip(outs, res_l):
+            if o.shape != r.shape:
+                o.resize_(r.shape)
+            o.copy_(r)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -429,6 +427,10 @@ class Fuzzy:
     def __enter__(self) -> Fuzzy:
         if self._mode is not None:
             raise ConfigError("this fuzzy block is already active")
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        if any(isinstance(m, FuzzyMode) for m in _get_current_dispatch_mode_stack()):
+            raise ConfigError("numvar.fuzzy blocks cannot be nested")
         c = self.config
         self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend)
         if c.modules is not None:

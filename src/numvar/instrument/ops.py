@@ -46,7 +46,7 @@ OP_KINDS: dict[str, tuple[str, ...]] = {
         "aten.elu_backward", "aten.mish", "aten.mish_backward", "aten.logit", "aten.rsqrt",
         "aten.rsqrt_", "aten.pow", "aten.pow_", "aten.xlogy", "aten.hypot", "aten.logaddexp",
         "aten.logaddexp2", "aten.lgamma", "aten.digamma", "aten.sinc", "aten.log_sigmoid_forward",
-        "aten.log_sigmoid_backward", "aten.special_*", "aten.exp", "prims.exp", "prims.log",
+        "aten.log_sigmoid_backward", "aten.special_*", "prims.exp", "prims.log",
     ),
     "reduction": (
         "aten.sum", "aten.mean", "aten.prod", "aten.cumsum", "aten.cumprod", "aten.var",

@@ -54,7 +54,6 @@ _M2 = np.uint64(MIX2)
 _U1 = np.uint64(1)
 _U11 = np.uint64(11)
 _U63 = np.uint64(63)
-_U35 = np.uint64(35)
 _U0 = np.uint64(0)
 _EXPMASK = np.uint64(0x7FF)
 _MANT = np.uint64((1 << 52) - 1)
@@ -256,35 +255,42 @@ def round_core3(hi, lo, lo2, k, mode, t, p, emin, emax, r):
     return -R if neg else R
 
 
-@njit(cache=True, error_model="numpy")
-def round_bits(hi, mode, t, p, emin, emax, r):
-    """round_core for lo == 0, k == 0, t <= 24 and hi with exponent in [emin, emax], by
-    integer operations on the float64 bit pattern (identical results):
-    SR adds the complement of the top 53-t random bits below the kept bits and
-    truncates (up iff floor(d * 2**53) >= (r >> 11) + 1), random truncates and adds one
-    unit on the top bit, ieee/UD round to nearest even by the add-and-truncate trick."""
-    b = _f64_bits(hi)
+@njit(inline="always", cache=True, error_model="numpy")
+def _fast_bits(b, mode, t, p, emin, emax, r):
+    """The integer version of round_core on a float64 bit pattern b (lo == 0, k == 0,
+    t <= 24, exponent of b in [emin, emax]); a result whose exponent exceeds emax is
+    left for the caller (round_bits maps it to inf, the kernels recompute it)."""
     nb = np.uint64(53 - t)
     one = _U1 << nb
     mask = one - _U1
     if mode == MODE_SR:
-        b = (b + ((~r) >> np.uint64(11 + t))) & ~mask
-    elif mode == MODE_RANDOM:
+        # up iff floor(d * 2**53) >= (r >> 11) + 1: add the complement of the top 53-t
+        # random bits below the kept bits, truncate
+        return (b + ((~r) >> np.uint64(11 + t))) & ~mask
+    if mode == MODE_RANDOM:
         if (b & mask) != _U0:
-            b = (b & ~mask) + ((r >> _U63) << nb)
-    else:
-        # ties to even: the integer significand's last bit (always 1 when t == 1)
-        lsb = _U1 if t == 1 else (b >> nb) & _U1
-        b = (b + ((one >> _U1) - _U1) + lsb) & ~mask
-        if mode == MODE_UD:
-            be = np.int64((b >> np.uint64(52)) & _EXPMASK)
-            if be <= 1023 + emax:
-                if (r >> _U63) == _U1:
-                    b = b + one
-                elif (b & _MANT) == _U0 and be == 1023 + emin and t == p:
-                    b = b - (one << _U1)  # below 2**emin: the subnormal spacing
-                else:
-                    b = b - one  # below a power of two this is half a unit (lower binade)
+            return (b & ~mask) + ((r >> _U63) << nb)
+        return b
+    # round to nearest even: the integer significand's last bit (always 1 when t == 1)
+    lsb = _U1 if t == 1 else (b >> nb) & _U1
+    b = (b + ((one >> _U1) - _U1) + lsb) & ~mask
+    if mode == MODE_UD:
+        be = np.int64((b >> np.uint64(52)) & _EXPMASK)
+        if be <= 1023 + emax:
+            if (r >> _U63) == _U1:
+                b = b + one
+            elif (b & _MANT) == _U0 and be == 1023 + emin and t == p:
+                b = b - (one << _U1)  # below 2**emin: the subnormal spacing
+            else:
+                b = b - one  # below a power of two this is half a unit (lower binade)
+    return b
+
+
+@njit(cache=True, error_model="numpy")
+def round_bits(hi, mode, t, p, emin, emax, r):
+    """round_core for lo == 0, k == 0, t <= 24 and hi with exponent in [emin, emax], by
+    integer operations on the float64 bit pattern (identical results)."""
+    b = _fast_bits(_f64_bits(hi), mode, t, p, emin, emax, r)
     if np.int64((b >> np.uint64(52)) & _EXPMASK) > 1023 + emax:
         return -np.inf if hi < 0.0 else np.inf
     return _bits_f64(b)
@@ -303,6 +309,48 @@ def round_narrow(hi, lo, mode, t, p, emin, emax, r):
 
 
 @njit(cache=True, error_model="numpy")
+def round_rn64(hi, lo, mode, t, r):
+    """round_core for binary64 at t bits with hi = RN64(hi + lo) (TwoSum/TwoProduct
+    output): a shortcut when t = 53 and hi is normal, identical results."""
+    if t == 53:
+        b = _f64_bits(hi)
+        be = np.int64((b >> np.uint64(52)) & _EXPMASK)
+        if be >= 1 and be <= 2046:
+            if lo == 0.0 and mode != MODE_UD:
+                return hi
+            if mode == MODE_IEEE:
+                return hi
+            neg = hi < 0.0
+            H = -hi if neg else hi
+            L = -lo if neg else lo
+            u = pow2(be - 1023 - 52)
+            if mode == MODE_UD:
+                if (r >> _U63) == _U1:
+                    R = H + u
+                elif (b & _MANT) == _U0 and be > 1:
+                    R = H - 0.5 * u
+                else:
+                    R = H - u
+            else:
+                if L > 0.0:
+                    A = H
+                    sv = L
+                else:
+                    if (b & _MANT) == _U0 and be > 1:
+                        u = 0.5 * u
+                    A = H - u
+                    sv, _e = two_sum(u, L)
+                R = A
+                if mode == MODE_SR:
+                    if np.float64(r >> _U11) + 1.0 <= (sv / u) * _TWO53:
+                        R = A + u
+                elif (r >> _U63) == _U1:
+                    R = A + u
+            return -R if neg else R
+    return round_core(hi, lo, 0, mode, t, 53, -1022, 1023, r)
+
+
+@njit(cache=True, error_model="numpy")
 def round_f32(hi, lo, mode, t, r):
     """Randomly round the exact value hi+lo (float64, hi = RN64(hi+lo)) to binary32 at t
     significand bits (t = 24: full precision)."""
@@ -312,9 +360,7 @@ def round_f32(hi, lo, mode, t, r):
 @njit(cache=True, error_model="numpy")
 def round_f64(hi, lo, mode, t, r):
     """Randomly round hi+lo to binary64 at t bits; hi = RN(exact), lo = exact error."""
-    if mode == MODE_IEEE and t == 53:
-        return hi
-    return round_core(hi, lo, 0, mode, t, 53, -1022, 1023, r)
+    return round_rn64(hi, lo, mode, t, r)
 
 
 # ---------------------------------------------------------------- narrow-format ops
@@ -409,16 +455,14 @@ def wide_binary(op, a, b, mode, t, r):
         if not (abs(s) < np.inf) and abs(a) < np.inf and abs(bb) < np.inf:
             s, e = two_sum(0.5 * a, 0.5 * bb)
             return round_core(s, e, -1, mode, t, 53, -1022, 1023, r)
-        if mode == MODE_IEEE and t == 53:
-            return s
-        return round_core(s, e, 0, mode, t, 53, -1022, 1023, r)
+        return round_rn64(s, e, mode, t, r)
     finite = abs(a) < np.inf and abs(b) < np.inf and a != 0.0 and b != 0.0
     if op == OP_MUL:
         if not finite:
             return a * b
         if _normal_in(a, _SAFE_LO, _SAFE_HI) and _normal_in(b, _SAFE_LO, _SAFE_HI):
             s, e = two_prod(a, b)
-            return round_core(s, e, 0, mode, t, 53, -1022, 1023, r)
+            return round_rn64(s, e, mode, t, r)
         ea = exponent(abs(a))
         eb = exponent(abs(b))
         s, e = two_prod(scale2(a, -ea), scale2(b, -eb))
@@ -540,24 +584,14 @@ def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
         # elements outside the normal range or overflowing; pass 2 redoes those exactly.
         lo_b = np.uint64(1023 + emin)
         hi_b = np.uint64(1023 + emax)
-        sh = np.uint64(11 + t)
-        mask = (_U1 << np.uint64(53 - t)) - _U1
         nslow = 0
-        if mode == MODE_SR:
-            for j in prange(n):
-                b = _f64_bits(np.float64(hi[j]))
-                be = (b >> np.uint64(52)) & _EXPMASK
-                v = (b + ((~bits64(key, j)) >> sh)) & ~mask
-                out[j] = _bits_f64(v)
-                ve = (v >> np.uint64(52)) & _EXPMASK
-                nslow += np.int64((be < lo_b) | (be > hi_b) | (ve > hi_b))
-        else:
-            for j in prange(n):
-                h = np.float64(hi[j])
-                be = (_f64_bits(h) >> np.uint64(52)) & _EXPMASK
-                ok = (be >= lo_b) & (be <= hi_b)
-                out[j] = round_bits(h, mode, t, p, emin, emax, bits64(key, j)) if ok else 0.0
-                nslow += np.int64(not ok)
+        for j in prange(n):
+            b = _f64_bits(np.float64(hi[j]))
+            be = (b >> np.uint64(52)) & _EXPMASK
+            v = _fast_bits(b, mode, t, p, emin, emax, bits64(key, j))
+            out[j] = _bits_f64(v)
+            ve = (v >> np.uint64(52)) & _EXPMASK
+            nslow += np.int64((be < lo_b) | (be > hi_b) | (ve > hi_b))
         if nslow > 0:
             for j in prange(n):
                 h = np.float64(hi[j])
@@ -575,7 +609,7 @@ def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
         else:
             l = 0.0
         if wide:
-            out[j] = round_core(h, l, 0, mode, t, p, emin, emax, r)
+            out[j] = round_rn64(h, l, mode, t, r)
         else:
             out[j] = round_narrow(h, l, mode, t, p, emin, emax, r)
 
@@ -585,12 +619,10 @@ def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
     key = np.uint64(key)
     wide = p == 53
     n = out.size
-    if not wide and mode == MODE_SR and op != OP_DIV:
-        # SR fast pass (exact float64 result, normal range); the rest redone exactly
+    if not wide and op != OP_DIV:
+        # fast pass (exact float64 result in the normal range); the rest redone exactly
         lo_b = np.uint64(1023 + emin)
         hi_b = np.uint64(1023 + emax)
-        sh = np.uint64(11 + t)
-        mask = (_U1 << np.uint64(53 - t)) - _U1
         nslow = 0
         for j in prange(n):
             x = np.float64(a[j])
@@ -602,7 +634,7 @@ def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
                 s, e = two_sum(x, -y if op == OP_SUB else y)
             bs = _f64_bits(s)
             be = (bs >> np.uint64(52)) & _EXPMASK
-            v = (bs + ((~bits64(key, j)) >> sh)) & ~mask
+            v = _fast_bits(bs, mode, t, p, emin, emax, bits64(key, j))
             out[j] = _bits_f64(v)
             ve = (v >> np.uint64(52)) & _EXPMASK
             nslow += np.int64((be < lo_b) | (be > hi_b) | (ve > hi_b) | (e != 0.0))
