@@ -28,9 +28,6 @@ Script: ``python -m numvar.workloads.brain`` prints Dice and volumes on the test
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -39,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import Trained, capture, batches, cache_dir, load_or_train_impl, seeded
+from ._common import Trained, batches, capture, cache_dir, load_or_train_impl, seeded
 
 NAME = "brain"
 TRAIN_VERSION = 1

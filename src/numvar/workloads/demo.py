@@ -115,6 +115,7 @@ def _clear_run(path: Path) -> None:
         if not (path / "manifest.json").is_file():
             raise ConfigError(f"{path} exists and is not a numvar run directory; "
                               f"choose another --out")
+        log.info("replacing the previous demo run %s", path)
         shutil.rmtree(path)
 
 
@@ -154,6 +155,8 @@ def run_demo(config: DemoConfig | None = None, *, progress: Progress | None = No
                          seed=config.seed, jobs=config.jobs, out=run_dir, reference=True,
                          capture_layers="*", model=model, progress=cb)
         result.seconds[mode] = time.perf_counter() - t0
+        log.info("%s: %d realizations + reference in %.1f s", mode, config.n,
+                 result.seconds[mode])
         if samples.timings:
             result.per_realization[mode] = sum(samples.timings) / len(samples.timings)
         res = analyze(samples, basis=config.basis, path=str(run_dir))
@@ -238,7 +241,7 @@ def render_demo_html(result: DemoResult) -> str:
          f"<p>A LeNet-5 trained on scikit-learn's handwritten digits "
          f"({'loaded from the cache' if result.model_from_cache else 'trained just now'}; "
          f"IEEE test accuracy {_fmt(result.model_metrics.get('accuracy'), 'p')}) classified "
-         f"{result.images} test images {len(cfg.modes) and ''}in {cfg.n} realizations per "
+         f"{result.images} test images in {cfg.n} realizations per "
          f"rounding mode at <code>{html.escape(cfg.granularity)}</code> granularity: every "
          f"scalar addition and multiplication, also inside the convolutions and dense "
          f"layers, was rounded randomly. <b>SR</b> (stochastic rounding) rounds up or down "

@@ -21,7 +21,6 @@ metrics (an unmodified script for ``numvar run``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import time
 from collections import OrderedDict
@@ -31,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import Trained, capture, batches, load_or_train_impl, seeded
+from ._common import Trained, batches, capture, load_or_train_impl, seeded
 
 NAME = "digits"
 TRAIN_VERSION = 1

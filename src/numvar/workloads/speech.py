@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import Trained, capture, batches, load_or_train_impl, seeded
+from ._common import Trained, batches, capture, load_or_train_impl, seeded
 
 NAME = "speech"
 TRAIN_VERSION = 1
