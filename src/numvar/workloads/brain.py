@@ -5,12 +5,13 @@ are the MNI152 2009 template and tissue maps that nilearn ships (no download): t
 template is the input; the label of each voxel inside ``load_mni152_brain_mask`` is the
 most probable of background (1 − p_GM − p_WM, CSF included), gray matter
 (``load_mni152_gm_template``) and white matter (``load_mni152_wm_template``); outside the
-mask it is background. Volumes at 2 mm are cropped to the brain (80×96 in-plane) and
+mask it is background. Volumes at 2 mm are cropped to the brain (96×80 in-plane, H×W) and
 optionally average-pooled further; axial slices with z % 5 == 2 are held out for testing.
 
 The U-Net (Ronneberger et al., 2015) has conv3×3–BatchNorm–ReLU blocks, max pooling,
 nearest upsampling and skip connections. Training uses a fixed seed, Adam, cross-entropy,
-and random intensity gain and noise; it reaches a mean GM/WM Dice ≈ 0.9 on held-out slices.
+and random intensity gain and noise; the default configuration reaches Dice 0.94 for
+both GM and WM on the 14 held-out slices.
 
 API::
 
