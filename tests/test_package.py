@@ -46,3 +46,12 @@ def test_save_tensors_that_share_memory(tmp_path):
     _io.save_tensors(tmp_path / "v.safetensors", {"a": base, "b": base[:2]})
     back = _io.load_tensors(tmp_path / "v.safetensors")
     assert torch.equal(back["b"], torch.tensor([0.0, 1.0]))
+
+
+def test_cli_usage_errors_are_one_line_exit_2(capsys):
+    assert main(["report"]) == 2                       # missing argument
+    assert "Missing argument" in capsys.readouterr().err
+    assert main(["report", "--basis", "x", "r"]) == 2  # bad option value
+    assert main(["no-such-command"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "No such command" in err

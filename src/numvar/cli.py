@@ -646,7 +646,7 @@ def locate_cmd(
                                          "digits kept with everything perturbed and the cap)."),
     basis: int = typer.Option(2, "--basis", help="Digits in this basis (2: bits, 10: decimal)."),
     method: str = typer.Option("cnh", "--method", help="Significant digits method: cnh, general."),
-    stat: str = typer.Option("median", "--stat", help="Output summary: median, mean, min."),
+    stat: str = typer.Option("mean", "--stat", help="Output summary over elements: mean, median, min."),
     necessity: bool = typer.Option(True, "--necessity/--no-necessity",
                                    help="Also perturb everything except each candidate."),
     dd: bool = typer.Option(True, "--ddmin/--no-ddmin", help="Delta-debug a minimal set."),
@@ -677,6 +677,8 @@ def locate_cmd(
 
     if (input_shape is None) == (input_file is None):
         raise ConfigError("give exactly one of --input-shape and --input")
+    if class_dim is not None and map_png is None:
+        raise ConfigError("--class-dim is for the spatial view: give --map FILE.png too")
     model = _spec.load_object(spec)()
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
@@ -721,6 +723,17 @@ def locate_cmd(
 
 
 # ---------------------------------------------------------------- entry point
+def _click_exceptions() -> tuple[type[BaseException], ...]:
+    """ClickException classes: typer >= 0.22 bundles its own click, older ones use click."""
+    classes = []
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            classes.append(__import__(name, fromlist=["ClickException"]).ClickException)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(classes)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: numvar's own errors print as one clean line and exit 2."""
     try:
@@ -733,13 +746,9 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         typer.secho("aborted", err=True)
         return 130
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    except _click_exceptions() as exc:  # usage errors: bad option, missing argument
+        exc.show()
+        return exc.exit_code
     return rv if isinstance(rv, int) else 0
 
 
