@@ -211,7 +211,7 @@ def run_script_task(task: dict[str, Any]) -> bytes:
     workdir = tmp / "work"
     workdir.mkdir()
     result = tmp / "result.safetensors"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMVAR_")}
+    env = zygote.inheritable_env(dict(os.environ))
     env.update(task["env"])
     threads = str(task["threads"])
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
