@@ -227,3 +227,40 @@ def test_evaluator_perturbation_keywords():
     d = np.array([1.0, 2.0, 10.0])
     assert summarize(d, "median") == 2.0 and summarize(d, "mean") == pytest.approx(13 / 3)
     assert summarize(d, "min") == 1.0
+
+
+def test_user_model_classes_pickle_by_value_for_dask(tmp_path):
+    """A model class from ``model.py:build`` must unpickle in a fresh worker process."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    from numvar._spec import load_object
+    from numvar.locate.api import _pickle_user_code_by_value
+
+    f = tmp_path / "usermodel.py"
+    f.write_text("import torch\nclass Twice(torch.nn.Module):\n"
+                 "    def forward(self, x):\n        return 2 * x\n"
+                 "def build():\n    return torch.nn.Sequential(Twice())\n")
+    model = load_object(f"{f}:build")()
+    _pickle_user_code_by_value(model)
+    blob = cloudpickle.dumps(model)
+    code = ("import sys, cloudpickle, torch; m = cloudpickle.loads(sys.stdin.buffer.read()); "
+            "print(type(m[0]).__name__, m(torch.ones(1)).item())")
+    out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True,
+                         timeout=120, cwd="/")
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert out.stdout.decode().split() == ["Twice", "2.0"]
+
+
+def test_model_checks(caplog):
+    from numvar.locate.api import _check_model
+
+    with pytest.raises(ConfigError, match="nn.Module"):
+        _check_model(lambda x: x)
+    with caplog.at_level("WARNING", logger="numvar.locate.api"):
+        _check_model(nn.Linear(2, 2).eval())
+        assert caplog.records == []
+        _check_model(nn.Linear(2, 2))
+    assert "training mode" in caplog.text

@@ -171,7 +171,7 @@ def _cap_of(output: Any, basis: int) -> float:
 def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
            mode: str = "sr", granularity: str = "flop", precision: int | None = None,
            seed: int = 0, threshold: float | None = None, basis: int = 2,
-           method: str = "cnh", stat: str = "median", necessity: bool = True,
+           method: str = "cnh", stat: str = "mean", necessity: bool = True,
            ddmin: bool = True, layers: bool = True, spatial: bool = False,
            class_dim: int | None = None, max_dd_tests: int | None = None,
            select: Sequence[str] | None = None, executor: str = "local",
@@ -198,6 +198,7 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
         raise ConfigError(f"--stat must be median, mean or min, not {stat!r}")
     if max_dd_tests is not None and max_dd_tests < 0:
         raise ConfigError("max_dd_tests must be >= 0")
+    _check_model(model)
     found = discover(model, inputs)
     pool = found.modules if by == "module" else found.op_kinds
     if select:
@@ -210,6 +211,8 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
     names = [c.name for c in pool]
     cap = _cap_of(found.output, basis)
     with contextlib.ExitStack() as stack:
+        if executor == "dask":
+            _pickle_user_code_by_value(model)
         if executor == "dask" and not _is_client(scheduler):
             scheduler = stack.enter_context(_dask_client(scheduler, jobs))
         return _locate(model, inputs, found, pool, names, cap, n=n, by=by, mode=mode,
@@ -218,6 +221,34 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
                        necessity=necessity, ddmin=ddmin, layers=layers, spatial=spatial,
                        class_dim=class_dim, max_dd_tests=max_dd_tests, select=select,
                        executor=executor, jobs=jobs, scheduler=scheduler, progress=progress)
+
+
+def _check_model(model: Any) -> None:
+    """A module, ideally in eval mode: in training mode every realization of every
+    evaluation updates batch-norm statistics and redraws dropout masks, so evaluations
+    would not compare like with like."""
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"locate needs a torch.nn.Module, got {type(model).__name__}")
+    if model.training:
+        log.warning("the model is in training mode: batch-norm statistics change and "
+                    "dropout masks are redrawn in every realization; call model.eval() "
+                    "first unless that is what you want to measure")
+
+
+def _pickle_user_code_by_value(model: torch.nn.Module) -> None:
+    """Let Dask workers unpickle classes from a file loaded by ``numvar._spec``.
+
+    ``load_object("model.py:build")`` imports the file under a private module name that
+    worker processes cannot import; cloudpickle then has to ship those classes by value.
+    """
+    import sys
+
+    import cloudpickle
+
+    for mod in model.modules():
+        name = type(mod).__module__
+        if name.startswith("_numvar_user_") and name in sys.modules:
+            cloudpickle.register_pickle_by_value(sys.modules[name])
 
 
 def _is_client(obj: Any) -> bool:

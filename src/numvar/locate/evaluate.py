@@ -69,7 +69,7 @@ class EvalConfig:
     seed: int = 0
     method: str = "cnh"
     basis: int = 2
-    stat: str = "median"
+    stat: str = "mean"
     executor: str = "local"
     jobs: int | None = None
     scheduler: str | None = None

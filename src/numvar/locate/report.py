@@ -107,7 +107,7 @@ def renderables(res) -> list:
     else:
         out.append("No candidate loses any digit at the output: nothing to rank.")
     if res.no_effect and res.ranked:
-        out.append(f"No measurable effect on the {res.config.get('stat', 'median')} output "
+        out.append(f"No measurable effect on the {res.config.get('stat', 'mean')} output "
                    f"digits: " + ", ".join(r.name or "(model)" for r in res.no_effect))
     out.append(dd_sentence(res))
     if res.layers:
