@@ -2,9 +2,10 @@
 
 Scalar functions that other parts' kernels call (the common ones are
 ``@njit(inline="always")``: their fast paths inline into the caller, the general
-algorithm ``round_core`` stays out of line), plus four parallel array kernels, one per
-op family (``k_round``, ``k_binary``, ``k_sqrt``, ``k_fma``), used by
-:mod:`numvar.rounding`. ``mode`` and the virtual precision ``t`` are runtime integers.
+algorithm ``round_core`` stays out of line), plus the parallel array kernels used by
+:mod:`numvar.rounding`, one per op family (``k_round``, ``k_binary``, ``k_sqrt``,
+``k_fma``; the first two dispatch to a binary64 and a narrow-format kernel, so that each
+compiles only its own code). ``mode`` and the virtual precision ``t`` are runtime integers.
 
 Rounding model (see ``numvar.rounding`` for the full statement)
 ----------------------------------------------------------------
@@ -640,10 +641,10 @@ def call_wide_binary(op, a, b, mode, t, r):
 # (p, emin, emax). Inputs/outputs are 1-D contiguous arrays of equal length.
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
+def _k_round_narrow(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
     key = np.uint64(key)
     n = hi.size
-    if p <= 24 and not has_lo:
+    if not has_lo:
         # pass 1: integer fast path for every element (branch-free for SR), counting the
         # elements outside the normal range or overflowing; pass 2 redoes those exactly.
         lo_b = np.uint64(1023 + emin)
@@ -664,25 +665,40 @@ def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
                         abs(out[j]) >= pow2(emax + 1):
                     out[j] = call_round_narrow(h, 0.0, mode, t, p, emin, emax, bits64(key, j))
         return
-    wide = p == 53
     for j in prange(n):
         r = bits64(key, j)
         h = np.float64(hi[j])
         l = 0.0
         if has_lo and lo[j] != 0.0:  # lo == 0 keeps hi as is (its sign of zero)
             h, l = two_sum(h, np.float64(lo[j]))
-        if wide:
-            out[j] = call_round_rn64(h, l, mode, t, r)
-        else:
-            out[j] = call_round_narrow(h, l, mode, t, p, emin, emax, r)
+        out[j] = call_round_narrow(h, l, mode, t, p, emin, emax, r)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
+def _k_round_wide(hi, lo, out, has_lo, mode, t, key):
     key = np.uint64(key)
-    wide = p == 53
+    for j in prange(hi.size):
+        r = bits64(key, j)
+        h = np.float64(hi[j])
+        l = 0.0
+        if has_lo and lo[j] != 0.0:
+            h, l = two_sum(h, np.float64(lo[j]))
+        out[j] = call_round_rn64(h, l, mode, t, r)
+
+
+def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
+    """Round hi (+ lo) elementwise into out (1-D arrays; float32 out for p <= 24)."""
+    if p == 53:
+        _k_round_wide(hi, lo, out, has_lo, mode, t, key)
+    else:
+        _k_round_narrow(hi, lo, out, has_lo, p, emin, emax, mode, t, key)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _k_binary_wide(op, a, b, out, mode, t, key):
+    key = np.uint64(key)
     n = out.size
-    if wide and t == 53 and op != OP_DIV:
+    if t == 53 and op != OP_DIV:
         # binary64 fast pass: EFT + _rn64_fast, no calls; the rest redone out of line
         nslow = 0
         for j in prange(n):
@@ -712,7 +728,16 @@ def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
             if not good or be < _U1 or be > np.uint64(2046):
                 out[j] = call_wide_binary(op, x, y, mode, t, bits64(key, j))
         return
-    if not wide and op != OP_DIV:
+    for j in prange(n):
+        out[j] = call_wide_binary(op, np.float64(a[j]), np.float64(b[j]), mode, t,
+                                  bits64(key, j))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _k_binary_narrow(op, a, b, out, p, emin, emax, mode, t, key):
+    key = np.uint64(key)
+    n = out.size
+    if op != OP_DIV:
         # fast pass (exact float64 result in the normal range); the rest redone exactly
         lo_b = np.uint64(1023 + emin)
         hi_b = np.uint64(1023 + emax)
@@ -746,12 +771,16 @@ def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
                     abs(out[j]) >= pow2(emax + 1):
                 out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
         return
-    for j in prange(out.size):
-        r = bits64(key, j)
-        if wide:
-            out[j] = call_wide_binary(op, np.float64(a[j]), np.float64(b[j]), mode, t, r)
-        else:
-            out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, r)
+    for j in prange(n):
+        out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
+
+
+def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
+    """out = a (op) b elementwise, rounded (1-D arrays; float32 for p <= 24)."""
+    if p == 53:
+        _k_binary_wide(op, a, b, out, mode, t, key)
+    else:
+        _k_binary_narrow(op, a, b, out, p, emin, emax, mode, t, key)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
