@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from numba import njit
 
 import numvar.rounding as R
 from numvar.errors import RoundingError
@@ -207,40 +208,39 @@ def test_ieee_equals_torch(dtype, backend):
     assert same_bits(R.round(x, dtype=torch.float32, **kw), x.float())
 
 
+@njit(cache=True)
+def _apply_scalar_kernels(op, a, b, c, key, mode, t):
+    out32 = np.empty(a.size, np.float32)
+    out64 = np.empty(a.size, np.float64)
+    for j in range(a.size):
+        r = K.bits64(key, j)
+        x, y, z = np.float32(a[j]), np.float32(b[j]), np.float32(c[j])
+        if op == 0:
+            out32[j] = K.add_f32(x, y, mode, t, r)
+            out64[j] = K.add_f64(a[j], b[j], mode, t + 29, r)
+        elif op == 1:  # mul_f32/_f64 share narrow_binary/wide_binary with add
+            out32[j] = K.sub_f32(x, y, mode, t, r)
+            out64[j] = K.sub_f64(a[j], b[j], mode, t + 29, r)
+        elif op == 2:
+            out32[j] = K.fma_f32(x, y, z, mode, t, r)
+            out64[j] = K.fma_f64(a[j], b[j], c[j], mode, t + 29, r)
+        else:
+            s, e = K.two_prod(a[j], b[j])
+            out32[j] = K.round_f32(s, e, mode, t, r)
+            out64[j] = K.round_f64(s, e, mode, t + 29, r)
+    return out32, out64
+
+
 def test_scalar_kernels_for_other_parts_match_the_api():
     """numvar.rounding.kernels' scalar functions, called from another njit kernel with
     bits64(key, j), give the same bits as the tensor API with that key."""
-    from numba import njit
-
-    @njit
-    def apply(op, a, b, c, key, mode, t):
-        out32 = np.empty(a.size, np.float32)
-        out64 = np.empty(a.size, np.float64)
-        for j in range(a.size):
-            r = K.bits64(key, j)
-            x, y, z = np.float32(a[j]), np.float32(b[j]), np.float32(c[j])
-            if op == 0:
-                out32[j] = K.add_f32(x, y, mode, t, r)
-                out64[j] = K.add_f64(a[j], b[j], mode, t + 29, r)
-            elif op == 1:  # mul_f32/_f64 share narrow_binary/wide_binary with add
-                out32[j] = K.sub_f32(x, y, mode, t, r)
-                out64[j] = K.sub_f64(a[j], b[j], mode, t + 29, r)
-            elif op == 2:
-                out32[j] = K.fma_f32(x, y, z, mode, t, r)
-                out64[j] = K.fma_f64(a[j], b[j], c[j], mode, t + 29, r)
-            else:
-                s, e = K.two_prod(a[j], b[j])
-                out32[j] = K.round_f32(s, e, mode, t, r)
-                out64[j] = K.round_f64(s, e, mode, t + 29, r)
-        return out32, out64
-
     a64, b64, c64 = (x.double() for x in operands(torch.float32, 200, 4))
     a32, b32, c32 = a64.float(), b64.float(), c64.float()
     for mode in MODES:
         for t in (24, 10):
             key = R.Stream(21).next_key()
             for op, fn in enumerate(("add", "sub", "fma", "round")):
-                o32, o64 = apply(op, a64.numpy(), b64.numpy(), c64.numpy(), np.uint64(key),
+                o32, o64 = _apply_scalar_kernels(op, a64.numpy(), b64.numpy(), c64.numpy(), np.uint64(key),
                                  K.mode_code(mode), t)
                 kw = dict(mode=mode, stream=R.Stream(21))
                 if fn == "round":
