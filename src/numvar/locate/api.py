@@ -208,6 +208,7 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
     except Exception as exc:  # the user's model on the user's input: say so in one line
         shapes = ", ".join(str(list(t.shape)) for t in inputs if isinstance(t, torch.Tensor))
         msg = (str(exc).strip().splitlines() or [""])[0]
+        log.info("the model raised on its input", exc_info=True)  # `numvar -v`: traceback
         raise RunError(f"the model raised on its input (shape {shapes or '?'}) in the IEEE "
                        f"run: {type(exc).__name__}: {msg}") from exc
     if spatial and isinstance(found.output, torch.Tensor):
