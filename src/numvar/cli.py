@@ -615,6 +615,8 @@ def locate_cmd(
     Perturbs one candidate at a time (everything else IEEE), ranks them most harmful
     first, delta-debugs a minimal set breaking --threshold and prints what it spent.
     """
+    from pathlib import Path
+
     import torch
     from rich.console import Console
 
@@ -627,6 +629,9 @@ def locate_cmd(
         raise ConfigError("give exactly one of --input-shape and --input")
     if class_dim is not None and map_png is None:
         raise ConfigError("--class-dim is for the spatial view: give --map FILE.png too")
+    for opt, path in (("--json", json_out), ("--map", map_png), ("--html", html_out)):
+        if path is not None and Path(path).is_dir():  # fail now, not after the analysis
+            raise ConfigError(f"{opt} {path}: is a folder, give a file name")
     model = _spec.load_object(spec)()
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
