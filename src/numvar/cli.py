@@ -417,7 +417,8 @@ def compare_cmd(
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@determinism_app.command("record", context_settings=_PASSTHROUGH)
+@determinism_app.command("record", context_settings=_PASSTHROUGH,
+                         options_metavar="[OPTIONS] -- python SCRIPT.py [ARGS] | -- python -m MODULE [ARGS]")
 def determinism_record(
     ctx: typer.Context,
     out: str = typer.Option(..., "--out", "-o", help="Folder for the recording (hashes.json)."),
@@ -444,7 +445,8 @@ def determinism_record(
 @determinism_app.command("check", context_settings=_PASSTHROUGH)
 def determinism_check(
     ctx: typer.Context,
-    reference: str = typer.Argument(..., help="A folder written by `numvar determinism record`."),
+    reference: str = typer.Argument(..., metavar="REF",
+                                    help="A folder written by `numvar determinism record`."),
 ) -> None:
     """Check a script's run against a recording, op by op (usage: check REF -- COMMAND).
 
