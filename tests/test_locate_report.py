@@ -305,6 +305,8 @@ def test_bad_model_input_and_options_fail_before_any_realization(monkeypatch, tm
         locate(_Fails(), torch.ones(2, 5))
     with pytest.raises(ConfigError, match="--basis"):
         locate(seg, x, basis=1)
+    with pytest.raises(ConfigError, match="above the output format's precision"):
+        locate(seg, x, threshold=24.5)
     for cd, what in ((4, "not an axis"), (-5, "not an axis"), (2, "image axis"),
                      (-1, "image axis")):
         with pytest.raises(ConfigError, match=what):

@@ -310,6 +310,9 @@ def run_locate(pool: Sequence[Candidate], evaluate, *, cap: float, config: dict[
     def ordered(s) -> list[str]:
         return sorted(s, key=order.__getitem__)
 
+    if threshold is not None and float(threshold) > cap:  # before any evaluation
+        raise ConfigError(f"--threshold {float(threshold):g} is above the output format's "
+                          f"precision ({cap:.4g} digits in basis {config.get('basis', 2)})")
     ev = Evaluator(evaluate, cap=cap,
                    progress=None if progress is None else lambda k, s: progress(k, ordered(s)))
     d_all, rows = sensitivity(names, ev, necessity=necessity)
@@ -318,9 +321,6 @@ def run_locate(pool: Sequence[Candidate], evaluate, *, cap: float, config: dict[
         thr, source = default_threshold(d_all, cap), "default"
     else:
         thr, source = float(threshold), "given"
-        if thr > cap:
-            raise ConfigError(f"--threshold {thr:g} is above the output format's precision "
-                              f"({cap:.4g} digits in basis {config.get('basis', 2)})")
     dd = None
     dd_b = 0
     if do_dd:
