@@ -320,7 +320,8 @@ def test_bad_model_input_and_options_fail_before_any_realization(monkeypatch, tm
                           (["--input-shape", "2,4", "--basis", "1"], "--basis"),
                           (["--input-shape", "2,4", "--map", str(tmp_path / "m.png"),
                             "--class-dim", "0"], "image axis"),
-                          (["--input-shape", "2,4", "--json", str(tmp_path)], "is a folder")):
+                          (["--input-shape", "2,4", "--json", str(tmp_path)], "is a folder"),
+                          (["--input-shape", "2,4", "--input-key", "x"], "give --input too")):
         assert main(["locate", f"{f}:build", *args]) == 2
         err = capsys.readouterr().err
         assert culprit in err and len(err.strip().splitlines()) == 1, err

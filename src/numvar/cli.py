@@ -631,6 +631,9 @@ def locate_cmd(
         raise ConfigError("give exactly one of --input-shape and --input")
     if class_dim is not None and map_png is None:
         raise ConfigError("--class-dim is for the spatial view: give --map FILE.png too")
+    if input_key is not None and input_file is None:
+        raise ConfigError("--input-key names a tensor inside --input FILE.safetensors: "
+                          "give --input too")
     for opt, path in (("--json", json_out), ("--map", map_png), ("--html", html_out)):
         if path is not None and Path(path).is_dir():  # fail now, not after the analysis
             raise ConfigError(f"{opt} {path}: is a folder, give a file name")
