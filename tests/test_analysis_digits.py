@@ -84,11 +84,12 @@ def test_std_sem_exact_scalar():
 
 
 def test_cnh_digits_closed_form():
-    # Relative error against the reference mu: Z = X/mu − 1 = σ·eps. The package uses the
-    # population std σ̂ (ddof 0): R·σ̂²/σ² = Q ~ χ²_{R−1}, and digits = −log2 σ̂ − δ
+    # Relative error against the reference mu: Z = X/mu − 1 = σ·eps. numvar estimates σ by
+    # the root mean square about the hypothesised centre 0, ρ̂² = mean Z²: R·ρ̂²/σ² = Q ~ χ²_R
+    # (not χ²_{R−1}: no mean is estimated), and digits = −log2 ρ̂ − δ
     #   = −log2 σ − δ − ½·log2(Q/R).
-    # Per element Q ∈ [χ²_{R−1}(α), χ²_{R−1}(1−α)] with α = 1e-6/M (union bound over M
-    # elements and both tails: failure ≤ 2e-6), which bounds the min and max digits.
+    # Per element Q ∈ [χ²_R(α), χ²_R(1−α)] with α = 1e-6/M (union bound over M elements
+    # and both tails: failure ≤ 2e-6), which bounds the min and max digits.
     # The sample median of M iid Q lies between the population quantiles 0.5 ∓ 5/(2√M)
     # (5-sigma binomial bound), which bounds the median digits.
     R, M, sigma = 20, 2000, 2.0 ** -12
@@ -102,16 +103,31 @@ def test_cnh_digits_closed_form():
         return d - 0.5 * math.log2(q / R)
 
     a = 1e-6 / M
-    lo, hi = at(ss.chi2.ppf(1 - a, R - 1)), at(ss.chi2.ppf(a, R - 1))
+    lo, hi = at(ss.chi2.ppf(1 - a, R)), at(ss.chi2.ppf(a, R))
     assert lo <= sd.digits.min() and sd.digits.max() <= hi
     h = 5 / (2 * math.sqrt(M))
     med = float(np.median(sd.digits))
-    assert at(ss.chi2.ppf(0.5 + h, R - 1)) <= med <= at(ss.chi2.ppf(0.5 - h, R - 1))
+    assert at(ss.chi2.ppf(0.5 + h, R)) <= med <= at(ss.chi2.ppf(0.5 - h, R))
     assert sd.cap == 53 and not sd.no_variation.any() and not sd.undefined.any()
-    # element for element, the package's own value (no capping needed here)
+    # element for element: −log2 sqrt(mean Z²) − δ with Z formed in float64 as the package
+    # forms it (no capping needed here)
+    z = x.numpy() / mu[None] - 1
+    np.testing.assert_allclose(sd.digits, -0.5 * np.log2((z ** 2).mean(axis=0)) - delta_cnh(R),
+                               rtol=0, atol=1e-9)
+    # ... which is the package's value minus ½·log2(1 + m²/σ̂²) (m, σ̂: mean and
+    # population std of Z); the package alone ignores m
     raw = sdp.significant_digits(x.numpy(), reference=mu, axis=0, method=sdp.Method.CNH,
                                  error=sdp.Error.Relative, probability=P, confidence=C)
-    np.testing.assert_array_equal(sd.digits, raw)
+    m, s = z.mean(axis=0), z.std(axis=0)
+    np.testing.assert_allclose(sd.digits, raw - 0.5 * np.log2(1 + (m / s) ** 2), rtol=0,
+                               atol=1e-9)
+    assert (sd.digits < raw).all()
+    # against the sample mean, m ≈ 0 (rounding only): the package's value
+    sdm = significant_digits(x, "mean")
+    rawm = sdp.significant_digits(x.numpy(), reference=x.numpy().mean(axis=0), axis=0,
+                                  method=sdp.Method.CNH, error=sdp.Error.Relative,
+                                  probability=P, confidence=C)
+    np.testing.assert_allclose(sdm.digits, rawm, rtol=0, atol=1e-9)
     # and analyze's summary is that of significant_digits
     res = analyze(samples_of({"y": x}, {"y": torch.from_numpy(mu)}))
     assert res["captures"]["y"]["digits"]["median"] == pytest.approx(med, abs=1e-6)
@@ -151,6 +167,110 @@ def test_basis_10_and_absolute_error():
     # absolute digits −log2(σ̂_abs) + (e − 1) − δ equal the relative ones
     ab = significant_digits(x, ref, error="absolute")
     np.testing.assert_allclose(ab.digits, b2.digits, rtol=0, atol=1e-9)
+
+
+def _z_digits(z, R):
+    """Closed form of numvar's CNH digits for given relative errors (float64 rationals
+    turned into one float): −½·log2(mean Z²) − δ(R)."""
+    ms = sum(Fraction(v) ** 2 for v in z) / len(z)
+    return -0.5 * math.log2(ms) - delta_cnh(R)
+
+
+def test_cnh_bias_constant():
+    # Every realization carries the same relative bias b = 2^-10 against the reference
+    # (e.g. op granularity: a float64-then-rounded result that differs from native IEEE
+    # without varying). Z_i = b exactly: ρ̂ = b, digits = 10 − δ(4) ≈ 7.13 (the package's
+    # max|Z| fallback gives the same); General: max{k : b ≤ 2^-k} = 10.
+    R, b = 4, 2.0 ** -10
+    ref = torch.tensor([1.0, -3.0, 0.75], dtype=torch.float64)
+    x = (ref * (1 + b)).repeat(R, 1)
+    sd = significant_digits(x, ref)
+    np.testing.assert_allclose(sd.digits, 10 - delta_cnh(R), rtol=0, atol=1e-12)
+    assert sd.digits[0] == pytest.approx(7.1306, abs=1e-4)
+    assert not sd.no_variation.any() and not sd.undefined.any()
+    assert significant_digits(x, ref, method="general").digits.tolist() == [10.0] * 3
+    # absolute error: Z = b·x, e − 1 = floor(log2|x|); −log2|b·x| + floor(log2|x|) − δ
+    ab = significant_digits(x, ref, error="absolute")
+    r = ref.abs().numpy()
+    np.testing.assert_allclose(ab.digits, 10 - np.log2(r) + np.floor(np.log2(r)) - delta_cnh(R),
+                               rtol=0, atol=1e-12)
+
+
+def test_cnh_bias_plus_tiny_spread():
+    # Same bias, plus 2^-22 on one realization: Z = (b + ε, b, b, b). The package's CNH
+    # takes the std about the mean of Z (≈ 2^-23.2: 20.3 bits, the bias dropped); numvar
+    # takes ρ̂² = mean Z² = b² + (2bε + ε²)/R, so the digits stay ≈ 7.13.
+    R, b, e = 4, 2.0 ** -10, 2.0 ** -22
+    ref = torch.tensor([1.0], dtype=torch.float64)
+    x = torch.full((R, 1), 1 + b, dtype=torch.float64)
+    x[0, 0] += e
+    expect = _z_digits([b + e, b, b, b], R)
+    sd = significant_digits(x, ref)
+    assert sd.digits[0] == pytest.approx(expect, abs=1e-9)
+    assert abs(sd.digits[0] - (10 - delta_cnh(R))) < 1e-3       # the bias is kept
+    raw = sdp.significant_digits(x.numpy(), reference=ref.numpy(), axis=0)
+    assert raw[0] > 20                                          # the package's jump
+    # General: max|Z| = b + ε > 2^-10, so 9
+    assert significant_digits(x, ref, method="general").digits.tolist() == [9.0]
+
+
+def test_cnh_bias_and_spread_comparable():
+    # Z = b ± σ alternately (R even): mean b, population std σ exactly, ρ̂² = b² + σ².
+    # numvar: −½·log2(b² + σ²) − δ; the package: −log2 σ − δ (bias ignored).
+    R, b, sig = 8, 2.0 ** -12, 2.0 ** -14
+    z = [b + sig, b - sig] * (R // 2)
+    x = torch.tensor([[1 + v] for v in z], dtype=torch.float64)
+    ref = torch.ones(1, dtype=torch.float64)
+    d = significant_digits(x, ref).digits[0]
+    assert d == pytest.approx(-0.5 * math.log2(b * b + sig * sig) - delta_cnh(R), abs=1e-9)
+    assert d == pytest.approx(_z_digits(z, R), abs=1e-9)
+    raw = sdp.significant_digits(x.numpy(), reference=ref.numpy(), axis=0)[0]
+    assert raw == pytest.approx(14 - delta_cnh(R), abs=1e-9)
+    assert raw - d > 1.9   # ½·log2(1 + 16) = 2.04 bits the package over-counts
+
+
+def test_cnh_pure_spread_unchanged():
+    # No bias: Z = ±σ alternately, mean exactly 0: ρ̂ = σ̂ = σ and numvar equals the
+    # package, −log2 σ − δ. Absolute error, reference 8 (e − 1 = 3): Z_abs = 8·Z_rel.
+    R, sig = 6, 2.0 ** -17
+    z = [sig, -sig] * (R // 2)
+    x = torch.tensor([[8 * (1 + v)] for v in z], dtype=torch.float64)
+    ref = torch.full((1,), 8.0, dtype=torch.float64)
+    for error in ("relative", "absolute"):
+        d = significant_digits(x, ref, error=error).digits[0]
+        raw = sdp.significant_digits(x.numpy(), reference=ref.numpy(), axis=0,
+                                     error=error)[0]
+        assert d == pytest.approx(17 - delta_cnh(R), abs=1e-9)
+        assert d == pytest.approx(raw, abs=1e-9)
+    # in float32 (cap 24): spread of one ulp 2^-23 around 1 → 23 − δ(6) bits
+    x32 = torch.tensor([[1 + 2.0 ** -23], [1 - 2.0 ** -23]] * 3, dtype=torch.float32)
+    d32 = significant_digits(x32, torch.ones(1)).digits[0]
+    assert d32 == pytest.approx(23 - delta_cnh(R), abs=1e-9)
+
+
+def test_cnh_continuous_as_spread_vanishes():
+    # Spread ε = 2^-k on one realization over a bias b = 2^-10, k = 12 … 52: the digits
+    # follow −½·log2(b² + (2bε + ε²)/R) − δ, decrease towards the zero-spread value
+    # 10 − δ as ε → 0, and differ from it by ½·log2(1 + (2ε/b + ε²/b²)/R) ≤ ε/(b·R·ln 2)
+    # (+ ε² terms). The package's values instead jump above 20 bits for every k ≥ 22.
+    R, b = 4, 2.0 ** -10
+    ref = torch.ones(1, dtype=torch.float64)
+    base = 10 - delta_cnh(R)
+    prev = -math.inf
+    for k in range(12, 53, 2):
+        e = 2.0 ** -k
+        x = torch.full((R, 1), 1 + b, dtype=torch.float64)
+        x[0, 0] = 1 + b + e          # exact in float64 for k ≤ 52
+        d = float(significant_digits(x, ref).digits[0])
+        assert d == pytest.approx(_z_digits([b + e, b, b, b], R), abs=1e-9)
+        gap = base - d
+        assert 0 <= gap <= e / (b * R * math.log(2)) * (1 + e / b) + 1e-12
+        assert d >= prev - 1e-12     # non-decreasing as ε shrinks
+        prev = d
+        if k >= 22:
+            raw = sdp.significant_digits(x.numpy(), reference=ref.numpy(), axis=0)[0]
+            assert raw - base > 13
+    assert base - prev < 1e-9
 
 
 @pytest.mark.filterwarnings("ignore")

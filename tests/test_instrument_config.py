@@ -172,3 +172,13 @@ def test_nested_blocks_are_refused():
                 pass
     with fuzzy(mode="ud"):  # usable again after the refusal
         pass
+
+
+def test_exclusions_apply_inside_decompositions():
+    x = torch.randn(4, 9)
+    with fuzzy(mode="ud", seed=0, exclude=("aten.exp",)) as fz:
+        torch.softmax(x, -1)
+    rep = fz.report()
+    assert "aten._softmax.default" in rep.decomposed
+    assert "aten.exp.default" in rep.excluded and "aten.exp.default" not in rep.instrumented
+    assert "aten.div.Tensor" in rep.instrumented

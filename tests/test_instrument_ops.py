@@ -481,3 +481,18 @@ def test_short_paths_equal_the_rounding_core_api():
                 assert bits_equal(ctx.mul(a, b), R.mul(a, b, **kw))
                 assert bits_equal(ctx.div(b, a), R.div(b, a, **kw))
                 assert bits_equal(ctx.round(hi, dt), R.round(hi, dtype=dt, **kw))
+
+
+@pytest.mark.parametrize("granularity", ["flop", "op"])
+def test_batch_norm_running_stats_are_updated(granularity):
+    x = gen(4, 3, 5, 5, seed=28)
+    ref = torch.nn.BatchNorm2d(3)
+    y0 = ref(x)
+    bn = torch.nn.BatchNorm2d(3)
+    with fuzzy(mode="sr", granularity=granularity, seed=0) as fz:
+        y = bn(x)
+    assert not fz.report().native
+    assert torch.allclose(y, y0, atol=1e-5)
+    assert torch.allclose(bn.running_mean, ref.running_mean, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(bn.running_var, ref.running_var, rtol=1e-5, atol=1e-7)
+    assert not torch.equal(bn.running_mean, torch.zeros(3))

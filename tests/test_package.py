@@ -55,3 +55,14 @@ def test_cli_usage_errors_are_one_line_exit_2(capsys):
     assert main(["no-such-command"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "No such command" in err
+
+
+def test_atomic_files_get_the_usual_permissions(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        p = _io.atomic_write_text(tmp_path / "r.html", "x")
+    finally:
+        os.umask(old)
+    assert p.stat().st_mode & 0o777 == 0o644

@@ -95,6 +95,10 @@ def test_unmodified_script_varies_under_sr(sr_run, net_dir):
         assert torch.equal(s.reference["layers/1#0"], net[1](net[0](x)))
     m = RunStore.open(sr_run).manifest
     assert m["config"]["mode"] == "sr" and m["config"]["argv"][0].endswith("net.py")
+    assert m["command"] == ["numvar", "run", "-n", "3", "--mode", "sr", "--granularity", "flop",
+                            "--seed", "7", "--jobs", "2", "--out", "runs/sr", "--capture",
+                            "api,modules,stdout", "--capture-layers", "1", "--", "python",
+                            "net.py"]
     assert (sr_run / "logs" / "r0001.stdout").read_text().startswith("epoch 1 loss")
 
 
@@ -164,8 +168,16 @@ def test_resume_after_kill_runs_exactly_the_missing(tmp_path):
         [sys.executable, "-m", "numvar.cli", "run", "-n", "4", "--jobs", "1", "--out", str(out),
          "--", "python", "hangs.py"], cwd=tmp_path, env=env, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    def r1_stored_and_r2_running():
+        if not (attempts.exists() and "2" in attempts.read_text().split()):
+            return False
+        try:  # realization 2 hangs until released, so r1's record can only come in
+            return RunStore.open(out).manifest["realizations"][1]["status"] == "ok"
+        except Exception:  # manifest not written yet
+            return False
+
     deadline = time.monotonic() + 120
-    while not (attempts.exists() and "2" in attempts.read_text().split()):
+    while not r1_stored_and_r2_running():
         assert proc.poll() is None, proc.stderr.read().decode()
         assert time.monotonic() < deadline, "realization 2 never started"
         time.sleep(0.1)
@@ -195,6 +207,29 @@ def test_resume_after_kill_runs_exactly_the_missing(tmp_path):
     assert s.indices == [0, 1, 2, 3] and s["stdout"].shape == (4, 1)
     assert main(["run", "--resume", str(out)]) == 0  # nothing left: runs nothing
     assert collections.Counter(attempts.read_text().split()) == counts
+
+
+def test_ctrl_c_keeps_what_finished(tmp_path):
+    (tmp_path / "hangs.py").write_text(HANGS)
+    attempts = tmp_path / "attempts.txt"
+    env = dict(os.environ, PYTHONPATH=SRC, ATTEMPTS=str(attempts),
+               RELEASE=str(tmp_path / "never"))
+    out = tmp_path / "runs/i"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "numvar.cli", "run", "-n", "3", "--jobs", "1", "--out", str(out),
+         "--", "python", "hangs.py"], cwd=tmp_path, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (attempts.exists() and "2" in attempts.read_text().split()
+               and RunStore.open(out).manifest["realizations"][1]["status"] == "ok"):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert f"interrupted: what finished is stored; complete it with numvar run --resume {out}" in err
+    m = RunStore.open(out).manifest  # the interrupted realization is pending, not failed
+    assert [r["status"] for r in m["realizations"]] == ["ok", "ok", "pending"]
 
 
 CRASHES = """\

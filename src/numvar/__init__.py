@@ -21,6 +21,8 @@ _EXPORTS = {
     # stochastic arithmetic and instrumentation
     "fuzzy": ("numvar.instrument", "fuzzy"),
     "FuzzyConfig": ("numvar.instrument", "FuzzyConfig"),
+    "FuzzyReport": ("numvar.instrument", "FuzzyReport"),
+    "OP_KINDS": ("numvar.instrument", "OP_KINDS"),
     "Stream": ("numvar.rounding", "Stream"),
     # realizations
     "sample": ("numvar.runner", "sample"),

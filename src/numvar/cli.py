@@ -39,12 +39,64 @@ def _root(
 
 # ---------------------------------------------------------------- demo (workloads)
 @demo_app.callback(invoke_without_command=True)
-def demo(ctx: typer.Context) -> None:
-    """Without a subcommand: the digits demo (train or load the bundled CNN, SR and UD
-    realizations, HTML report)."""
+def demo(
+    ctx: typer.Context,
+    out: str = typer.Option("numvar-demo", "--out", "-o", help="Folder for report.html, "
+                            "the per-mode reports and the run directories."),
+    n: int = typer.Option(10, "-n", "--realizations", help="Realizations per rounding mode."),
+    samples: int = typer.Option(0, "--samples", help="Classify only the first N test images "
+                                "(0: all 450)."),
+    modes: str = typer.Option("sr,ud", "--modes", help="Rounding modes, comma-separated "
+                              "(sr, ud, random, ieee)."),
+    granularity: str = typer.Option("flop", "--granularity", "-g", help="flop or op."),
+    seed: int = typer.Option(0, "--seed", help="Seed of realization 0 (i uses seed+i)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Worker processes."),
+    basis: int = typer.Option(10, "--basis", help="Significant digits in base 10 or 2 (bits)."),
+) -> None:
+    """Without a subcommand: the digits demo. Loads (or trains, seconds) a LeNet CNN on
+    scikit-learn's digits, runs N stochastic-rounding and N up-down realizations of its
+    inference at flop granularity plus an IEEE reference, and writes OUT/report.html."""
     if ctx.invoked_subcommand is not None:
         return
-    raise NumvarError("the digits demo is not available yet")
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from .workloads.demo import DemoConfig, run_demo
+
+    console = Console(stderr=True)
+    cfg = DemoConfig(out=out, n=n, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+                     granularity=granularity, images=samples or None, seed=seed, jobs=jobs,
+                     basis=basis)
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console, transient=False)
+    tasks: dict[str, int] = {}
+
+    def progress(mode: str, event: str, payload) -> None:
+        if mode not in tasks:
+            tasks[mode] = bar.add_task(f"{mode.upper()} realizations (+ IEEE)", total=None)
+        if event == "total":
+            bar.update(tasks[mode], total=payload)
+        elif event == "done":
+            bar.advance(tasks[mode])
+
+    console.print(f"numvar demo: digits CNN, {n} realizations per mode ({', '.join(cfg.modes)}), "
+                  f"{granularity} granularity")
+    with bar:
+        res = run_demo(cfg, progress=progress)
+    unit = "bits" if basis == 2 else "digits"
+    table = Table(title=f"significant {unit} (median / min) and class flips, "
+                        f"{res.images} test images")
+    for col in ("mode", "logits", "probabilities", "loss", "flipped", "accuracy"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for row in res.summary():
+        table.add_row(row["mode"].upper(),
+                      *(f"{row[k + '_median']:.2f} / {row[k + '_min']:.2f}"
+                        for k in ("logits", "probabilities", "loss")),
+                      f"{row['flipped']} of {row['samples']}",
+                      "—" if row["accuracy_mean"] is None else f"{100 * row['accuracy_mean']:.2f} %")
+    Console().print(table)
+    Console().print(f"report: [bold]{res.report.resolve()}[/bold]")
 
 
 # ---------------------------------------------------------------- rounding demos
@@ -182,6 +234,9 @@ def run(
                                 help="Aten op globs or op kinds left uninstrumented."),
     include: str = typer.Option(None, "--include",
                                 help="Instrument only these aten op globs or op kinds."),
+    modules: str = typer.Option(None, "--modules",
+                                help="Instrument only inside submodules matching these "
+                                     "named_modules() globs."),
     executor: str = typer.Option(None, "--executor", help="local | dask (default: local)."),
     scheduler: str = typer.Option(None, "--scheduler",
                                   help="Dask scheduler address (tcp://host:8786); without "
@@ -224,7 +279,7 @@ def run(
         given = {"-n": n, "--mode": mode, "--granularity": granularity, "--precision": precision,
                  "--seed": seed, "--out": out, "--capture": capture,
                  "--capture-layers": capture_layers, "--files": files, "--exclude": exclude,
-                 "--include": include, "script": command}
+                 "--include": include, "--modules": modules, "script": command}
         extra = [k for k, v in given.items() if v not in (None, [], ())]
         if extra:
             raise ConfigError(f"--resume takes its configuration from {resume}/manifest.json; "
@@ -238,6 +293,7 @@ def run(
                 granularity=granularity or "flop", precision=precision,
                 seed=0 if seed is None else seed, jobs=jobs, out=out, capture=capture,
                 capture_layers=capture_layers, files=files, exclude=exclude, include=include,
+                modules=modules,
                 executor=executor or "local", scheduler=scheduler, progress=progress)
     try:
         with bar:
@@ -367,9 +423,16 @@ def report(
     against: str = _OPT["against"],
     probability: float = _OPT["probability"],
     confidence: float = _OPT["confidence"],
+    locate_json: str = typer.Option(None, "--locate", metavar="FILE.json",
+                                    help="Add the result of `numvar locate --json FILE.json` "
+                                         "(html and table formats)."),
+    locate_map: str = typer.Option(None, "--locate-map", metavar="FILE.png",
+                                   help="Embed this `numvar locate --map` PNG with --locate "
+                                        "(html)."),
 ) -> None:
     """Analyse a run: mean, std, standard error and significant digits per capture; flips,
-    accuracy and Dice for decisions; the per-layer curve; training bands."""
+    accuracy and Dice for decisions; the per-layer curve; training bands; optionally a
+    saved `numvar locate` result."""
     from .analysis import analyze, render_html
     from .analysis.core import TASKS
     from .analysis.text import report_renderables
@@ -380,11 +443,37 @@ def report(
                              confidence)
     if task not in TASKS:
         raise ConfigError(f"--task {task!r}: expected one of {', '.join(TASKS)}")
+    loc, sections = None, []
+    if locate_map and not locate_json:
+        raise ConfigError("--locate-map needs --locate FILE.json")
+    if locate_json:
+        if fmt == "json":
+            raise ConfigError("--locate adds a section to the html and table reports; with "
+                              "--format json keep the locate JSON file as it is")
+        from .analysis.locate_json import load_locate, locate_sections, read_png
+
+        loc = load_locate(locate_json)            # fails before the run is read
+        if fmt == "html":
+            sections = locate_sections(locate_json, locate_map)
+        elif locate_map:
+            read_png(locate_map)
     samples = load_run(run_dir)
     result = analyze(samples, task=task, scores=scores or None, labels=labels,
                      path=str(run_dir), **opts)
-    _emit(fmt, output, result, lambda: report_renderables(result),
-          lambda: render_html(result, samples))
+
+    def renderables() -> list:
+        out = report_renderables(result)
+        if loc is not None:
+            from rich.text import Text
+
+            from .locate import renderables as locate_renderables
+
+            out += [Text(""), Text.assemble(("Locating instability", "bold"),
+                                            f" ({locate_json})"), *locate_renderables(loc)]
+        return out
+
+    _emit(fmt, output, result, renderables,
+          lambda: render_html(result, samples, extra_sections=sections))
 
 
 @app.command("compare")

@@ -3,7 +3,9 @@
 Plots are bare matplotlib Figures rendered by Agg (no display, no pyplot: the
 user's backend is left alone). Sections: run configuration,
 captures table, a significant-digits histogram per capture, the per-layer curve, decision
-flips and accuracy, Dice and the disagreement map, training bands, final-weights spread.
+flips and accuracy, Dice and the disagreement map, training bands, final-weights spread,
+then any ``extra_sections`` (e.g. a saved ``numvar locate`` result, see
+:mod:`numvar.analysis.locate_json`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import html
 import io
 import json
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -195,11 +198,16 @@ def weights_png(ws: list[dict], unit: str) -> str:
     return _png(fig)
 
 
-def render_html(result: dict, samples=None, path=None) -> str:
+def render_html(result: dict, samples=None, path=None, *,
+                extra_sections: Sequence[str] = ()) -> str:
     """Render ``result`` (from :func:`analyze`) as one self-contained HTML page.
 
     ``samples`` (the analysed :class:`Samples`) is needed only for the disagreement maps
-    of segmentations. Writes ``path`` atomically when given; returns the HTML text.
+    of segmentations. ``extra_sections``: HTML fragments appended, in order and verbatim,
+    after the report's own sections, e.g. :func:`numvar.locate.html_section` or
+    :func:`numvar.analysis.locate_sections`; each must be self-contained (inline styles,
+    images as ``data:`` URIs) and already escaped: it is trusted as given. Writes
+    ``path`` atomically when given; returns the HTML text.
     """
     from .segmentation import disagreement_map, label_maps
 
@@ -283,6 +291,9 @@ def render_html(result: dict, samples=None, path=None) -> str:
                               fmt(w["digits_min"], "d"), fmt(w["digits_median"], "d")]
                              for w in result["weights"]]))
         parts.append(_img(weights_png(result["weights"], unit), "final weights per layer"))
+    if isinstance(extra_sections, str):
+        raise TypeError("extra_sections is a sequence of HTML fragments, not one string")
+    parts.extend(extra_sections)
     parts.append("</body></html>\n")
     text = "\n".join(parts)
     if path is not None:

@@ -46,6 +46,13 @@ def _get(args, kwargs, i: int, name: str, default=None):
 
 # ------------------------------------------------------------------ op once (generic)
 _OUT_DTYPES: dict = {}
+#: ops that update arguments in place without saying so in their schema (legacy batch
+#: norm: running_mean, running_var)
+_HIDDEN_MUTATIONS = {
+    "aten::native_batch_norm": (3, 4),
+    "aten::cudnn_batch_norm": (3, 4),
+    "aten::miopen_batch_norm": (3, 4),
+}
 
 
 def _meta_out_dtypes(func, flat, rebuild):
@@ -124,8 +131,12 @@ def op_once(ctx: Ctx, func, args, kwargs):
     dts = [x.dtype for x in flat if is_float_tensor(x)]
     if not dts:
         return func(*args, **kwargs)
-    out_dts = _meta_out_dtypes(func, flat, rebuild)
     promoted = _reduce(torch.promote_types, dts)
+    if promoted in (torch.float32, torch.float64) and all(d == promoted for d in dts) and not any(
+            isinstance(x, torch.dtype) for x in flat):
+        out_dts = None  # one binary32/64 dtype in, no dtype argument: float outputs alike
+    else:
+        out_dts = _meta_out_dtypes(func, flat, rebuild)
     up = []
     for x in flat:
         if is_float_tensor(x) and x.dtype != torch.float64:
@@ -136,9 +147,10 @@ def op_once(ctx: Ctx, func, args, kwargs):
     a2, k2 = rebuild(up)
     out = func(*a2, **k2)
     # rounded write-back of mutated float arguments (e.g. batch norm running stats)
-    if func._schema.is_mutable:
+    hidden = _HIDDEN_MUTATIONS.get(func._schema.name, ())
+    if func._schema.is_mutable or hidden:
         for i, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
+            if (arg.alias_info is not None and arg.alias_info.is_write) or i in hidden:
                 byname = arg.kwarg_only or arg.name in kwargs
                 orig = kwargs.get(arg.name) if byname else (args[i] if i < len(args) else None)
                 new = k2.get(arg.name) if byname else (a2[i] if i < len(a2) else None)

@@ -121,12 +121,25 @@ def _functional_variant(func):
     return None
 
 
+def _returns_alias(func) -> bool:
+    """A view op: some output aliases an input without writing to it."""
+    if getattr(func, "is_view", False):
+        return True
+    return any(r.alias_info is not None and not r.alias_info.is_write
+               for r in func._schema.returns)
+
+
 def _classify(func, granularity: str) -> _OpInfo:
     packet = O.packet_name(func)
     name = O.full_name(func)
     info = _OpInfo(name, packet, K_OPONCE, how="rounded once (op)")
-    if packet in O.EXACT_OPS:
-        info.kind = K_EXACT
+    if packet in O.EXACT_OPS or _returns_alias(func):
+        info.kind = K_EXACT  # listed exact ops, and every view op (aliasing kept)
+        return info
+    tags = getattr(func, "tags", ())
+    if (torch.Tag.nondeterministic_seeded in tags and packet not in H.FLOP_HANDLERS
+            and packet not in H.OP_HANDLERS):
+        info.kind = K_EXACT  # random draws: torch's RNG, never perturbed
         return info
     if packet.startswith(H.FOREACH_PREFIX):
         info.kind, info.how = K_FOREACH, "per tensor"
@@ -135,7 +148,6 @@ def _classify(func, granularity: str) -> _OpInfo:
     if fv is not None:
         info.functional, info.out_args, info.inplace = fv
         return info
-    tags = getattr(func, "tags", ())
     if granularity == "op":
         if packet in H.OP_HANDLERS:
             info.kind, info.handler, info.how = K_HANDLER, H.OP_HANDLERS[packet], H.HOW[packet]

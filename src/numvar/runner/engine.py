@@ -20,7 +20,8 @@ from .transport import unpack
 
 log = logging.getLogger(__name__)
 
-#: progress callback: (event, payload); events "total" (int), "start" (tag), "done" (record)
+#: progress callback: (event, payload); events "store" (run directory), "total" (int),
+#: "done" (the record of a finished realization)
 Progress = Callable[[str, Any], None]
 
 

@@ -152,6 +152,10 @@ def sample(fn: Callable[..., Any], *args: Any, n: int = 10, mode: str = "sr",
     With ``reference=True`` one uninstrumented run is stored in ``Samples.reference``.
     With ``out`` everything is also written to that run directory (``load_run`` reads it).
 
+    ``jobs``, ``executor``, ``scheduler`` and ``start_method``: see the module docstring.
+    ``progress(event, payload)`` is called with ``("total", count)`` and, per finished
+    realization, ``("done", record)``.
+
     Raises :class:`~numvar.errors.RunError` when a realization fails; its ``samples``
     attribute holds the realizations that succeeded (also stored under ``out``).
     """
@@ -200,8 +204,6 @@ def sample(fn: Callable[..., Any], *args: Any, n: int = 10, mode: str = "sr",
                 rec.record(futs[fut], fut.result())
     elif jobs == 1:
         for i, s, m in tasks:
-            if progress is not None:
-                progress("start", tag_of(i))
             rec.record(i, realize(fn, args, index=i, seed=s, mode=m, fuzzy_kw=fk,
                                   capture_layers=layers, model=model))
     else:
@@ -240,7 +242,7 @@ def _run_pool(payload: dict[str, Any], tasks: list, jobs: int, start_method: str
     try:
         pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)) or 1, mp_context=ctx,
                                    initializer=_init_worker,
-                                   initargs=(thread_share(jobs), blob))
+                                   initargs=(thread_share(min(jobs, len(tasks))), blob))
         try:
             with _main_not_reimported(method != "fork"):  # workers start in submit()
                 futs = {pool.submit(_pool_task, i, s, m): i for i, s, m in tasks}

@@ -211,7 +211,7 @@ def run_script_task(task: dict[str, Any]) -> bytes:
     workdir = tmp / "work"
     workdir.mkdir()
     result = tmp / "result.safetensors"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMVAR_")}
+    env = zygote.inheritable_env(dict(os.environ))
     env.update(task["env"])
     threads = str(task["threads"])
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
@@ -387,13 +387,34 @@ def run_script(command: list[str], *, n: int = 10, mode: str = "sr",
         "modules": parse_globs(modules), "capture": parse_capture(capture),
         "capture_layers": parse_globs(capture_layers),
         "files": _check_files(parse_globs(files)), "jobs": jobs, "executor": executor,
-        "threads": thread_share(jobs),
+        "threads": thread_share(min(jobs, n)),
     }
     seeds = [seed + i for i in range(n)]
     fuzzy_env(config, seed)  # validates mode, granularity, ... before anything runs
     store = RunStore.create(out, config=config, seeds=seeds,
-                            command=["numvar", "run", "--", *command])
+                            command=_canonical_command(config, out, command))
     return _drive(store, jobs=jobs, executor=executor, scheduler=scheduler, progress=progress)
+
+
+def _canonical_command(config: dict[str, Any], out: Any, command: list[str]) -> list[str]:
+    """The ``numvar run`` command line that reproduces this run."""
+    cmd = ["numvar", "run", "-n", str(config["n"]), "--mode", config["mode"],
+           "--granularity", config["granularity"], "--seed", str(config["seed"]),
+           "--jobs", str(config["jobs"]), "--out", str(out),
+           "--capture", ",".join(config["capture"]) or "none"]
+    if config["precision"] is not None:
+        cmd += ["--precision", str(config["precision"])]
+    for key, opt in (("exclude", "--exclude"), ("include", "--include"),
+                     ("modules", "--modules")):
+        if config[key]:
+            cmd += [opt, ",".join(config[key])]
+    for g in config["capture_layers"]:
+        cmd += ["--capture-layers", g]
+    for g in config["files"]:
+        cmd += ["--files", g]
+    if config["executor"] != "local":
+        cmd += ["--executor", config["executor"]]
+    return cmd + ["--", *command]
 
 
 def resume_script(path: str | os.PathLike, *, jobs: int | None = None,

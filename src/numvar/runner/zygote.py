@@ -30,6 +30,20 @@ import tempfile
 import threading
 from typing import Any
 
+# Variables that configure one realization: the instrumentation's (numvar.instrument.
+# config.ENV_VARS) and the runner's own. They are set per task and never inherited from
+# the parent; every other NUMVAR_* variable (NUMVAR_CACHE_DIR, NUMVAR_ZYGOTE, ...) passes.
+RUN_ENV_VARS = frozenset({
+    "NUMVAR_MODE", "NUMVAR_GRANULARITY", "NUMVAR_PRECISION", "NUMVAR_SEED",
+    "NUMVAR_EXCLUDE", "NUMVAR_INCLUDE", "NUMVAR_MODULES",
+    "NUMVAR_RUNNER", "NUMVAR_REALIZATION", "NUMVAR_WORKDIR", "NUMVAR_INVOKE_DIR",
+})
+
+
+def inheritable_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without the per-realization variables of :data:`RUN_ENV_VARS`."""
+    return {k: v for k, v in env.items() if k not in RUN_ENV_VARS}
+
 log = logging.getLogger(__name__)
 
 
@@ -283,7 +297,7 @@ def get(env: dict[str, str]) -> Zygote | None:
         z = _ZYGOTES.get(key)
         if z is not None and z.alive():
             return z
-        base = {k: v for k, v in env.items() if not k.startswith("NUMVAR_")}
+        base = inheritable_env(env)
         try:
             z = Zygote(base)
         except OSError as exc:

@@ -1,0 +1,324 @@
+"""The digits demo behind ``numvar demo``: SR and UD realizations of a trained CNN.
+
+Steps: load (or train, a few seconds) the :mod:`~numvar.workloads.digits` LeNet; run
+``n`` stochastic-rounding and ``n`` up-down realizations of its inference over the test
+images at ``flop`` granularity (every scalar add and multiply, also inside convolution and
+the dense layers, is randomly rounded), plus one IEEE reference; analyse each set with
+:func:`numvar.analysis.analyze`; write::
+
+    OUT/report.html          the demo page: digits of logits, probabilities and loss,
+                             class flips and accuracy, the per-layer curve, SR beside UD
+    OUT/sr.html, OUT/ud.html the full analysis report of each mode
+    OUT/sr.json, OUT/ud.json the analysis results (``analyze`` output, JSON)
+    OUT/runs/sr, OUT/runs/ud the run directories (``numvar report OUT/runs/sr`` reads them)
+
+Each realization returns ``{"logits", "probs", "loss", "targets"}`` (captured as
+``output.logits``, ...) and the output of every layer (``layers/conv1#0``, ...).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .._io import atomic_write_json, atomic_write_text
+from ..errors import ConfigError
+from . import digits
+
+log = logging.getLogger("numvar.workloads.demo")
+
+#: test images per realization by default: the whole test split (450 images)
+DEFAULT_IMAGES: int | None = None
+#: the values the demo page summarises: (capture name, label)
+SUMMARY_CAPTURES = (("output.logits", "logits"), ("output.probs", "probabilities"),
+                    ("output.loss", "loss"))
+
+Progress = Callable[[str, str, Any], None]
+
+
+@dataclass
+class DemoConfig:
+    """Options of :func:`run_demo` (the ``numvar demo`` options)."""
+
+    out: str | os.PathLike = "numvar-demo"
+    n: int = 10                               # realizations per mode
+    modes: tuple[str, ...] = ("sr", "ud")
+    granularity: str = "flop"
+    images: int | None = DEFAULT_IMAGES       # first N test images (None: all 450)
+    seed: int = 0
+    jobs: int | None = None                   # worker processes (None: in this process)
+    basis: int = 10                           # significant digits in base 10 (the paper's)
+    cache_dir: str | os.PathLike | None = None
+
+
+@dataclass
+class DemoResult:
+    """What the demo produced: paths, analysis results per mode, timings."""
+
+    config: DemoConfig
+    report: Path
+    results: dict[str, dict] = field(default_factory=dict)      # mode -> analyze() result
+    seconds: dict[str, float] = field(default_factory=dict)     # mode -> wall time
+    per_realization: dict[str, float] = field(default_factory=dict)  # mode -> mean s
+    images: int = 0
+    model_from_cache: bool = False
+    model_metrics: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> list[dict[str, Any]]:
+        """One row per mode: the numbers the demo page and the CLI table show."""
+        return [summary_row(mode, res) for mode, res in self.results.items()]
+
+
+def summary_row(mode: str, result: dict) -> dict[str, Any]:
+    """Digits (median, min) of logits, probabilities and loss, flips and accuracy of one
+    mode, read from an :func:`~numvar.analysis.analyze` result."""
+    row: dict[str, Any] = {"mode": mode}
+    for name, label in SUMMARY_CAPTURES:
+        d = result["captures"][name]["digits"]
+        row[f"{label}_median"] = d["median"]
+        row[f"{label}_min"] = d["min"]
+    c = result["classification"]["output.logits"]
+    row["flipped"] = c["flipped_samples"]
+    row["samples"] = c["samples"]
+    row["flip_rate"] = c["flip_rate"]
+    acc = c["accuracy"] or {}
+    row["accuracy_mean"] = acc.get("mean")
+    row["accuracy_min"] = acc.get("min")
+    row["accuracy_max"] = acc.get("max")
+    row["accuracy_ieee"] = acc.get("ieee")
+    row["loss_std"] = result["captures"]["output.loss"]["std"]
+    return row
+
+
+def _forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        logits = model(x)
+        probs = torch.softmax(logits, dim=1)
+        loss = F.cross_entropy(logits, y)
+    return {"logits": logits, "probs": probs, "loss": loss, "targets": y}
+
+
+def _clear_run(path: Path) -> None:
+    """Remove a previous demo run directory (only one holding a numvar manifest)."""
+    if path.exists():
+        if not (path / "manifest.json").is_file():
+            raise ConfigError(f"{path} exists and is not a numvar run directory; "
+                              f"choose another --out")
+        log.info("replacing the previous demo run %s", path)
+        shutil.rmtree(path)
+
+
+def run_demo(config: DemoConfig | None = None, *, progress: Progress | None = None) -> DemoResult:
+    """Run the demo (see the module docstring); returns where the report is and the
+    analysis results. ``progress(mode, event, payload)`` receives ``numvar.sample``'s
+    progress events ("total", "start", "done") per mode."""
+    from ..analysis import analyze, render_html
+    from ..runner import sample
+
+    config = config or DemoConfig()
+    if config.n < 2:
+        raise ConfigError(f"-n must be at least 2 (significant digits need 2 realizations), "
+                          f"got {config.n}")
+    if config.images is not None and config.images < 1:
+        raise ConfigError(f"--images must be positive, got {config.images}")
+    if not config.modes:
+        raise ConfigError("at least one rounding mode is needed")
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    trained = digits.load_or_train(cache_dir=config.cache_dir)
+    model = trained.model.eval()
+    data = digits.load_data("test", trained.config).subset(config.images)
+    x, y = data.inputs, data.targets
+    fn = lambda: _forward(model, x, y)  # noqa: E731
+    fn.__qualname__ = "numvar.workloads.demo.digits_forward"
+
+    result = DemoResult(config=config, report=out / "report.html", images=len(data),
+                        model_from_cache=trained.from_cache, model_metrics=trained.metrics)
+    for mode in config.modes:
+        run_dir = out / "runs" / mode
+        _clear_run(run_dir)
+        cb = (lambda event, payload, _m=mode: progress(_m, event, payload)) if progress else None
+        t0 = time.perf_counter()
+        samples = sample(fn, n=config.n, mode=mode, granularity=config.granularity,
+                         seed=config.seed, jobs=config.jobs, out=run_dir, reference=True,
+                         capture_layers="*", model=model, progress=cb)
+        result.seconds[mode] = time.perf_counter() - t0
+        log.info("%s: %d realizations + reference in %.1f s", mode, config.n,
+                 result.seconds[mode])
+        if samples.timings:
+            result.per_realization[mode] = sum(samples.timings) / len(samples.timings)
+        res = analyze(samples, basis=config.basis, path=str(run_dir))
+        result.results[mode] = res
+        atomic_write_json(out / f"{mode}.json", res)
+        render_html(res, samples, out / f"{mode}.html")
+    atomic_write_text(result.report, render_demo_html(result))
+    return result
+
+
+# ---------------------------------------------------------------- the demo page
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;
+color:#222}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;
+padding:4px 8px;text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{
+text-align:left}.note{color:#555;font-size:90%}code{background:#f3f3f3;padding:1px 3px}"""
+
+
+def _fmt(v: Any, kind: str = "d") -> str:
+    """The text of a number in the demo page (tests parse it back): digits with 2
+    decimals, rates as percentages with 2 decimals, counts as integers."""
+    if v is None:
+        return "—"
+    if kind == "d":
+        return f"{float(v):.2f}"
+    if kind == "p":
+        return f"{100 * float(v):.2f} %"
+    if kind == "i":
+        return str(int(v))
+    return f"{float(v):.3g}"
+
+
+def _cell(ident: str, v: Any, kind: str = "d") -> str:
+    return f"<td id='{html.escape(ident)}'>{html.escape(_fmt(v, kind))}</td>"
+
+
+def _curve_value(layer: dict) -> float | None:
+    """A layer's point on the curve: the median digits over its elements that varied
+    (ReLU zeros never vary and would pull the median to the format's cap), or the median
+    over all elements when none varied."""
+    v = layer.get("digits_median_varying")
+    return layer["digits_median"] if v is None else v
+
+
+def _layer_png(result: DemoResult) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    curves = {m: r["layers"] for m, r in result.results.items() if r["layers"]}
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    names = None
+    for mode, layers in curves.items():
+        names = [la["path"] for la in layers]
+        ax.plot(range(len(layers)), [_curve_value(la) for la in layers], "o-",
+                label=mode.upper())
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+    unit = "bits" if result.config.basis == 2 else f"base-{result.config.basis} digits"
+    ax.set_ylabel(f"median significant {unit}")
+    ax.set_title("significant digits of each layer's output (median over the elements "
+                 "that vary), in network order", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def render_demo_html(result: DemoResult) -> str:
+    """The demo page: a summary table per mode, the per-layer curve and table, links to
+    the full reports. Every number has an ``id`` (``MODE-FIELD``, ``MODE-layer-PATH``)."""
+    cfg = result.config
+    unit = "bits" if cfg.basis == 2 else f"base-{cfg.basis} digits"
+    p = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>numvar demo: digits CNN"
+         f"</title><style>{_CSS}</style></head><body>",
+         "<h1>numvar demo: how many digits of a digits CNN can you trust?</h1>",
+         f"<p>A LeNet-5 trained on scikit-learn's handwritten digits "
+         f"({'loaded from the cache' if result.model_from_cache else 'trained just now'}; "
+         f"IEEE test accuracy {_fmt(result.model_metrics.get('accuracy'), 'p')}) classified "
+         f"{result.images} test images in {cfg.n} realizations per "
+         f"rounding mode at <code>{html.escape(cfg.granularity)}</code> granularity: every "
+         f"scalar addition and multiplication, also inside the convolutions and dense "
+         f"layers, was rounded randomly. <b>SR</b> (stochastic rounding) rounds up or down "
+         f"with probability proportional to the distance; <b>UD</b> (up-down) moves each "
+         f"round-to-nearest result one ulp up or down with probability ½. Significant "
+         f"digits (Sohier et al. 2021, CNH, relative error, probability 0.95, confidence "
+         f"0.95) are in {unit}, against the IEEE reference; binary32 holds at most "
+         f"{'24 bits' if cfg.basis == 2 else '7.22 decimal digits'}.</p>"]
+    st = next(iter(result.results.values()))["settings"] if result.results else None
+    if st is not None and not st["enough_trials"]:
+        p.append(f"<p class='note'>With {cfg.n} realizations the digits are an estimate "
+                 f"(CNH assumes normal errors); the distribution-free General method needs "
+                 f"at least {st['minimum_trials']} realizations for p = {st['probability']} "
+                 f"at confidence {st['confidence']}.</p>")
+
+    p.append("<h2>Outputs</h2><table><tr><th>mode</th>"
+             + "".join(f"<th>{lab} median</th><th>{lab} min</th>"
+                       for _, lab in SUMMARY_CAPTURES)
+             + "<th>loss std</th><th>flipped images</th><th>flip rate</th>"
+               "<th>accuracy mean</th><th>accuracy min</th><th>accuracy max</th>"
+               "<th>accuracy IEEE</th><th>s / realization</th></tr>")
+    for row in result.summary():
+        m = row["mode"]
+        cells = "".join(_cell(f"{m}-{lab}_{s}", row[f"{lab}_{s}"])
+                        for _, lab in SUMMARY_CAPTURES for s in ("median", "min"))
+        cells += _cell(f"{m}-loss_std", row["loss_std"], "g")
+        cells += _cell(f"{m}-flipped", row["flipped"], "i")
+        cells += _cell(f"{m}-flip_rate", row["flip_rate"], "p")
+        for k in ("mean", "min", "max", "ieee"):
+            cells += _cell(f"{m}-accuracy_{k}", row[f"accuracy_{k}"], "p")
+        cells += _cell(f"{m}-seconds", result.per_realization.get(m), "g")
+        p.append(f"<tr><td>{m.upper()}</td>{cells}</tr>")
+    p.append("</table><p class='note'>An image <i>flips</i> when at least one realization "
+             "predicts another class than the IEEE run. Accuracy is over the images above, "
+             "per realization.</p>")
+
+    png = _layer_png(result)
+    if png:
+        p.append("<h2>Per layer</h2>")
+        p.append(f"<img alt='significant digits per layer' src='data:image/png;base64,{png}'>")
+        modes = [m for m in result.results if result.results[m]["layers"]]
+        p.append("<table><tr><th>layer</th>"
+                 + "".join(f"<th>{m.upper()} median (varying)</th><th>{m.upper()} median "
+                           f"(all)</th><th>{m.upper()} min</th>" for m in modes)
+                 + "</tr>")
+        first = result.results[modes[0]]["layers"]
+        by_mode = {m: {la["name"]: la for la in result.results[m]["layers"]} for m in modes}
+        for la in first:
+            cells = ""
+            for m in modes:
+                e = by_mode[m].get(la["name"], {})
+                cells += _cell(f"{m}-layer-{la['path']}-varying",
+                               _curve_value(e) if e else None)
+                cells += _cell(f"{m}-layer-{la['path']}-median", e.get("digits_median"))
+                cells += _cell(f"{m}-layer-{la['path']}-min", e.get("digits_min"))
+            p.append(f"<tr><td>{html.escape(la['path'])}</td>{cells}</tr>")
+        p.append("</table>")
+
+    p.append("<h2>Full reports</h2><ul>")
+    for m in result.results:
+        p.append(f"<li><a href='{m}.html'>{m.upper()}: every capture, histograms, flips</a> "
+                 f"(run directory <code>runs/{m}</code>, "
+                 f"<code>numvar report {html.escape(str(Path(cfg.out) / 'runs' / m))}</code>)"
+                 f"</li>")
+    p.append("</ul>")
+    p.append("<p class='note'>Fuzzy PyTorch (the paper this follows) reported for its MNIST "
+             "CNN: loss significant digits (base 10) SR 5.70, UD 5.43.</p>")
+    p.append("<h2>Settings</h2><pre>"
+             + html.escape(_settings_text(result)) + "</pre></body></html>\n")
+    return "\n".join(p)
+
+
+def _settings_text(result: DemoResult) -> str:
+    import json
+
+    cfg = asdict(result.config)
+    cfg["out"] = str(cfg["out"])
+    cfg["cache_dir"] = None if cfg["cache_dir"] is None else str(cfg["cache_dir"])
+    cfg["seconds_per_mode"] = {m: round(s, 2) for m, s in result.seconds.items()}
+    return json.dumps(cfg, indent=2)
