@@ -42,7 +42,7 @@ from .core import (
     sensitivity,
 )
 from .discover import Candidate, discover
-from .evaluate import EvalConfig, ModelEvaluator
+from .evaluate import STATS, EvalConfig, ModelEvaluator
 from .spatial import SpatialMap, check_axes, save_png, spatial_map
 
 log = logging.getLogger(__name__)
@@ -194,8 +194,8 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
         raise ConfigError(f"--by must be 'module' or 'op', not {by!r}")
     if n < 2:
         raise ConfigError(f"-n must be at least 2 realizations, got {n}")
-    if stat not in ("median", "mean", "min"):
-        raise ConfigError(f"--stat must be median, mean or min, not {stat!r}")
+    if stat not in STATS:
+        raise ConfigError(f"--stat must be one of {', '.join(STATS)}, not {stat!r}")
     if max_dd_tests is not None and max_dd_tests < 0:
         raise ConfigError(f"--max-dd-tests must be >= 0, got {max_dd_tests}")
     if isinstance(basis, bool) or not isinstance(basis, int) or basis < 2:
