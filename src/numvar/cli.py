@@ -506,8 +506,9 @@ def compare_cmd(
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@determinism_app.command("record", context_settings=_PASSTHROUGH,
-                         options_metavar="[OPTIONS] -- python SCRIPT.py [ARGS] | -- python -m MODULE [ARGS]")
+@determinism_app.command(
+    "record", context_settings=_PASSTHROUGH,
+    options_metavar="[OPTIONS] -- python SCRIPT.py [ARGS] | -- python -m MODULE [ARGS]")
 def determinism_record(
     ctx: typer.Context,
     out: str = typer.Option(..., "--out", "-o", help="Folder for the recording (hashes.json)."),
