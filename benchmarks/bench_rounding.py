@@ -58,6 +58,9 @@ def main() -> None:
             cases = [
                 (f"round f64->f32 {mode} [{backend}]",
                  lambda: R.round(x, dtype=torch.float32, mode=mode, stream=s, backend=backend)),
+                (f"round f64->f32 {mode}, out= [{backend}]",
+                 lambda: R.round(x, dtype=torch.float32, mode=mode, stream=s, backend=backend,
+                                 out=out32)),
                 (f"add f32 {mode} [{backend}]",
                  lambda: R.add(x32, y32, mode=mode, stream=s, backend=backend)),
                 (f"add f64 {mode} [{backend}]",

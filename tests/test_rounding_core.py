@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import numvar.rounding as R
+from numvar.errors import RoundingError
 from numvar.rounding import _torch as RT
 from numvar.rounding import kernels as K
 from numvar.rounding.reference import ref_op
@@ -93,7 +94,8 @@ def test_numba_equals_torch_bitwise(dtype):
             for t in (FULL[dtype], SMALL_T[dtype]):
                 a = run(op, xs, dtype, mode, t, "numba")
                 b = run(op, xs, dtype, mode, t, "torch")
-                assert same_bits(a, b), (op, mode, t, torch.nonzero((a != b) & ~(a.isnan() & b.isnan())))
+                bad = torch.nonzero((a != b) & ~(a.isnan() & b.isnan()))
+                assert same_bits(a, b), (op, mode, t, bad)
 
 
 def test_bits_three_implementations():
@@ -109,6 +111,20 @@ def test_bits_three_implementations():
     for b in (0, 11, 35, 63):
         c = sum((x >> b) & 1 for x in v)
         assert abs(c - 2048) < 192
+
+
+def test_round_out_argument():
+    x = torch.randn(100, dtype=torch.float64)
+    for dtype in (torch.float32, torch.bfloat16):
+        for backend in ("numba", "torch"):
+            out = torch.empty(100, dtype=dtype)
+            got = R.round(x, dtype=dtype, mode="sr", stream=R.Stream(4), backend=backend,
+                          out=out)
+            assert got is out
+            assert same_bits(out, R.round(x, dtype=dtype, mode="sr", stream=R.Stream(4),
+                                          backend=backend))
+    with pytest.raises(RoundingError, match="out must be"):
+        R.round(x, dtype=torch.float32, stream=R.Stream(0), out=torch.empty(99))
 
 
 def test_stream_reproducible_and_distinct():
@@ -147,7 +163,9 @@ def test_numba_equals_fraction_reference(dtype):
 
 def _ieee64(op, v):
     try:
-        if op in ("add", "round"):
+        if op == "round":  # lo == 0 keeps hi, including its sign of zero
+            return v[0] if v[1] == 0 else v[0] + v[1]
+        if op == "add":
             return v[0] + v[1]
         if op == "sub":
             return v[0] - v[1]
@@ -187,3 +205,57 @@ def test_ieee_equals_torch(dtype, backend):
     assert same_bits(R.sqrt(a, **kw), want)
     x = a.double() * b.double() + 1e-3 * c.double()
     assert same_bits(R.round(x, dtype=torch.float32, **kw), x.float())
+
+
+def test_scalar_kernels_for_other_parts_match_the_api():
+    """numvar.rounding.kernels' scalar functions, called from another njit kernel with
+    bits64(key, j), give the same bits as the tensor API with that key."""
+    from numba import njit
+
+    @njit
+    def apply(op, a, b, c, key, mode, t):
+        out32 = np.empty(a.size, np.float32)
+        out64 = np.empty(a.size, np.float64)
+        for j in range(a.size):
+            r = K.bits64(key, j)
+            x, y, z = np.float32(a[j]), np.float32(b[j]), np.float32(c[j])
+            if op == 0:
+                out32[j] = K.add_f32(x, y, mode, t, r)
+                out64[j] = K.add_f64(a[j], b[j], mode, t + 29, r)
+            elif op == 1:
+                out32[j] = K.mul_f32(x, y, mode, t, r)
+                out64[j] = K.mul_f64(a[j], b[j], mode, t + 29, r)
+            elif op == 2:
+                out32[j] = K.fma_f32(x, y, z, mode, t, r)
+                out64[j] = K.fma_f64(a[j], b[j], c[j], mode, t + 29, r)
+            else:
+                s, e = K.two_prod(a[j], b[j])
+                out32[j] = K.round_f32(s, e, mode, t, r)
+                out64[j] = K.round_f64(s, e, mode, t + 29, r)
+        return out32, out64
+
+    a64, b64, c64 = (x.double() for x in operands(torch.float32, 200, 4))
+    a32, b32, c32 = a64.float(), b64.float(), c64.float()
+    for mode in MODES:
+        for t in (24, 10):
+            key = R.Stream(21).next_key()
+            for op, fn in enumerate(("add", "mul", "fma", "round")):
+                o32, o64 = apply(op, a64.numpy(), b64.numpy(), c64.numpy(), np.uint64(key),
+                                 K.mode_code(mode), t)
+                kw = dict(mode=mode, stream=R.Stream(21))
+                if fn == "round":
+                    p, e = RT.two_prod(a64, b64)
+                    w32 = R.round(p, e, dtype=torch.float32, precision=t, **kw)
+                    w64 = R.round(p, e, dtype=torch.float64, precision=t + 29,
+                                  mode=mode, stream=R.Stream(21))
+                else:
+                    k = 3 if fn == "fma" else 2
+                    w32 = getattr(R, fn)(*(a32, b32, c32)[:k], precision=t, **kw)
+                    w64 = getattr(R, fn)(*(a64, b64, c64)[:k], precision=t + 29,
+                                         mode=mode, stream=R.Stream(21))
+                o32, o64 = torch.from_numpy(o32), torch.from_numpy(o64)
+                if fn == "round":  # round(hi, lo) needs a meaningful lo (not inf*x's NaN)
+                    m = torch.isfinite(e)
+                    o32, o64, w32, w64 = o32[m], o64[m], w32[m], w64[m]
+                assert same_bits(o32, w32), (fn, mode, t)
+                assert same_bits(o64, w64), (fn, mode, t)

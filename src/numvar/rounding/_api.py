@@ -74,8 +74,8 @@ def _as_tensors(args) -> tuple[list[torch.Tensor], torch.dtype]:
     dtype = _result_type(args)
     target_format(dtype)
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
-    ts = [a.to(dtype) if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=dtype, device=device)
-          for a in args]
+    ts = [a.to(dtype) if isinstance(a, torch.Tensor)
+          else torch.tensor(a, dtype=dtype, device=device) for a in args]
     if len({t.device for t in ts}) > 1:
         raise RoundingError("operands are on different devices")
     return ts, dtype
@@ -184,10 +184,12 @@ def fma(a, b, c, *, mode: str = "sr", stream: Stream, precision: int | None = No
 
 
 def round(hi, lo=None, *, dtype: torch.dtype, mode: str = "sr", stream: Stream,
-          precision: int | None = None, backend: str = "auto") -> torch.Tensor:
+          precision: int | None = None, backend: str = "auto",
+          out: torch.Tensor | None = None) -> torch.Tensor:
     """Round the exact value ``hi + lo`` (float tensors, converted to float64 exactly;
     ``lo`` optional, broadcast) to ``dtype`` under ``mode``. hi + lo is first
-    renormalised by TwoSum (exact barring overflow)."""
+    renormalised by TwoSum (exact barring overflow) where lo != 0. ``out``: an optional contiguous
+    tensor of the result's shape and dtype to write into (and return)."""
     fmt = target_format(dtype)
     m, t = _check(mode, precision, fmt, backend, stream)
     if not isinstance(hi, torch.Tensor) or not hi.is_floating_point():
@@ -200,18 +202,33 @@ def round(hi, lo=None, *, dtype: torch.dtype, mode: str = "sr", stream: Stream,
         from . import kernels as K
 
         flats, shape = _flat(ts, torch.float64)
+        _check_out(out, shape, dtype, flats[0].device)
         h = flats[0]
         lo_ = flats[1] if lo is not None else h[:0]
         carrier = torch.float64 if fmt.p == 53 else torch.float32
-        out = torch.empty(shape, dtype=carrier)
-        if out.numel():
+        buf = out if out is not None and carrier == dtype else torch.empty(shape, dtype=carrier)
+        if buf.numel():
             import numpy as np
 
-            K.k_round(h.detach().numpy(), lo_.detach().numpy(), out.view(-1).numpy(), lo is not None,
-                      fmt.p, fmt.emin, fmt.emax, m, t, np.uint64(key))
-        return out if carrier == dtype else out.to(dtype)
+            K.k_round(h.detach().numpy(), lo_.detach().numpy(), buf.view(-1).numpy(),
+                      lo is not None, fmt.p, fmt.emin, fmt.emax, m, t, np.uint64(key))
+        if buf is out:
+            return out
+        res = buf if carrier == dtype else buf.to(dtype)
+        return res if out is None else out.copy_(res)
     flats, shape = _flat(ts, torch.float64)
+    _check_out(out, shape, dtype, flats[0].device)
     r = T.bits_tensor(key, flats[0].numel(), flats[0].device)
     res = T.round_values(flats[0], flats[1] if lo is not None else None, m, t,
                          fmt.p, fmt.emin, fmt.emax, r)
-    return res.reshape(shape).to(dtype)
+    res = res.reshape(shape).to(dtype)
+    return res if out is None else out.copy_(res)
+
+
+def _check_out(out, shape, dtype, device) -> None:
+    if out is None:
+        return
+    if (not isinstance(out, torch.Tensor) or out.shape != shape or out.dtype != dtype
+            or out.device != device or not out.is_contiguous()):
+        raise RoundingError(f"out must be a contiguous {dtype} tensor of shape "
+                            f"{tuple(shape)} on {device}")

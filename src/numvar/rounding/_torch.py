@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .kernels import GAMMA, MIX1, MIX2, MODE_IEEE, MODE_RANDOM, MODE_SR, MODE_UD, OP_ADD, \
-    OP_DIV, OP_MUL, OP_SUB
+    OP_MUL, OP_SUB
 
 F64 = torch.float64
 I64 = torch.int64
@@ -342,7 +342,9 @@ def round_values(hi, lo, mode, t, p, emin, emax, r):
     if lo is None:
         lo = torch.zeros_like(hi)
     else:
-        hi, lo = two_sum(hi, lo)
+        s, e = two_sum(hi, lo)
+        nz = lo != 0  # lo == 0 keeps hi as is (its sign of zero)
+        hi, lo = torch.where(nz, s, hi), torch.where(nz, e, lo)
     if p == 53:
         return round_core(hi, lo, 0, mode, t, p, emin, emax, r)
     return round_narrow(hi, lo, mode, t, p, emin, emax, r)

@@ -1,7 +1,9 @@
 """numba kernels of the stochastic arithmetic core.
 
-Scalar functions (``@njit(inline="always")``) that other parts' kernels call, plus four
-array kernels (one per op family: round, binary, sqrt, fma) used by
+Scalar functions that other parts' kernels call (the common ones are
+``@njit(inline="always")``: their fast paths inline into the caller, the general
+algorithm ``round_core`` stays out of line), plus four parallel array kernels, one per
+op family (``k_round``, ``k_binary``, ``k_sqrt``, ``k_fma``), used by
 :mod:`numvar.rounding`. ``mode`` and the virtual precision ``t`` are runtime integers.
 
 Rounding model (see ``numvar.rounding`` for the full statement)
@@ -95,7 +97,7 @@ def _bits_f64(typingctx, x):
     return types.float64(types.uint64), codegen
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def mix64(z):
     """splitmix64 finalizer (uint64 -> uint64, wrapping)."""
     z = (z ^ (z >> np.uint64(30))) * _M1
@@ -103,13 +105,13 @@ def mix64(z):
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def bits64(key, index):
     """64 random bits for element ``index`` of the call with ``key``."""
     return mix64(np.uint64(key) + (np.uint64(index) + _U1) * _G)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def pow2(k):
     """2.0**k for integer -1074 <= k <= 1023, built from the bit pattern (exact)."""
     if k >= -1022:
@@ -117,7 +119,7 @@ def pow2(k):
     return _bits_f64(_U1 << np.uint64(k + 1074))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def exponent(h):
     """floor(log2(h)) for finite h > 0 (subnormals included)."""
     be = np.int64(_f64_bits(h) >> np.uint64(52))
@@ -138,7 +140,7 @@ def scale2(x, n):
     return x * pow2(n)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def two_sum(a, b):
     """Knuth's TwoSum: s = RN(a+b), e = a+b-s exactly (barring overflow)."""
     s = a + b
@@ -147,14 +149,14 @@ def two_sum(a, b):
     return s, e
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _split(a):
     c = _SPLIT * a
     ah = c - (c - a)
     return ah, a - ah
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def two_prod(a, b):
     """Dekker's TwoProduct (Veltkamp splitting): p = RN(a*b), e = a*b-p exactly when
     |a|, |b| < 2**995 and the error does not underflow (|a*b| >= 2**-969)."""
@@ -165,12 +167,12 @@ def two_prod(a, b):
     return p, e
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _odd(q):
     return q - 2.0 * math.floor(0.5 * q) == 1.0
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _spacing_exp(e_true, t, sub):
     s = e_true - t + 1
     return s if s > sub else sub
@@ -184,10 +186,11 @@ def round_core(hi, lo, k, mode, t, p, emin, emax, r):
 
 @njit(cache=True, error_model="numpy")
 def round_core3(hi, lo, lo2, k, mode, t, p, emin, emax, r):
-    """Round x = (hi + lo + lo2) * 2**-k (lo2: a tiny term that only breaks ties) to the t-bit grid of the format (p, emin, emax).
+    """Round x = (hi + lo + lo2) * 2**-k to the t-bit grid of the format (p, emin, emax);
+    lo2 is a tiny term that only decides ties and the sign of the error.
 
-    Requires sign(hi) == sign(x) and |lo| < ulp-of-the-grid at hi (true of every EFT
-    output here). Returns a float64 on the target grid (or +-inf / nan / +-0).
+    Requires sign(hi) == sign(x) and |lo| below the grid spacing at hi (true of every
+    EFT output here). Returns a float64 on the target grid (or +-inf / nan / +-0).
     """
     if not (abs(hi) < np.inf):
         return hi  # nan stays nan, +-inf stays
@@ -286,7 +289,7 @@ def _fast_bits(b, mode, t, p, emin, emax, r):
     return b
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def round_bits(hi, mode, t, p, emin, emax, r):
     """round_core for lo == 0, k == 0, t <= 24 and hi with exponent in [emin, emax], by
     integer operations on the float64 bit pattern (identical results)."""
@@ -296,7 +299,7 @@ def round_bits(hi, mode, t, p, emin, emax, r):
     return _bits_f64(b)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def round_narrow(hi, lo, mode, t, p, emin, emax, r):
     """Round hi+lo (float64, hi = RN64(hi+lo)) to a format of p <= 24 bits at t bits:
     the integer fast path (round_bits) when lo == 0 and hi is in the normal range,
@@ -308,56 +311,68 @@ def round_narrow(hi, lo, mode, t, p, emin, emax, r):
     return round_core(hi, lo, 0, mode, t, p, emin, emax, r)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
+def _rn64_fast(hi, lo, mode, r):
+    """round_core for binary64 at t = 53 with hi = RN64(hi + lo) normal: the result and
+    True, or (0, False) when hi is not a normal float (then use round_core)."""
+    b = _f64_bits(hi)
+    be = np.int64((b >> np.uint64(52)) & _EXPMASK)
+    if be < 1 or be > 2046:
+        return 0.0, False
+    if mode == MODE_IEEE or (lo == 0.0 and mode != MODE_UD):
+        return hi, True
+    neg = hi < 0.0
+    H = -hi if neg else hi
+    L = -lo if neg else lo
+    u = pow2(be - 1023 - 52)
+    if mode == MODE_UD:
+        if (r >> _U63) == _U1:
+            R = H + u
+        elif (b & _MANT) == _U0 and be > 1:
+            R = H - 0.5 * u
+        else:
+            R = H - u
+    else:
+        if L > 0.0:
+            A = H
+            sv = L
+        else:
+            if (b & _MANT) == _U0 and be > 1:
+                u = 0.5 * u
+            A = H - u
+            sv, _e = two_sum(u, L)
+        R = A
+        if mode == MODE_SR:
+            # sv / u * 2**53 as one exact scaling by a power of two (as round_core's
+            # (s / u) * 2**53: the same correctly rounded value)
+            ue = exponent(u)
+            thr = sv * pow2(53 - ue) if ue >= -970 else (sv / u) * _TWO53
+            if np.float64(r >> _U11) + 1.0 <= thr:
+                R = A + u
+        elif (r >> _U63) == _U1:
+            R = A + u
+    return (-R if neg else R), True
+
+
+@njit(inline="always", cache=True, error_model="numpy")
 def round_rn64(hi, lo, mode, t, r):
     """round_core for binary64 at t bits with hi = RN64(hi + lo) (TwoSum/TwoProduct
-    output): a shortcut when t = 53 and hi is normal, identical results."""
+    output), with the _rn64_fast shortcut at t = 53 (identical results)."""
     if t == 53:
-        b = _f64_bits(hi)
-        be = np.int64((b >> np.uint64(52)) & _EXPMASK)
-        if be >= 1 and be <= 2046:
-            if lo == 0.0 and mode != MODE_UD:
-                return hi
-            if mode == MODE_IEEE:
-                return hi
-            neg = hi < 0.0
-            H = -hi if neg else hi
-            L = -lo if neg else lo
-            u = pow2(be - 1023 - 52)
-            if mode == MODE_UD:
-                if (r >> _U63) == _U1:
-                    R = H + u
-                elif (b & _MANT) == _U0 and be > 1:
-                    R = H - 0.5 * u
-                else:
-                    R = H - u
-            else:
-                if L > 0.0:
-                    A = H
-                    sv = L
-                else:
-                    if (b & _MANT) == _U0 and be > 1:
-                        u = 0.5 * u
-                    A = H - u
-                    sv, _e = two_sum(u, L)
-                R = A
-                if mode == MODE_SR:
-                    if np.float64(r >> _U11) + 1.0 <= (sv / u) * _TWO53:
-                        R = A + u
-                elif (r >> _U63) == _U1:
-                    R = A + u
-            return -R if neg else R
+        v, ok = _rn64_fast(hi, lo, mode, r)
+        if ok:
+            return v
     return round_core(hi, lo, 0, mode, t, 53, -1022, 1023, r)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def round_f32(hi, lo, mode, t, r):
     """Randomly round the exact value hi+lo (float64, hi = RN64(hi+lo)) to binary32 at t
     significand bits (t = 24: full precision)."""
     return np.float32(round_narrow(hi, lo, mode, t, 24, -126, 127, r))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def round_f64(hi, lo, mode, t, r):
     """Randomly round hi+lo to binary64 at t bits; hi = RN(exact), lo = exact error."""
     return round_rn64(hi, lo, mode, t, r)
@@ -368,7 +383,7 @@ def round_f64(hi, lo, mode, t, r):
 # Products are exact in float64; sums carry the TwoSum residual; div/sqrt carry the
 # exact residual (Dekker TwoProduct), divided by b (resp. 2s): exact sign, 2**-53 rel.
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _div_parts(a, b):
     q = a / b
     if q == 0.0 or not (abs(q) < np.inf) or not (abs(a) < np.inf) or not (abs(b) < np.inf):
@@ -377,7 +392,7 @@ def _div_parts(a, b):
     return q, ((a - ph) - pl) / b
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _sqrt_parts(a):
     if not (a > 0.0) or not (a < np.inf):
         return math.sqrt(a) if a >= 0.0 else np.nan, 0.0
@@ -386,7 +401,7 @@ def _sqrt_parts(a):
     return s, ((a - ph) - pl) / (2.0 * s)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def narrow_binary(op, a, b, mode, t, p, emin, emax, r):
     x = np.float64(a)
     y = np.float64(b)
@@ -401,31 +416,31 @@ def narrow_binary(op, a, b, mode, t, p, emin, emax, r):
     return round_narrow(s, e, mode, t, p, emin, emax, r)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def narrow_sqrt(a, mode, t, p, emin, emax, r):
     s, e = _sqrt_parts(np.float64(a))
     return round_narrow(s, e, mode, t, p, emin, emax, r)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def narrow_fma(a, b, c, mode, t, p, emin, emax, r):
     s, e = two_sum(np.float64(a) * np.float64(b), np.float64(c))
     return round_narrow(s, e, mode, t, p, emin, emax, r)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def add_f32(a, b, mode, t, r):
     """RN-free binary32 a+b under ``mode`` at t bits (exact TwoSum residual)."""
     return np.float32(narrow_binary(OP_ADD, a, b, mode, t, 24, -126, 127, r))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def mul_f32(a, b, mode, t, r):
     """binary32 a*b under ``mode`` (the float64 product is exact)."""
     return np.float32(narrow_binary(OP_MUL, a, b, mode, t, 24, -126, 127, r))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def fma_f32(a, b, c, mode, t, r):
     """binary32 a*b+c with one rounding (exact product, TwoSum residual)."""
     return np.float32(narrow_fma(a, b, c, mode, t, 24, -126, 127, r))
@@ -439,16 +454,16 @@ _FMA_HI = 2.0 ** 300
 _STANDIN = 2.0 ** -200
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _normal_in(x, lo, hi):
     ax = abs(x)
     return ax >= lo and ax <= hi
 
 
 @njit(cache=True, error_model="numpy")
-def wide_binary(op, a, b, mode, t, r):
-    """binary64 a (op) b: x = hi + lo exactly via TwoSum / TwoProduct / the division
-    residual, scaled by a power of two near under/overflow."""
+def _wide_binary_rest(op, a, b, mode, t, r):
+    """wide_binary's uncommon cases (overflowing sums, products outside the safe range,
+    specials, division)."""
     if op <= OP_SUB:
         bb = -b if op == OP_SUB else b
         s, e = two_sum(a, bb)
@@ -479,6 +494,21 @@ def wide_binary(op, a, b, mode, t, r):
     eb = exponent(abs(b))
     s, e = _div_parts(scale2(a, -ea), scale2(b, -eb))
     return round_core(s, 0.0 if rn else e, eb - ea, mode, t, 53, -1022, 1023, r)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def wide_binary(op, a, b, mode, t, r):
+    """binary64 a (op) b: x = hi + lo exactly via TwoSum / TwoProduct / the division
+    residual, scaled by a power of two near under/overflow. The common cases are
+    inlined into the caller; the rest is out of line (_wide_binary_rest)."""
+    if op <= OP_SUB:
+        s, e = two_sum(a, -b if op == OP_SUB else b)
+        if abs(s) < np.inf:
+            return round_rn64(s, e, mode, t, r)
+    elif op == OP_MUL and _normal_in(a, _SAFE_LO, _SAFE_HI) and _normal_in(b, _SAFE_LO, _SAFE_HI):
+        s, e = two_prod(a, b)
+        return round_rn64(s, e, mode, t, r)
+    return _wide_binary_rest(op, a, b, mode, t, r)
 
 
 @njit(cache=True, error_model="numpy")
@@ -553,13 +583,13 @@ def wide_fma(a, b, c, mode, t, r):
     return round_core3(h, l, l2, -m, mode, t, 53, -1022, 1023, r)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def add_f64(a, b, mode, t, r):
     """binary64 a+b under ``mode`` at t bits (exact TwoSum error)."""
     return wide_binary(OP_ADD, a, b, mode, t, r)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def mul_f64(a, b, mode, t, r):
     """binary64 a*b under ``mode`` at t bits (exact TwoProduct error)."""
     return wide_binary(OP_MUL, a, b, mode, t, r)
@@ -569,6 +599,40 @@ def mul_f64(a, b, mode, t, r):
 def fma_f64(a, b, c, mode, t, r):
     """binary64 a*b+c, one rounding under ``mode`` at t bits."""
     return wide_fma(a, b, c, mode, t, r)
+
+
+# ---------------------------------------------------------------- out-of-line wrappers
+# The scalar functions above are inlined (numba IR) into callers; the array kernels call
+# these compiled-once wrappers instead, which keeps cold compilation short.
+
+@njit(cache=True, error_model="numpy")
+def call_round_narrow(hi, lo, mode, t, p, emin, emax, r):
+    return round_narrow(hi, lo, mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, error_model="numpy")
+def call_round_rn64(hi, lo, mode, t, r):
+    return round_rn64(hi, lo, mode, t, r)
+
+
+@njit(cache=True, error_model="numpy")
+def call_narrow_binary(op, a, b, mode, t, p, emin, emax, r):
+    return narrow_binary(op, a, b, mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, error_model="numpy")
+def call_narrow_sqrt(a, mode, t, p, emin, emax, r):
+    return narrow_sqrt(a, mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, error_model="numpy")
+def call_narrow_fma(a, b, c, mode, t, p, emin, emax, r):
+    return narrow_fma(a, b, c, mode, t, p, emin, emax, r)
+
+
+@njit(cache=True, error_model="numpy")
+def call_wide_binary(op, a, b, mode, t, r):
+    return wide_binary(op, a, b, mode, t, r)
 
 
 # ---------------------------------------------------------------- array kernels
@@ -598,20 +662,19 @@ def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
                 be = (_f64_bits(h) >> np.uint64(52)) & _EXPMASK
                 if be < lo_b or be > hi_b or not (abs(out[j]) < np.inf) or \
                         abs(out[j]) >= pow2(emax + 1):
-                    out[j] = round_narrow(h, 0.0, mode, t, p, emin, emax, bits64(key, j))
+                    out[j] = call_round_narrow(h, 0.0, mode, t, p, emin, emax, bits64(key, j))
         return
     wide = p == 53
     for j in prange(n):
         r = bits64(key, j)
         h = np.float64(hi[j])
-        if has_lo:
+        l = 0.0
+        if has_lo and lo[j] != 0.0:  # lo == 0 keeps hi as is (its sign of zero)
             h, l = two_sum(h, np.float64(lo[j]))
-        else:
-            l = 0.0
         if wide:
-            out[j] = round_rn64(h, l, mode, t, r)
+            out[j] = call_round_rn64(h, l, mode, t, r)
         else:
-            out[j] = round_narrow(h, l, mode, t, p, emin, emax, r)
+            out[j] = call_round_narrow(h, l, mode, t, p, emin, emax, r)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -619,6 +682,36 @@ def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
     key = np.uint64(key)
     wide = p == 53
     n = out.size
+    if wide and t == 53 and op != OP_DIV:
+        # binary64 fast pass: EFT + _rn64_fast, no calls; the rest redone out of line
+        nslow = 0
+        for j in prange(n):
+            x = np.float64(a[j])
+            y = np.float64(b[j])
+            if op == OP_MUL:
+                s, e = two_prod(x, y)
+                good = _normal_in(x, _SAFE_LO, _SAFE_HI) and _normal_in(y, _SAFE_LO, _SAFE_HI)
+            else:
+                s, e = two_sum(x, -y if op == OP_SUB else y)
+                good = True
+            v, ok = _rn64_fast(s, e, mode, bits64(key, j))
+            out[j] = v
+            nslow += np.int64(not (ok and good))
+        if nslow == 0:
+            return
+        for j in prange(n):
+            x = np.float64(a[j])
+            y = np.float64(b[j])
+            if op == OP_MUL:
+                s, e = two_prod(x, y)
+                good = _normal_in(x, _SAFE_LO, _SAFE_HI) and _normal_in(y, _SAFE_LO, _SAFE_HI)
+            else:
+                s, e = two_sum(x, -y if op == OP_SUB else y)
+                good = True
+            be = (_f64_bits(s) >> np.uint64(52)) & _EXPMASK
+            if not good or be < _U1 or be > np.uint64(2046):
+                out[j] = call_wide_binary(op, x, y, mode, t, bits64(key, j))
+        return
     if not wide and op != OP_DIV:
         # fast pass (exact float64 result in the normal range); the rest redone exactly
         lo_b = np.uint64(1023 + emin)
@@ -651,14 +744,14 @@ def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
             be = (_f64_bits(s) >> np.uint64(52)) & _EXPMASK
             if be < lo_b or be > hi_b or e != 0.0 or not (abs(out[j]) < np.inf) or \
                     abs(out[j]) >= pow2(emax + 1):
-                out[j] = narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
+                out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
         return
     for j in prange(out.size):
         r = bits64(key, j)
         if wide:
-            out[j] = wide_binary(op, np.float64(a[j]), np.float64(b[j]), mode, t, r)
+            out[j] = call_wide_binary(op, np.float64(a[j]), np.float64(b[j]), mode, t, r)
         else:
-            out[j] = narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, r)
+            out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, r)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -670,7 +763,7 @@ def k_sqrt(a, out, p, emin, emax, mode, t, key):
         if wide:
             out[j] = wide_sqrt(np.float64(a[j]), mode, t, r)
         else:
-            out[j] = narrow_sqrt(a[j], mode, t, p, emin, emax, r)
+            out[j] = call_narrow_sqrt(a[j], mode, t, p, emin, emax, r)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -682,29 +775,29 @@ def k_fma(a, b, c, out, p, emin, emax, mode, t, key):
         if wide:
             out[j] = wide_fma(np.float64(a[j]), np.float64(b[j]), np.float64(c[j]), mode, t, r)
         else:
-            out[j] = narrow_fma(a[j], b[j], c[j], mode, t, p, emin, emax, r)
+            out[j] = call_narrow_fma(a[j], b[j], c[j], mode, t, p, emin, emax, r)
 
 
 # ---------------------------------------------------------------- more scalar ops
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def sub_f32(a, b, mode, t, r):
     """binary32 a-b under ``mode`` at t bits."""
     return np.float32(narrow_binary(OP_SUB, a, b, mode, t, 24, -126, 127, r))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def div_f32(a, b, mode, t, r):
     """binary32 a/b under ``mode`` (float64 quotient + exact residual / b)."""
     return np.float32(narrow_binary(OP_DIV, a, b, mode, t, 24, -126, 127, r))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def sqrt_f32(a, mode, t, r):
     """binary32 sqrt(a) under ``mode`` (float64 root + exact residual / 2s)."""
     return np.float32(narrow_sqrt(a, mode, t, 24, -126, 127, r))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def sub_f64(a, b, mode, t, r):
     """binary64 a-b under ``mode`` at t bits."""
     return wide_binary(OP_SUB, a, b, mode, t, r)

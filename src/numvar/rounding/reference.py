@@ -13,7 +13,7 @@ import math
 from fractions import Fraction
 
 from ._stream import bits
-from .kernels import MODE_IEEE, MODE_RANDOM, MODE_SR, MODE_UD
+from .kernels import MODE_RANDOM, MODE_SR, MODE_UD
 
 FMTS = {"binary32": (24, -126, 127), "binary64": (53, -1022, 1023),
         "bfloat16": (8, -126, 127), "binary16": (11, -14, 15)}

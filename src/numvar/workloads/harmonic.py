@@ -20,7 +20,8 @@ import numpy as np
 from numba import njit
 
 from ..rounding import Stream
-from ..rounding.kernels import OP_ADD, OP_DIV, bits64, mode_code, narrow_binary
+from ..rounding.kernels import OP_ADD, OP_DIV, bits64, mode_code
+from ..rounding.kernels import call_narrow_binary as narrow_binary
 
 #: Fuzzy PyTorch artifact, n = 10**7 (value, +- std over samples where given)
 PAPER = {
