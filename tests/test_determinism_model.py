@@ -199,19 +199,27 @@ def test_bitwise_mode_on_model_forward_backward_no_false_alarm():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("bad", ["missing", "corrupt", "not_a_run"])
+@pytest.mark.parametrize("bad", ["missing", "corrupt", "not_a_run", "corrupt_tensors",
+                                 "missing_tensors"])
 def test_missing_or_corrupt_reference_is_a_clear_error(tmp_path, bad):
     from numvar.errors import StoreError
 
     _run(tmp_path, "ref", substitute=True)
+    ref = tmp_path / "ref.json"
+    culprit = "ref"
     if bad == "missing":
-        ref = tmp_path / "nothere.json"
+        ref = culprit = tmp_path / "nothere.json"
     elif bad == "corrupt":
-        ref = tmp_path / "ref.json"
         ref.write_text(ref.read_text()[:50])
+    elif bad == "not_a_run":
+        ref = culprit = tmp_path / "x.json"
+        ref.write_text('{"a": 1}')
+    elif bad == "corrupt_tensors":
+        st = tmp_path / "ref.safetensors"
+        st.write_bytes(st.read_bytes()[:40])
+        culprit = st
     else:
-        ref = tmp_path / "ref.safetensors"
-        (tmp_path / "x.json").write_text('{"a": 1}')
-        ref = tmp_path / "x.json"
-    with pytest.raises(StoreError):
+        (tmp_path / "ref.safetensors").unlink()
+        culprit = tmp_path / "ref.safetensors"
+    with pytest.raises(StoreError, match=str(culprit)):
         ObserverContext(tmp_path, "ver", reference=ref)

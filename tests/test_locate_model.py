@@ -185,3 +185,20 @@ def test_spatial_view_of_a_segmentation():
     assert m.digits[:, :4].min() < res.cap / 2 and m.flips[:, :4].max() > 0
     assert res.to_dict()["spatial"]["class_dim"] == 1
     assert "data:image/png;base64," in res.html()
+
+
+def test_dask_executor_gives_the_local_result():
+    """Realizations through the runner's Dask executor (an in-process client here, the
+    cheapest cluster): the same seeds give the same digits as the local executor."""
+    from distributed import Client
+
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh()).eval()
+    kw = dict(n=2, granularity="op", necessity=False, ddmin=False, layers=False)
+    local = locate(model, x, **kw)
+    with Client(processes=False, n_workers=1, threads_per_worker=1,
+                dashboard_address=None) as client:
+        remote = locate(model, x, executor="dask", scheduler=client, **kw)
+    assert remote.history == local.history and len(local.history) == 3
+    assert remote.realizations == local.realizations == 6 <= remote.bound

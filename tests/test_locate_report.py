@@ -264,3 +264,64 @@ def test_model_checks(caplog):
         assert caplog.records == []
         _check_model(nn.Linear(2, 2))
     assert "training mode" in caplog.text
+
+
+def test_default_ddmin_budget_is_enforced(monkeypatch):
+    """The n_c² + 3n_c ddmin budget is what run_locate enforces (no test here reaches the
+    real one, so shrink it): the cost stays within the bound it reports."""
+    import numvar.locate.api as api
+
+    errs = {str(i): 2.0**-23 for i in range(10)}
+    errs["6"] = 2.0**-8
+    free = run_locate(pool(errs), chain(errs), cap=CAP, config=config(necessity=False))
+    assert free.dd.complete and free.dd.minimal == ["6"] and free.dd.tests > 3
+    monkeypatch.setattr(api, "ddmin_bound", lambda n: 3)
+    res = run_locate(pool(errs), chain(errs), cap=CAP, config=config(necessity=False))
+    assert res.dd_bound == 3 and res.dd.tests == 3 and not res.dd.complete
+    assert "6" in res.dd.minimal and res.dd.digits < res.threshold
+    assert res.evaluations == 1 + 10 + 3
+    assert res.realizations == R * res.evaluations == res.bound == R * (1 + 10 + 3)
+
+
+class _Fails(nn.Module):
+    def forward(self, x):
+        return nn.functional.linear(x, torch.ones(3, 4))
+
+
+def test_bad_model_input_and_options_fail_before_any_realization(monkeypatch, tmp_path,
+                                                                  capsys):
+    import numvar.runner
+    from numvar.cli import main
+    from numvar.errors import RunError
+    from numvar.locate import locate
+
+    def no_runs(*a, **k):
+        raise AssertionError("a realization ran")
+
+    monkeypatch.setattr(numvar.runner, "sample", no_runs)
+    seg = nn.Sequential(nn.Conv2d(1, 2, 1)).eval()
+    x = torch.ones(1, 1, 3, 3)
+    with pytest.raises(RunError, match=r"raised on its input \(shape \[2, 5\]\).*mat1"):
+        locate(_Fails(), torch.ones(2, 5))
+    with pytest.raises(ConfigError, match="--basis"):
+        locate(seg, x, basis=1)
+    with pytest.raises(ConfigError, match="above the output format's precision"):
+        locate(seg, x, threshold=24.5)
+    for cd, what in ((4, "not an axis"), (-5, "not an axis"), (2, "image axis"),
+                     (-1, "image axis")):
+        with pytest.raises(ConfigError, match=what):
+            locate(seg, x, spatial=True, class_dim=cd)
+    with pytest.raises(ConfigError, match="at least 2 axes"):
+        locate(nn.Linear(3, 2), torch.ones(3), spatial=True)
+    # the CLI: one line naming the culprit, exit 2
+    f = tmp_path / "m.py"
+    f.write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 3)\n")
+    for args, culprit in ((["--input-shape", "2,5"], "raised on its input (shape [2, 5])"),
+                          (["--input-shape", "2,4", "--basis", "1"], "--basis"),
+                          (["--input-shape", "2,4", "--map", str(tmp_path / "m.png"),
+                            "--class-dim", "0"], "image axis"),
+                          (["--input-shape", "2,4", "--json", str(tmp_path)], "is a folder"),
+                          (["--input-shape", "2,4", "--input-key", "x"], "give --input too")):
+        assert main(["locate", f"{f}:build", *args]) == 2
+        err = capsys.readouterr().err
+        assert culprit in err and len(err.strip().splitlines()) == 1, err

@@ -21,7 +21,8 @@ def test_load_object_file_and_module(tmp_path):
 
 def test_shapes_and_inputs(tmp_path):
     assert parse_shape("1,1,28,28") == (1, 1, 28, 28)
-    for bad in ("a,b", "0,3", ""):
+    assert parse_shape("8x16") == (8, 16)
+    for bad in ("a,b", "0,3", "", "2,x", "2,,3", "-1,2"):
         with pytest.raises(ConfigError):
             parse_shape(bad)
     _io.save_tensors(tmp_path / "x.safetensors", {"x": torch.ones(2)})

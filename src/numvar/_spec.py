@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -50,12 +51,12 @@ def load_object(spec: str) -> Callable[..., Any]:
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """``"1,1,28,28"`` → ``(1, 1, 28, 28)``; a clear error on anything else."""
-    try:
-        shape = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
-    except ValueError:
-        raise ConfigError(f"--input-shape {text!r}: expected comma-separated integers") from None
-    if not shape or any(s <= 0 for s in shape):
+    """``"1,1,28,28"`` (or ``"1x1x28x28"``) → ``(1, 1, 28, 28)``; a clear error otherwise."""
+    parts = [p.strip() for p in re.split(r"[,x×]", text.strip())]
+    if not text.strip() or any(not p.isdigit() for p in parts):
+        raise ConfigError(f"--input-shape {text!r}: expected comma-separated positive integers")
+    shape = tuple(int(p) for p in parts)
+    if any(s <= 0 for s in shape):
         raise ConfigError(f"--input-shape {text!r}: expected positive integers")
     return shape
 

@@ -506,7 +506,9 @@ def compare_cmd(
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@determinism_app.command("record", context_settings=_PASSTHROUGH)
+@determinism_app.command(
+    "record", context_settings=_PASSTHROUGH,
+    options_metavar="[OPTIONS] -- python SCRIPT.py [ARGS] | -- python -m MODULE [ARGS]")
 def determinism_record(
     ctx: typer.Context,
     out: str = typer.Option(..., "--out", "-o", help="Folder for the recording (hashes.json)."),
@@ -533,7 +535,8 @@ def determinism_record(
 @determinism_app.command("check", context_settings=_PASSTHROUGH)
 def determinism_check(
     ctx: typer.Context,
-    reference: str = typer.Argument(..., help="A folder written by `numvar determinism record`."),
+    reference: str = typer.Argument(..., metavar="REF",
+                                    help="A folder written by `numvar determinism record`."),
 ) -> None:
     """Check a script's run against a recording, op by op (usage: check REF -- COMMAND).
 
@@ -704,6 +707,8 @@ def locate_cmd(
     Perturbs one candidate at a time (everything else IEEE), ranks them most harmful
     first, delta-debugs a minimal set breaking --threshold and prints what it spent.
     """
+    from pathlib import Path
+
     import torch
     from rich.console import Console
 
@@ -716,6 +721,12 @@ def locate_cmd(
         raise ConfigError("give exactly one of --input-shape and --input")
     if class_dim is not None and map_png is None:
         raise ConfigError("--class-dim is for the spatial view: give --map FILE.png too")
+    if input_key is not None and input_file is None:
+        raise ConfigError("--input-key names a tensor inside --input FILE.safetensors: "
+                          "give --input too")
+    for opt, path in (("--json", json_out), ("--map", map_png), ("--html", html_out)):
+        if path is not None and Path(path).is_dir():  # fail now, not after the analysis
+            raise ConfigError(f"{opt} {path}: is a folder, give a file name")
     model = _spec.load_object(spec)()
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")

@@ -37,11 +37,11 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def _run_target(ns: argparse.Namespace, args: list[str]) -> int:
     if ns.script:
         sys.argv = [ns.script, *args]
-        sys.path.insert(0, str(Path(ns.script).resolve().parent))
+        sys.path[0] = str(Path(ns.script).resolve().parent)  # as `python SCRIPT` sets it
         runner = lambda: runpy.run_path(ns.script, run_name="__main__")  # noqa: E731
     else:
         sys.argv = [ns.module, *args]
-        sys.path.insert(0, os.getcwd())
+        sys.path[0] = os.getcwd()  # as `python -m MODULE` sets it
         runner = lambda: runpy.run_module(ns.module, run_name="__main__", alter_sys=True)  # noqa: E731
     try:
         runner()

@@ -84,6 +84,8 @@ def launcher_command(command: Sequence[str]) -> tuple[list[str], list[str]]:
             flags.append(rest.pop(0))
     if not rest:
         raise ConfigError("no script or -m MODULE in the command")
+    if "-c" in flags:
+        raise ConfigError("`python -c CODE` is not supported: put the code in a script file")
     if rest[0] == "-m":
         if len(rest) < 2:
             raise ConfigError("`-m` needs a module name")
@@ -139,6 +141,8 @@ def record_script(command: Sequence[str], out: str | os.PathLike, *,
     """Run ``command`` (``["python", "train_step.py", ...]``) under HashMode and write
     ``out/hashes.json``. RunError when the script fails (nothing is written then)."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"-o {out}: exists and is not a folder")
     args = ["--record", str(out.resolve())] + ([] if stacks else ["--no-stacks"])
     res = _launch(args, command)
     if res.get("returncode", 0) != 0:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NumvarError, RunError
 from .core import (
     DDResult,
     Evaluator,
@@ -42,8 +42,8 @@ from .core import (
     sensitivity,
 )
 from .discover import Candidate, discover
-from .evaluate import EvalConfig, ModelEvaluator
-from .spatial import SpatialMap, save_png, spatial_map
+from .evaluate import STATS, EvalConfig, ModelEvaluator
+from .spatial import SpatialMap, check_axes, save_png, spatial_map
 
 log = logging.getLogger(__name__)
 
@@ -194,12 +194,25 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
         raise ConfigError(f"--by must be 'module' or 'op', not {by!r}")
     if n < 2:
         raise ConfigError(f"-n must be at least 2 realizations, got {n}")
-    if stat not in ("median", "mean", "min"):
-        raise ConfigError(f"--stat must be median, mean or min, not {stat!r}")
+    if stat not in STATS:
+        raise ConfigError(f"--stat must be one of {', '.join(STATS)}, not {stat!r}")
     if max_dd_tests is not None and max_dd_tests < 0:
-        raise ConfigError("max_dd_tests must be >= 0")
+        raise ConfigError(f"--max-dd-tests must be >= 0, got {max_dd_tests}")
+    if isinstance(basis, bool) or not isinstance(basis, int) or basis < 2:
+        raise ConfigError(f"--basis must be an integer >= 2, got {basis!r}")
     _check_model(model)
-    found = discover(model, inputs)
+    try:
+        found = discover(model, inputs)
+    except NumvarError:
+        raise
+    except Exception as exc:  # the user's model on the user's input: say so in one line
+        shapes = ", ".join(str(list(t.shape)) for t in inputs if isinstance(t, torch.Tensor))
+        msg = (str(exc).strip().splitlines() or [""])[0]
+        log.info("the model raised on its input", exc_info=True)  # `numvar -v`: traceback
+        raise RunError(f"the model raised on its input (shape {shapes or '?'}) in the IEEE "
+                       f"run: {type(exc).__name__}: {msg}") from exc
+    if spatial and isinstance(found.output, torch.Tensor):
+        check_axes(tuple(found.output.shape), class_dim)  # before any realization runs
     pool = found.modules if by == "module" else found.op_kinds
     if select:
         pool = [c for c in pool if any(fnmatch.fnmatchcase(c.name, g) for g in select)]
@@ -211,10 +224,12 @@ def locate(model: torch.nn.Module, *inputs: Any, n: int = 6, by: str = "module",
     names = [c.name for c in pool]
     cap = _cap_of(found.output, basis)
     with contextlib.ExitStack() as stack:
-        if executor == "dask":
+        if executor == "dask":  # one client for every evaluation, not one per sample()
+            from ..runner.sampling import dask_client
+
             _pickle_user_code_by_value(model)
-        if executor == "dask" and not _is_client(scheduler):
-            scheduler = stack.enter_context(_dask_client(scheduler, jobs))
+            scheduler = stack.enter_context(dask_client(
+                scheduler, n_workers=jobs or 1, threads_per_worker=1, processes=True))
         return _locate(model, inputs, found, pool, names, cap, n=n, by=by, mode=mode,
                        granularity=granularity, precision=precision, seed=seed,
                        threshold=threshold, basis=basis, method=method, stat=stat,
@@ -249,34 +264,6 @@ def _pickle_user_code_by_value(model: torch.nn.Module) -> None:
         name = type(mod).__module__
         if name.startswith("_numvar_user_") and name in sys.modules:
             cloudpickle.register_pickle_by_value(sys.modules[name])
-
-
-def _is_client(obj: Any) -> bool:
-    try:
-        from distributed import Client
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return False
-    return isinstance(obj, Client)
-
-
-@contextlib.contextmanager
-def _dask_client(scheduler: Any, jobs: int | None):
-    """One Dask client for every evaluation (a LocalCluster, or a connection to
-    ``scheduler``), instead of one cluster per ``sample`` call."""
-    from distributed import Client, LocalCluster
-
-    if scheduler:
-        try:
-            client = Client(scheduler, timeout="20s")
-        except OSError as exc:
-            raise ConfigError(f"--scheduler {scheduler}: cannot connect ({exc})") from exc
-        with client:
-            yield client
-        return
-    with LocalCluster(host="127.0.0.1", n_workers=jobs or 1, threads_per_worker=1,
-                      processes=True, dashboard_address=None,
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
-        yield client
 
 
 def _locate(model, inputs, found, pool, names, cap, *, n, by, mode, granularity, precision,
@@ -323,6 +310,9 @@ def run_locate(pool: Sequence[Candidate], evaluate, *, cap: float, config: dict[
     def ordered(s) -> list[str]:
         return sorted(s, key=order.__getitem__)
 
+    if threshold is not None and float(threshold) > cap:  # before any evaluation
+        raise ConfigError(f"--threshold {float(threshold):g} is above the output format's "
+                          f"precision ({cap:.4g} digits in basis {config.get('basis', 2)})")
     ev = Evaluator(evaluate, cap=cap,
                    progress=None if progress is None else lambda k, s: progress(k, ordered(s)))
     d_all, rows = sensitivity(names, ev, necessity=necessity)
@@ -331,9 +321,6 @@ def run_locate(pool: Sequence[Candidate], evaluate, *, cap: float, config: dict[
         thr, source = default_threshold(d_all, cap), "default"
     else:
         thr, source = float(threshold), "given"
-        if thr > cap:
-            raise ConfigError(f"--threshold {thr:g} is above the output format's precision "
-                              f"({cap:.4g} digits in basis {config.get('basis', 2)})")
     dd = None
     dd_b = 0
     if do_dd:

@@ -99,8 +99,6 @@ class ModelEvaluator:
             from ..instrument import OP_KINDS as op_kinds  # noqa: N811
         self.op_kinds = op_kinds
         self.reference: dict[str, torch.Tensor] | None = None
-        self.cap: float | None = None
-        self.output_shape: tuple[int, ...] | None = None
         self.reference_runs = 0
 
     # the perturbation of a subset, as fuzzy()/sample() keywords
@@ -154,12 +152,9 @@ class ModelEvaluator:
         for k in outs:
             sd = significant_digits(samples.captures[k], ref[k], method=cfg.method,
                                     basis=cfg.basis)
-            if self.cap is None:
-                self.cap = float(sd.cap)
             per_elem.append(sd.digits.reshape(-1))
             if first is None:
                 first = (k, sd)
-        self.output_shape = tuple(first[1].digits.shape)
         digits = summarize(np.concatenate(per_elem), cfg.stat)
         layers: dict[str, float] = {}
         if self.layers:

@@ -61,9 +61,7 @@ def spatial_map(digits: np.ndarray, *, cap: float, samples=None, reference=None,
     axis of the output, e.g. 1 for (B, C, H, W) logits).
     """
     d = np.asarray(digits, dtype=np.float64)
-    if d.ndim < 2:
-        raise ConfigError(f"the spatial view needs an output with at least 2 axes, "
-                          f"got shape {tuple(d.shape)}")
+    check_axes(tuple(d.shape), class_dim)
     H, W = d.shape[-2:]
     dmap = d.reshape(-1, H, W).min(axis=0)
     flips = None
@@ -73,14 +71,29 @@ def spatial_map(digits: np.ndarray, *, cap: float, samples=None, reference=None,
         s = np.asarray(samples)
         ref = np.asarray(reference)
         cd = class_dim % d.ndim
-        if cd >= d.ndim - 2:
-            raise ConfigError(f"class_dim {class_dim} is an image axis of shape {d.shape}")
         lab = s.argmax(axis=cd + 1)                      # (R, *shape without class axis)
         rlab = ref.argmax(axis=cd)
         differ = lab != rlab[None]
         flips = differ.reshape(-1, H, W).mean(axis=0)
     return SpatialMap(digits=dmap, cap=float(cap), shape=tuple(int(s) for s in d.shape),
                       flips=flips, class_dim=class_dim)
+
+
+def check_axes(shape: tuple[int, ...], class_dim: int | None) -> None:
+    """ConfigError unless an output of ``shape`` has a spatial view (at least 2 axes) and
+    ``class_dim`` (if given) is one of its axes other than the last two (the image)."""
+    nd = len(shape)
+    if nd < 2:
+        raise ConfigError(f"the spatial view needs an output with at least 2 axes, "
+                          f"got shape {shape}")
+    if class_dim is not None:
+        if isinstance(class_dim, bool) or not isinstance(class_dim, int) \
+                or not -nd <= class_dim < nd:
+            raise ConfigError(f"--class-dim {class_dim!r} is not an axis of the output "
+                              f"(shape {shape})")
+        if class_dim % nd >= nd - 2:
+            raise ConfigError(f"--class-dim {class_dim} is an image axis of the output "
+                              f"(shape {shape}; the last two axes are the image)")
 
 
 def render_png(m: SpatialMap, *, title: str = "where the output varies") -> bytes:
