@@ -15,6 +15,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ..exec import _exit_code
+
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
@@ -46,13 +48,7 @@ def _run_target(ns: argparse.Namespace, args: list[str]) -> int:
     try:
         runner()
     except SystemExit as e:
-        code = e.code
-        if code is None:
-            return 0
-        if isinstance(code, int):
-            return code
-        print(code, file=sys.stderr)
-        return 1
+        return _exit_code(e)
     except BaseException:
         traceback.print_exc()
         return 1
