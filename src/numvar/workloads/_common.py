@@ -14,16 +14,19 @@ variable ``NUMVAR_CACHE_DIR`` names another one.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 
 from .._io import atomic_write_json, load_tensors, read_json, save_tensors
 from ..errors import StoreError
@@ -162,3 +165,55 @@ def load_or_train_impl(name: str, config: Any, version: int, build, train,
     model.eval()
     path = save_cached(name, config, version, model, metrics, directory) if save else None
     return Trained(model, config, metrics, path, False)
+
+
+def train_impl(config: Any, load_data, build, evaluate,
+               fit: Callable[[torch.nn.Module, Any, torch.Generator], None]
+               ) -> tuple[torch.nn.Module, dict[str, float]]:
+    """Shared body of each workload's ``train``: under :func:`seeded` (``config.seed``),
+    build the model and run ``fit(model, train_data, generator)`` (the generator seeded
+    with ``config.seed``); return the model in eval mode and ``evaluate`` on the test
+    split, plus ``train_seconds``."""
+    train_data = load_data("train", config)
+    test_data = load_data("test", config)
+    t0 = time.perf_counter()
+    with seeded(config.seed):
+        model = build(config)
+        gen = torch.Generator().manual_seed(config.seed)
+        fit(model, train_data, gen)
+    model.eval()
+    metrics = evaluate(model, test_data)
+    metrics["train_seconds"] = time.perf_counter() - t0
+    return model, metrics
+
+
+def metrics_from_logits(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of logits against integer targets."""
+    return {"accuracy": float((logits.argmax(1) == targets).double().mean()),
+            "loss": float(F.cross_entropy(logits.double(), targets))}
+
+
+def script_setup(name: str, doc: str, items: str, argv: list[str] | None, config: Any,
+                 load_or_train, load_data) -> tuple[Trained, Any]:
+    """Shared start of each workload script's ``main``: parse ``--limit``, ``--retrain``
+    and ``--cache-dir``, then return the (cached or trained) model and the test split's
+    first ``--limit`` examples."""
+    p = argparse.ArgumentParser(prog=f"python -m numvar.workloads.{name}",
+                                description=doc.split("\n\n")[0])
+    p.add_argument("--limit", type=int, default=None, help=f"first N test {items} only")
+    p.add_argument("--retrain", action="store_true", help="ignore the cached model")
+    p.add_argument("--cache-dir", default=None, help="model cache folder")
+    args = p.parse_args(argv)
+    trained = load_or_train(config, cache_dir=args.cache_dir, retrain=args.retrain)
+    return trained, load_data("test", trained.config).subset(args.limit)
+
+
+def print_classification(items: str, data: Any, logits: torch.Tensor) -> None:
+    """Capture ``logits`` and ``data.targets`` (for flips under ``numvar run``; no-op
+    otherwise) and print the example count, accuracy and loss, one per line."""
+    m = metrics_from_logits(logits, data.targets)
+    capture("logits", logits)
+    capture("targets", data.targets)
+    print(f"{items} {len(data)}")
+    print(f"accuracy {m['accuracy']:.6f}")
+    print(f"loss {m['loss']:.9g}")

@@ -28,16 +28,15 @@ Script: ``python -m numvar.workloads.brain`` prints Dice and volumes on the test
 
 from __future__ import annotations
 
-import argparse
 import os
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import Trained, batches, capture, cache_dir, load_or_train_impl, seeded
+from ._common import (Trained, batches, cache_dir, capture, load_or_train_impl, script_setup,
+                      train_impl)
 
 NAME = "brain"
 TRAIN_VERSION = 1
@@ -230,12 +229,8 @@ def train(config: BrainConfig | None = None) -> tuple[nn.Module, dict[str, float
     """Train with a fixed seed; return the model (eval mode) and its held-out metrics.
     The caller's torch RNG state is left unchanged."""
     config = config or BrainConfig()
-    tr = load_data("train", config)
-    te = load_data("test", config)
-    t0 = time.perf_counter()
-    with seeded(config.seed):
-        model = build_model(config)
-        gen = torch.Generator().manual_seed(config.seed)
+
+    def fit(model: nn.Module, tr: BrainData, gen: torch.Generator) -> None:
         opt = torch.optim.Adam(model.parameters(), lr=config.lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=config.epochs)
         model.train()
@@ -249,10 +244,8 @@ def train(config: BrainConfig | None = None) -> tuple[nn.Module, dict[str, float
                 loss.backward()
                 opt.step()
             sched.step()
-    model.eval()
-    metrics = evaluate(model, te)
-    metrics["train_seconds"] = time.perf_counter() - t0
-    return model, metrics
+
+    return train_impl(config, load_data, build_model, evaluate, fit)
 
 
 def load_or_train(config: BrainConfig | None = None, *,
@@ -265,14 +258,8 @@ def load_or_train(config: BrainConfig | None = None, *,
 
 def main(argv: list[str] | None = None, config: BrainConfig | None = None) -> int:
     """Segment the held-out slices and print Dice and volumes, one per line."""
-    p = argparse.ArgumentParser(prog="python -m numvar.workloads.brain",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--limit", type=int, default=None, help="first N test slices only")
-    p.add_argument("--retrain", action="store_true", help="ignore the cached model")
-    p.add_argument("--cache-dir", default=None, help="model cache folder")
-    args = p.parse_args(argv)
-    trained = load_or_train(config, cache_dir=args.cache_dir, retrain=args.retrain)
-    data = load_data("test", trained.config).subset(args.limit)
+    trained, data = script_setup(NAME, __doc__, "slices", argv, config, load_or_train,
+                                 load_data)
     pred = infer(trained.model, data.inputs).argmax(1)
     d = dice(pred, data.targets)
     v = volumes(pred, data.voxel_ml)

@@ -20,9 +20,7 @@ metrics (an unmodified script for ``numvar run``).
 
 from __future__ import annotations
 
-import argparse
 import os
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -30,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import Trained, batches, capture, load_or_train_impl, seeded
+from ._common import (Trained, batches, load_or_train_impl, metrics_from_logits,
+                      print_classification, script_setup, train_impl)
 
 NAME = "digits"
 TRAIN_VERSION = 1
@@ -129,12 +128,6 @@ def infer(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         return model(inputs)
 
 
-def metrics_from_logits(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of logits against integer targets."""
-    return {"accuracy": float((logits.argmax(1) == targets).double().mean()),
-            "loss": float(F.cross_entropy(logits.double(), targets))}
-
-
 def evaluate(model: nn.Module, data: DigitsData) -> dict[str, float]:
     """``{"accuracy", "loss"}`` of ``model`` on ``data``."""
     model.eval()
@@ -145,12 +138,8 @@ def train(config: DigitsConfig | None = None) -> tuple[nn.Module, dict[str, floa
     """Train from scratch with a fixed seed (Adam, cross-entropy); return the model in
     eval mode and its test metrics. The caller's torch RNG state is left unchanged."""
     config = config or DigitsConfig()
-    train_data = load_data("train", config)
-    test_data = load_data("test", config)
-    t0 = time.perf_counter()
-    with seeded(config.seed):
-        model = build_model(config)
-        gen = torch.Generator().manual_seed(config.seed)
+
+    def fit(model: nn.Module, train_data: DigitsData, gen: torch.Generator) -> None:
         opt = torch.optim.Adam(model.parameters(), lr=config.lr)
         model.train()
         for _ in range(config.epochs):
@@ -159,10 +148,8 @@ def train(config: DigitsConfig | None = None) -> tuple[nn.Module, dict[str, floa
                 loss = F.cross_entropy(model(train_data.inputs[idx]), train_data.targets[idx])
                 loss.backward()
                 opt.step()
-    model.eval()
-    metrics = evaluate(model, test_data)
-    metrics["train_seconds"] = time.perf_counter() - t0
-    return model, metrics
+
+    return train_impl(config, load_data, build_model, evaluate, fit)
 
 
 def load_or_train(config: DigitsConfig | None = None, *,
@@ -175,21 +162,9 @@ def load_or_train(config: DigitsConfig | None = None, *,
 
 def main(argv: list[str] | None = None, config: DigitsConfig | None = None) -> int:
     """Run inference on the test split and print its metrics, one per line."""
-    p = argparse.ArgumentParser(prog="python -m numvar.workloads.digits",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--limit", type=int, default=None, help="first N test images only")
-    p.add_argument("--retrain", action="store_true", help="ignore the cached model")
-    p.add_argument("--cache-dir", default=None, help="model cache folder")
-    args = p.parse_args(argv)
-    trained = load_or_train(config, cache_dir=args.cache_dir, retrain=args.retrain)
-    data = load_data("test", trained.config).subset(args.limit)
-    logits = infer(trained.model, data.inputs)
-    m = metrics_from_logits(logits, data.targets)
-    capture("logits", logits)         # for flips under `numvar run` (no-op otherwise)
-    capture("targets", data.targets)
-    print(f"images {len(data)}")
-    print(f"accuracy {m['accuracy']:.6f}")
-    print(f"loss {m['loss']:.9g}")
+    trained, data = script_setup(NAME, __doc__, "images", argv, config, load_or_train,
+                                 load_data)
+    print_classification("images", data, infer(trained.model, data.inputs))
     return 0
 
 

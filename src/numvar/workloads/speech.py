@@ -30,17 +30,16 @@ Script: ``python -m numvar.workloads.speech`` prints the test metrics.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import Trained, batches, capture, load_or_train_impl, seeded
+from ._common import (Trained, batches, load_or_train_impl, metrics_from_logits,
+                      print_classification, script_setup, train_impl)
 
 NAME = "speech"
 TRAIN_VERSION = 1
@@ -187,12 +186,6 @@ def infer(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         return model(inputs).logits
 
 
-def metrics_from_logits(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-    """Accuracy and mean cross-entropy."""
-    return {"accuracy": float((logits.argmax(1) == targets).double().mean()),
-            "loss": float(F.cross_entropy(logits.double(), targets))}
-
-
 def evaluate(model: nn.Module, data: SpeechData) -> dict[str, float]:
     """``{"accuracy", "loss"}`` on ``data``."""
     model.eval()
@@ -204,12 +197,8 @@ def train(config: SpeechConfig | None = None) -> tuple[nn.Module, dict[str, floa
     schedule); return the model (eval mode) and its held-out metrics. The caller's torch
     RNG state is left unchanged."""
     config = config or SpeechConfig()
-    tr = load_data("train", config)
-    te = load_data("test", config)
-    t0 = time.perf_counter()
-    with seeded(config.seed):
-        model = build_model(config)
-        gen = torch.Generator().manual_seed(config.seed)
+
+    def fit(model: nn.Module, tr: SpeechData, gen: torch.Generator) -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
         steps = config.epochs * math.ceil(len(tr) / config.batch_size)
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.lr, total_steps=steps,
@@ -223,10 +212,8 @@ def train(config: SpeechConfig | None = None) -> tuple[nn.Module, dict[str, floa
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 sched.step()
-    model.eval()
-    metrics = evaluate(model, te)
-    metrics["train_seconds"] = time.perf_counter() - t0
-    return model, metrics
+
+    return train_impl(config, load_data, build_model, evaluate, fit)
 
 
 def load_or_train(config: SpeechConfig | None = None, *,
@@ -239,21 +226,9 @@ def load_or_train(config: SpeechConfig | None = None, *,
 
 def main(argv: list[str] | None = None, config: SpeechConfig | None = None) -> int:
     """Classify the held-out signals and print the metrics, one per line."""
-    p = argparse.ArgumentParser(prog="python -m numvar.workloads.speech",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--limit", type=int, default=None, help="first N test signals only")
-    p.add_argument("--retrain", action="store_true", help="ignore the cached model")
-    p.add_argument("--cache-dir", default=None, help="model cache folder")
-    args = p.parse_args(argv)
-    trained = load_or_train(config, cache_dir=args.cache_dir, retrain=args.retrain)
-    data = load_data("test", trained.config).subset(args.limit)
-    logits = infer(trained.model, data.inputs)
-    m = metrics_from_logits(logits, data.targets)
-    capture("logits", logits)         # for flips under `numvar run` (no-op otherwise)
-    capture("targets", data.targets)
-    print(f"signals {len(data)}")
-    print(f"accuracy {m['accuracy']:.6f}")
-    print(f"loss {m['loss']:.9g}")
+    trained, data = script_setup(NAME, __doc__, "signals", argv, config, load_or_train,
+                                 load_data)
+    print_classification("signals", data, infer(trained.model, data.inputs))
     return 0
 
 
