@@ -210,3 +210,32 @@ class _key_stream(R.Stream):
 
     def next_key(self):
         return self._k
+
+
+def test_serial_below_threshold_same_bits_and_threads_restored(monkeypatch):
+    """Small work runs on one thread (launch), large work in parallel: same bits either
+    way, and numba's thread count is restored after each call."""
+    rng = np.random.default_rng(7)
+    a = _weird(rng, (2, 5, 9), np.float32)
+    b = _weird(rng, (2, 9, 33), np.float32)
+    x = _weird(rng, (6, 40), np.float32)
+    h = _weird(rng, (300,), np.float64)
+    want = (KN.contract_reference(a, b, 3, RK.MODE_SR, 24),
+            KN.scan_reference(x, 4, RK.MODE_SR, 24))
+    seen = []
+    numba.set_num_threads(2)
+    try:
+        for min_work in (1 << 40, 0):  # all serial, then all parallel
+            monkeypatch.setattr(KN, "PARALLEL_MIN_WORK", min_work)
+            got = (KN.contract(a, b, 3, RK.MODE_SR, 24), KN.scan(x, 4, RK.MODE_SR, 24))
+            assert all(_same(g, w) for g, w in zip(got, want))
+            seen.append(KN.round32(h, 5, RK.MODE_SR))
+            assert numba.get_num_threads() == 2
+        assert _same(seen[0], seen[1])
+        monkeypatch.setattr(KN, "PARALLEL_MIN_WORK", 1 << 20)
+        n = []
+        KN.launch(10, lambda: n.append(numba.get_num_threads()))
+        KN.launch(1 << 40, lambda: n.append(numba.get_num_threads()))
+        assert n == [1, 2]
+    finally:
+        numba.set_num_threads(1)

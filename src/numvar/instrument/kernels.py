@@ -21,6 +21,7 @@ scalar functions of :mod:`numvar.rounding.kernels`.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
@@ -29,6 +30,28 @@ from numvar.rounding import kernels as K
 
 #: columns per parallel tile of the kernels (keeps one-row products parallel too)
 TILE = 1024
+
+#: Work (rounded terms: output elements × K for a product, elements otherwise) below which
+#: a parallel kernel runs on the calling thread alone. Waking numba's worker threads costs
+#: 10-50 µs on an idle machine and up to ~20 ms per call on a loaded one (measured: 2-core
+#: box shared by 8 jobs, OpenMP layer: a 128-element rounding took 20 ms with 2 threads,
+#: 2 µs with 1), while 4M terms take ~3-15 ms on one core. Results do not depend on it.
+PARALLEL_MIN_WORK = 1 << 22
+
+
+def launch(work: int, fn, *args, **kwargs):
+    """Call ``fn`` (a parallel numba kernel, or code calling one) with numba's thread
+    count set to 1 for this thread when ``work < PARALLEL_MIN_WORK``; restored after."""
+    if work >= PARALLEL_MIN_WORK:
+        return fn(*args, **kwargs)
+    n = numba.get_num_threads()
+    if n == 1:
+        return fn(*args, **kwargs)
+    numba.set_num_threads(1)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        numba.set_num_threads(n)
 
 
 @intrinsic
@@ -369,7 +392,7 @@ def round32(h: np.ndarray, key: int, mode: int) -> np.ndarray:
     h = np.ascontiguousarray(h, dtype=np.float64).reshape(-1)
     out = np.empty(h.size, dtype=np.float32)
     if h.size:
-        _round_fast32(h, out, np.uint64(key), mode)
+        launch(h.size, _round_fast32, h, out, np.uint64(key), mode)
     return out
 
 
@@ -474,10 +497,12 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int) -> np.nd
     out = np.empty((BO, a.shape[1], b.shape[2]), dtype=a.dtype)
     if out.size:
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        work = out.size * a.shape[2]
         if a.dtype == np.float32 and t == 24:
-            _contract_fast32(a, b, out, np.uint64(key), mode)
+            launch(work, _contract_fast32, a, b, out, np.uint64(key), mode)
         else:
-            _contract_kernel(a, b, out, np.uint64(key), mode, t, a.dtype == np.float32)
+            launch(work, _contract_kernel, a, b, out, np.uint64(key), mode, t,
+                   a.dtype == np.float32)
     return out
 
 
@@ -494,9 +519,10 @@ def scan(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
     out = np.empty((x.shape[0] if cumulative else 1, x.shape[1]), dtype=x.dtype)
     if x.shape[1]:
         if x.dtype == np.float32 and t == 24:
-            _scan_fast32(x, out, np.uint64(key), mode, mul, cumulative)
+            launch(x.size, _scan_fast32, x, out, np.uint64(key), mode, mul, cumulative)
         else:
-            _scan_kernel(x, out, np.uint64(key), mode, t, x.dtype == np.float32, mul, cumulative)
+            launch(x.size, _scan_kernel, x, out, np.uint64(key), mode, t, x.dtype == np.float32,
+                   mul, cumulative)
     return out
 
 
