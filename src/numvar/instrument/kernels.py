@@ -6,10 +6,13 @@ Two kernels serve every contraction and every reduction of the ``flop`` granular
   Order (documented, tested bit for bit against :func:`contract_reference`): for each
   output element, ``acc = RND(a[i,0]·b[0,j])`` then for k = 1..K-1 in increasing order
   ``acc = RND(acc + RND(a[i,k]·b[k,j]))``. Every product and every add is rounded. Term
-  (b, i, k, j) draws ``r = bits64(key, q)`` with ``q = ((b·M + i)·K + k)·N + j``; its
-  product is rounded with ``r``, its add with ``r`` rotated left by 29 bits (the binary32
-  fast paths use bits 35..63 and 6..34: disjoint). A counter hash with no loop-carried
-  state, so the ikj loop vectorises and rows run in parallel.
+  (b, i, k, j) draws ``r = term_bits(key, line, j)`` with ``line = (b·M + i)·K + k``: the
+  line hash ``h = bits64(key, line)`` (once per line), then one multiply-xorshift of the
+  Weyl sequence ``z = h + j·γ``: ``z ^= z >> 32; z *= MIX1; r = z ^ (z >> 29)`` (the
+  constants of splitmix64 [Steele, Lea, Flood 2014]; one 64-bit multiply per term instead
+  of two). Its product is rounded with ``r``, its add with ``r`` rotated left by 29 bits
+  (the binary32 fast paths use bits 35..63 and 6..34: disjoint). A counter hash with no
+  loop-carried state, so the ikj loop vectorises and rows run in parallel.
 * :func:`scan` — ``x`` of shape (K, M) reduced (or scanned) along K with add or mul:
   ``acc = x[0, m]``, then ``acc = RND(acc ∘ x[k, m])`` for k = 1..K-1; random bits
   ``bits64(key, k·M + m)``. With ``cumulative`` every partial result is written.
@@ -101,6 +104,28 @@ def _bits(key, index):
     return z ^ (z >> np.uint64(31))
 
 
+_U32 = np.uint64(32)
+_U29 = np.uint64(29)
+_MASK64 = (1 << 64) - 1
+
+
+@njit(inline="always")
+def _term(h, j):
+    """Random bits of term ``j`` of a contraction line whose hash is ``h`` (module doc)."""
+    z = h + j * _G
+    z = (z ^ (z >> _U32)) * _M1
+    return z ^ (z >> _U29)
+
+
+def term_bits(key: int, line: int, j: int) -> int:
+    """Pure-Python :func:`_term` of ``bits64(key, line)``: the random bits of term (line, j)
+    of :func:`contract` (the references and tests use it)."""
+    h = int(K.bits64(np.uint64(key), np.uint64(line)))
+    z = (h + j * K.GAMMA) & _MASK64
+    z = ((z ^ (z >> 32)) * K.MIX1) & _MASK64
+    return z ^ (z >> 29)
+
+
 @njit(inline="always")
 def _rot(r):
     """The add's random bits from the product's: r rotated left by 29 (the binary32
@@ -141,17 +166,17 @@ def _fast32(x, r, mode):
 
 
 @njit(inline="always")
-def _loop32(o, bb, aik, ukey, qb, first, mode, bad):
+def _loop32(o, bb, aik, hk, jb, first, mode, bad):
     nbad = 0
     if first:
         for jj in range(o.size):
-            p, okp = _fast32(aik * np.float64(bb[jj]), _bits(ukey, qb + np.uint64(jj)), mode)
+            p, okp = _fast32(aik * np.float64(bb[jj]), _term(hk, jb + np.uint64(jj)), mode)
             o[jj] = p if okp else o[jj]
             bad[jj] = not okp
             nbad += 0 if okp else 1
         return nbad
     for jj in range(o.size):
-        r = _bits(ukey, qb + np.uint64(jj))
+        r = _term(hk, jb + np.uint64(jj))
         p, okp = _fast32(aik * np.float64(bb[jj]), r, mode)
         acc = np.float64(o[jj])
         pp = np.float64(p)
@@ -174,12 +199,13 @@ def _tile_fast(o, arow, bmat, ukey, base, N, j0, mode, t, bad):
     for k in range(Kd):
         aik = np.float64(arow[k])
         bb = bmat[k, j0:j0 + o.size]
-        qb = (base + np.uint64(k)) * np.uint64(N) + np.uint64(j0)
-        if _loop32(o, bb, aik, ukey, qb, k == 0, mode, bad) == 0:
+        hk = _bits(ukey, base + np.uint64(k))
+        jb = np.uint64(j0)
+        if _loop32(o, bb, aik, hk, jb, k == 0, mode, bad) == 0:
             continue
         for jj in range(o.size):
             if bad[jj]:
-                r = _bits(ukey, qb + np.uint64(jj))
+                r = _term(hk, jb + np.uint64(jj))
                 p = K.mul_f32(aik, np.float64(bb[jj]), mode, t, r)
                 if k == 0:
                     o[jj] = p
@@ -239,9 +265,9 @@ def _contract_kernel(a, b, out, key, mode, t, is32):  # pragma: no cover - compi
         for k in range(Kd):
             aik = np.float64(arow[k])
             brow = b[bo % BB, k]
-            q0 = (base + np.uint64(k)) * np.uint64(N)
+            hk = _bits(ukey, base + np.uint64(k))
             for j in range(N):
-                r = _bits(ukey, q0 + np.uint64(j))
+                r = _term(hk, np.uint64(j))
                 if is32:
                     p32 = K.mul_f32(aik, np.float64(brow[j]), mode, t, r)
                     if k == 0:
@@ -542,8 +568,7 @@ def contract_reference(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int
             for j in range(N):
                 acc = None
                 for k in range(Kd):
-                    q = ((bo * M + i) * Kd + k) * N + j
-                    r = int(K.bits64(key, np.uint64(q)))
+                    r = term_bits(key, (bo * M + i) * Kd + k, j)
                     r_add = ((r << 29) | (r >> 35)) & 0xFFFFFFFFFFFFFFFF
                     p = mul(a[bo % BA, i, k], b[bo % BB, k, j], mode, t, np.uint64(r))
                     acc = p if k == 0 else add(acc, p, mode, t, np.uint64(r_add))
