@@ -192,25 +192,75 @@ def _loop32(o, bb, aik, hk, jb, first, mode, bad):
 
 
 @njit(inline="always")
+def _step32(acc, x, r, mode):
+    """One fast k-step ``RND(acc + RND(x))`` (x = the exact product): (value, ok)."""
+    p, okp = _fast32(x, r, mode)
+    pp = np.float64(p)
+    s = acc + pp
+    bv = s - acc
+    e = (acc - (s - bv)) + (pp - bv)
+    v, oks = _fast32(s, _rot(r), mode)
+    return np.float64(v), okp and oks and e == 0.0
+
+
+@njit(inline="always")
+def _loop32x2(o, b0, b1, a0, a1, h0, h1, jb, mode, bad):
+    """Two k-steps per pass over the tile (the accumulator stays in a register between
+    them: half the loads and stores of ``o``). An element rejected at either step is
+    flagged and both steps are redone on the full path."""
+    nbad = 0
+    for jj in range(o.size):
+        j = jb + np.uint64(jj)
+        acc, ok0 = _step32(np.float64(o[jj]), a0 * np.float64(b0[jj]), _term(h0, j), mode)
+        acc, ok1 = _step32(acc, a1 * np.float64(b1[jj]), _term(h1, j), mode)
+        ok = ok0 and ok1
+        o[jj] = np.float32(acc) if ok else o[jj]
+        bad[jj] = not ok
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(inline="always")
 def _tile_fast(o, arow, bmat, ukey, base, N, j0, mode, t, bad):
     """All k-steps of one row tile ``o`` (= out[b, i, j0:j0+len]) on the binary32 fast
     path, with the full path (numvar.rounding.kernels) for the elements it rejects."""
     Kd = arow.size
-    for k in range(Kd):
-        aik = np.float64(arow[k])
-        bb = bmat[k, j0:j0 + o.size]
-        hk = _bits(ukey, base + np.uint64(k))
-        jb = np.uint64(j0)
-        if _loop32(o, bb, aik, hk, jb, k == 0, mode, bad) == 0:
+    n = o.size
+    jb = np.uint64(j0)
+    k = 0
+    while k < Kd:
+        if k == 0 or k + 1 == Kd:  # the first product, or a last odd step: one at a time
+            aik = np.float64(arow[k])
+            bb = bmat[k, j0:j0 + n]
+            hk = _bits(ukey, base + np.uint64(k))
+            if _loop32(o, bb, aik, hk, jb, k == 0, mode, bad) != 0:
+                for jj in range(n):
+                    if bad[jj]:
+                        r = _term(hk, jb + np.uint64(jj))
+                        p = K.mul_f32(aik, np.float64(bb[jj]), mode, t, r)
+                        if k == 0:
+                            o[jj] = p
+                        else:
+                            o[jj] = K.add_f32(np.float64(o[jj]), np.float64(p), mode, t, _rot(r))
+            k += 1
             continue
-        for jj in range(o.size):
-            if bad[jj]:
-                r = _term(hk, jb + np.uint64(jj))
-                p = K.mul_f32(aik, np.float64(bb[jj]), mode, t, r)
-                if k == 0:
-                    o[jj] = p
-                else:
-                    o[jj] = K.add_f32(np.float64(o[jj]), np.float64(p), mode, t, _rot(r))
+        a0 = np.float64(arow[k])
+        a1 = np.float64(arow[k + 1])
+        b0 = bmat[k, j0:j0 + n]
+        b1 = bmat[k + 1, j0:j0 + n]
+        h0 = _bits(ukey, base + np.uint64(k))
+        h1 = _bits(ukey, base + np.uint64(k + 1))
+        if _loop32x2(o, b0, b1, a0, a1, h0, h1, jb, mode, bad) != 0:
+            for jj in range(n):
+                if bad[jj]:
+                    j = jb + np.uint64(jj)
+                    r0 = _term(h0, j)
+                    r1 = _term(h1, j)
+                    p0 = K.mul_f32(a0, np.float64(b0[jj]), mode, t, r0)
+                    acc = K.add_f32(np.float64(o[jj]), np.float64(p0), mode, t, _rot(r0))
+                    p1 = K.mul_f32(a1, np.float64(b1[jj]), mode, t, r1)
+                    o[jj] = K.add_f32(np.float64(acc), np.float64(p1), mode, t, _rot(r1))
+        k += 2
 
 
 @njit(cache=True)
