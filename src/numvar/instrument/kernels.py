@@ -220,28 +220,37 @@ def _loop32x2(o, b0, b1, a0, a1, h0, h1, jb, mode, bad):
     return nbad
 
 
+@njit
+def _full_step(o, bb, aik, hk, jb, first, mode, t, bad):  # pragma: no cover - compiled
+    """One k-step on the full path (numvar.rounding.kernels) for the flagged elements of a
+    tile. Not inlined: one copy serves every mode (it is rarely taken)."""
+    for jj in range(o.size):
+        if bad[jj]:
+            r = _term(hk, jb + np.uint64(jj))
+            p = K.mul_f32(aik, np.float64(bb[jj]), mode, t, r)
+            if first:
+                o[jj] = p
+            else:
+                o[jj] = K.add_f32(np.float64(o[jj]), np.float64(p), mode, t, _rot(r))
+
+
 @njit(inline="always")
-def _tile_fast(o, arow, bmat, ukey, base, N, j0, mode, t, bad):
+def _tile_fast(o, arow, bmat, ukey, base, N, j0, mode, t, bad, pairs):
     """All k-steps of one row tile ``o`` (= out[b, i, j0:j0+len]) on the binary32 fast
-    path, with the full path (numvar.rounding.kernels) for the elements it rejects."""
+    path, with the full path for the elements it rejects. With ``pairs`` (a constant),
+    two k-steps per pass; an element rejected in a pair still holds its value from before
+    the pair: both steps are redone. Same results either way."""
     Kd = arow.size
     n = o.size
     jb = np.uint64(j0)
     k = 0
     while k < Kd:
-        if k == 0 or k + 1 == Kd:  # the first product, or a last odd step: one at a time
+        if k == 0 or k + 1 == Kd or not pairs:  # first product, last odd step: one at a time
             aik = np.float64(arow[k])
             bb = bmat[k, j0:j0 + n]
             hk = _bits(ukey, base + np.uint64(k))
             if _loop32(o, bb, aik, hk, jb, k == 0, mode, bad) != 0:
-                for jj in range(n):
-                    if bad[jj]:
-                        r = _term(hk, jb + np.uint64(jj))
-                        p = K.mul_f32(aik, np.float64(bb[jj]), mode, t, r)
-                        if k == 0:
-                            o[jj] = p
-                        else:
-                            o[jj] = K.add_f32(np.float64(o[jj]), np.float64(p), mode, t, _rot(r))
+                _full_step(o, bb, aik, hk, jb, k == 0, mode, t, bad)
             k += 1
             continue
         a0 = np.float64(arow[k])
@@ -251,30 +260,24 @@ def _tile_fast(o, arow, bmat, ukey, base, N, j0, mode, t, bad):
         h0 = _bits(ukey, base + np.uint64(k))
         h1 = _bits(ukey, base + np.uint64(k + 1))
         if _loop32x2(o, b0, b1, a0, a1, h0, h1, jb, mode, bad) != 0:
-            for jj in range(n):
-                if bad[jj]:
-                    j = jb + np.uint64(jj)
-                    r0 = _term(h0, j)
-                    r1 = _term(h1, j)
-                    p0 = K.mul_f32(a0, np.float64(b0[jj]), mode, t, r0)
-                    acc = K.add_f32(np.float64(o[jj]), np.float64(p0), mode, t, _rot(r0))
-                    p1 = K.mul_f32(a1, np.float64(b1[jj]), mode, t, r1)
-                    o[jj] = K.add_f32(np.float64(acc), np.float64(p1), mode, t, _rot(r1))
+            _full_step(o, b0, a0, h0, jb, False, mode, t, bad)
+            _full_step(o, b1, a1, h1, jb, False, mode, t, bad)
         k += 2
 
 
 @njit(cache=True)
 def _tile32(o, arow, bmat, ukey, base, N, j0, mode, t, bad):  # pragma: no cover - compiled
     """One row tile, binary32 at 24 bits. One copy of the loops per mode (constants
-    folded) so that LLVM vectorises each; slices indexed from 0 for the same reason."""
+    folded) so that LLVM vectorises each; slices indexed from 0 for the same reason.
+    Two k-steps per pass for sr and ieee only: it triples the compile time (cold CI)."""
     if mode == _SR:
-        _tile_fast(o, arow, bmat, ukey, base, N, j0, _SR, t, bad)
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _SR, t, bad, True)
     elif mode == _IEEE:
-        _tile_fast(o, arow, bmat, ukey, base, N, j0, _IEEE, t, bad)
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _IEEE, t, bad, True)
     elif mode == _UD:
-        _tile_fast(o, arow, bmat, ukey, base, N, j0, _UD, t, bad)
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _UD, t, bad, False)
     else:
-        _tile_fast(o, arow, bmat, ukey, base, N, j0, _RANDOM, t, bad)
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _RANDOM, t, bad, False)
 
 
 @njit(parallel=True, cache=True)
