@@ -137,7 +137,7 @@ def test_mm_through_the_mode_matches_reference():
 def _conv2d_reference(x, w, stride, padding, dilation, groups, key, code, t):
     """Direct convolution loops, independent of im2col: per output element the terms
     (input channel of the group, kernel row, kernel column) in that order, zero-padding
-    positions included; term q = ((g·M + i)·K + k)·(N·L) + n·L + l."""
+    positions included; term (line (g·M + i)·K + k, column n·L + l)."""
     n_, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     og = o // groups
@@ -162,8 +162,7 @@ def _conv2d_reference(x, w, stride, padding, dilation, groups, key, code, t):
                                     zz = z * stride - padding + v * dilation
                                     inside = 0 <= yy < h and 0 <= zz < wd
                                     xv = x[n, g * cg + ci, yy, zz] if inside else np.float32(0)
-                                    q = ((g * og + i) * K + k) * (n_ * L) + n * L + l_
-                                    r = int(RK.bits64(np.uint64(key), np.uint64(q)))
+                                    r = KN.term_bits(key, (g * og + i) * K + k, n * L + l_)
                                     r2 = ((r << 29) | (r >> 35)) & (2**64 - 1)
                                     p = mul(w[g * og + i, ci, u, v], xv, code, t, np.uint64(r))
                                     acc = p if k == 0 else add(acc, p, code, t, np.uint64(r2))
@@ -210,3 +209,50 @@ class _key_stream(R.Stream):
 
     def next_key(self):
         return self._k
+
+
+def test_serial_below_threshold_same_bits_and_threads_restored(monkeypatch):
+    """Small work runs on one thread (launch), large work in parallel: same bits either
+    way, and numba's thread count is restored after each call."""
+    rng = np.random.default_rng(7)
+    a = _weird(rng, (2, 5, 9), np.float32)
+    b = _weird(rng, (2, 9, 33), np.float32)
+    x = _weird(rng, (6, 40), np.float32)
+    h = _weird(rng, (300,), np.float64)
+    want = (KN.contract_reference(a, b, 3, RK.MODE_SR, 24),
+            KN.scan_reference(x, 4, RK.MODE_SR, 24))
+    seen = []
+    numba.set_num_threads(2)
+    try:
+        for min_work in (1 << 40, 0):  # all serial, then all parallel
+            monkeypatch.setattr(KN, "PARALLEL_MIN_WORK", min_work)
+            got = (KN.contract(a, b, 3, RK.MODE_SR, 24), KN.scan(x, 4, RK.MODE_SR, 24))
+            assert all(_same(g, w) for g, w in zip(got, want))
+            seen.append(KN.round32(h, 5, RK.MODE_SR))
+            assert numba.get_num_threads() == 2
+        assert _same(seen[0], seen[1])
+        monkeypatch.setattr(KN, "PARALLEL_MIN_WORK", 1 << 20)
+        n = []
+        KN.launch(10, lambda: n.append(numba.get_num_threads()))
+        KN.launch(1 << 40, lambda: n.append(numba.get_num_threads()))
+        assert n == [1, 2]
+    finally:
+        numba.set_num_threads(1)
+
+
+def test_contract_term_bits_are_fair():
+    """The per-term hash drives SR with the right probabilities, for products (bits
+    35..63) and adds (bits 6..34), over 4 lines × 1024 columns = 4096 independent terms.
+    Product: 3·(1 + 2^-23) = 3 + 1.5·2^-22 lies half-way between binary32 neighbours
+    (p = 0.5). Add: 1 + 3·2^-25 lies 0.75 ulp above 1 (p = 0.75). Binomial std ≤
+    sqrt(0.25/4096) = 0.0078; tolerance 0.035 ≈ 4.5 σ."""
+    n, m = 1024, 4
+    a = np.full((1, m, 1), 3.0, np.float32)
+    b = np.full((1, 1, n), 1 + 2.0**-23, np.float32)
+    up = KN.contract(a, b, 11, RK.MODE_SR, 24) > np.float32(3 + 2.0**-22)
+    assert abs(up.mean() - 0.5) < 0.035
+    a = np.ones((1, m, 2), np.float32)
+    b = np.empty((1, 2, n), np.float32)
+    b[0, 0], b[0, 1] = 1.0, 3 * 2.0**-25
+    up = KN.contract(a, b, 12, RK.MODE_SR, 24) > np.float32(1.0)
+    assert abs(up.mean() - 0.75) < 0.035

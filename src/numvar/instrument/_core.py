@@ -11,6 +11,8 @@ import torch
 import numvar.rounding as R
 from numvar.rounding import kernels as RK
 
+from .kernels import _binary_fast32, _round_fast32, launch
+
 #: (p, emin, emax) of the formats whose rounding has a numba carrier of their own dtype
 _LEAN = {torch.float32: (24, -126, 127), torch.float64: (53, -1022, 1023)}
 
@@ -65,46 +67,45 @@ class Ctx:
             an = a.detach().contiguous().view(-1).numpy()
             bn = b.detach().contiguous().view(-1).numpy()
             if a.dtype == torch.float32 and self.bits(a.dtype) == 24 and op != RK.OP_DIV:
-                from .kernels import _binary_fast32
-
-                _binary_fast32(op, an, bn, out.view(-1).numpy(), np.uint64(key), self.code)
+                launch(an.size, _binary_fast32, op, an, bn, out.view(-1).numpy(),
+                       np.uint64(key), self.code)
             else:
-                RK.k_binary(op, an, bn, out.view(-1).numpy(), p, emin, emax, self.code,
-                            self.bits(a.dtype), np.uint64(key))
+                launch(an.size, RK.k_binary, op, an, bn, out.view(-1).numpy(), p, emin, emax,
+                       self.code, self.bits(a.dtype), np.uint64(key))
         return out
 
     def add(self, a, b):
         a, b = operands(a, b)
         if self._lean(a, b):
             return self._binary(RK.OP_ADD, a, b)
-        return R.add(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype),
-                     backend=self.backend)
+        return launch(max(a.numel(), b.numel()), R.add, a, b, mode=self.mode,
+                      stream=self.stream, precision=self.prec(a.dtype), backend=self.backend)
 
     def sub(self, a, b):
         a, b = operands(a, b)
         if self._lean(a, b):
             return self._binary(RK.OP_SUB, a, b)
-        return R.sub(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype),
-                     backend=self.backend)
+        return launch(max(a.numel(), b.numel()), R.sub, a, b, mode=self.mode,
+                      stream=self.stream, precision=self.prec(a.dtype), backend=self.backend)
 
     def mul(self, a, b):
         a, b = operands(a, b)
         if self._lean(a, b):
             return self._binary(RK.OP_MUL, a, b)
-        return R.mul(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype),
-                     backend=self.backend)
+        return launch(max(a.numel(), b.numel()), R.mul, a, b, mode=self.mode,
+                      stream=self.stream, precision=self.prec(a.dtype), backend=self.backend)
 
     def div(self, a, b):
         a, b = operands(a, b)
         if self._lean(a, b):
             return self._binary(RK.OP_DIV, a, b)
-        return R.div(a, b, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype),
-                     backend=self.backend)
+        return launch(max(a.numel(), b.numel()), R.div, a, b, mode=self.mode,
+                      stream=self.stream, precision=self.prec(a.dtype), backend=self.backend)
 
     def sqrt(self, a):
         (a,) = operands(a)
-        return R.sqrt(a, mode=self.mode, stream=self.stream, precision=self.prec(a.dtype),
-                      backend=self.backend)
+        return launch(a.numel(), R.sqrt, a, mode=self.mode, stream=self.stream,
+                      precision=self.prec(a.dtype), backend=self.backend)
 
     def round(self, hi: torch.Tensor, dtype: torch.dtype, lo: torch.Tensor | None = None):
         """Round the exact value ``hi + lo`` (float64 tensors) to ``dtype``.
@@ -123,15 +124,14 @@ class Ctx:
             if out.numel():
                 h = hi.detach().contiguous().view(-1).numpy()
                 if dtype == torch.float32 and self.bits(dtype) == 24:
-                    from .kernels import _round_fast32
-
-                    _round_fast32(h, out.view(-1).numpy(), np.uint64(key), self.code)
+                    launch(h.size, _round_fast32, h, out.view(-1).numpy(), np.uint64(key),
+                           self.code)
                 else:
-                    RK.k_round(h, h[:0], out.view(-1).numpy(), False, p, emin, emax, self.code,
-                               self.bits(dtype), np.uint64(key))
+                    launch(h.size, RK.k_round, h, h[:0], out.view(-1).numpy(), False, p, emin,
+                           emax, self.code, self.bits(dtype), np.uint64(key))
             return out
-        return R.round(hi, lo, dtype=dtype, mode=self.mode, stream=self.stream,
-                       precision=self.prec(dtype), backend=self.backend)
+        return launch(hi.numel(), R.round, hi, lo, dtype=dtype, mode=self.mode,
+                      stream=self.stream, precision=self.prec(dtype), backend=self.backend)
 
 
 def result_dtype(*xs) -> torch.dtype:

@@ -6,10 +6,13 @@ Two kernels serve every contraction and every reduction of the ``flop`` granular
   Order (documented, tested bit for bit against :func:`contract_reference`): for each
   output element, ``acc = RND(a[i,0]·b[0,j])`` then for k = 1..K-1 in increasing order
   ``acc = RND(acc + RND(a[i,k]·b[k,j]))``. Every product and every add is rounded. Term
-  (b, i, k, j) draws ``r = bits64(key, q)`` with ``q = ((b·M + i)·K + k)·N + j``; its
-  product is rounded with ``r``, its add with ``r`` rotated left by 29 bits (the binary32
-  fast paths use bits 35..63 and 6..34: disjoint). A counter hash with no loop-carried
-  state, so the ikj loop vectorises and rows run in parallel.
+  (b, i, k, j) draws ``r = term_bits(key, line, j)`` with ``line = (b·M + i)·K + k``: the
+  line hash ``h = bits64(key, line)`` (once per line), then one multiply-xorshift of the
+  Weyl sequence ``z = h + j·γ``: ``z ^= z >> 32; z *= MIX1; r = z ^ (z >> 29)`` (the
+  constants of splitmix64 [Steele, Lea, Flood 2014]; one 64-bit multiply per term instead
+  of two). Its product is rounded with ``r``, its add with ``r`` rotated left by 29 bits
+  (the binary32 fast paths use bits 35..63 and 6..34: disjoint). A counter hash with no
+  loop-carried state, so the ikj loop vectorises and rows run in parallel.
 * :func:`scan` — ``x`` of shape (K, M) reduced (or scanned) along K with add or mul:
   ``acc = x[0, m]``, then ``acc = RND(acc ∘ x[k, m])`` for k = 1..K-1; random bits
   ``bits64(key, k·M + m)``. With ``cumulative`` every partial result is written.
@@ -21,6 +24,7 @@ scalar functions of :mod:`numvar.rounding.kernels`.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
@@ -29,6 +33,28 @@ from numvar.rounding import kernels as K
 
 #: columns per parallel tile of the kernels (keeps one-row products parallel too)
 TILE = 1024
+
+#: Work (rounded terms: output elements × K for a product, elements otherwise) below which
+#: a parallel kernel runs on the calling thread alone. Waking numba's worker threads costs
+#: 10-50 µs on an idle machine and up to ~20 ms per call on a loaded one (measured: 2-core
+#: box shared by 8 jobs, OpenMP layer: a 128-element rounding took 20 ms with 2 threads,
+#: 2 µs with 1), while 4M terms take ~3-15 ms on one core. Results do not depend on it.
+PARALLEL_MIN_WORK = 1 << 22
+
+
+def launch(work: int, fn, *args, **kwargs):
+    """Call ``fn`` (a parallel numba kernel, or code calling one) with numba's thread
+    count set to 1 for this thread when ``work < PARALLEL_MIN_WORK``; restored after."""
+    if work >= PARALLEL_MIN_WORK:
+        return fn(*args, **kwargs)
+    n = numba.get_num_threads()
+    if n == 1:
+        return fn(*args, **kwargs)
+    numba.set_num_threads(1)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        numba.set_num_threads(n)
 
 
 @intrinsic
@@ -78,6 +104,28 @@ def _bits(key, index):
     return z ^ (z >> np.uint64(31))
 
 
+_U32 = np.uint64(32)
+_U29 = np.uint64(29)
+_MASK64 = (1 << 64) - 1
+
+
+@njit(inline="always")
+def _term(h, j):
+    """Random bits of term ``j`` of a contraction line whose hash is ``h`` (module doc)."""
+    z = h + j * _G
+    z = (z ^ (z >> _U32)) * _M1
+    return z ^ (z >> _U29)
+
+
+def term_bits(key: int, line: int, j: int) -> int:
+    """Pure-Python :func:`_term` of ``bits64(key, line)``: the random bits of term (line, j)
+    of :func:`contract` (the references and tests use it)."""
+    h = int(K.bits64(np.uint64(key), np.uint64(line)))
+    z = (h + j * K.GAMMA) & _MASK64
+    z = ((z ^ (z >> 32)) * K.MIX1) & _MASK64
+    return z ^ (z >> 29)
+
+
 @njit(inline="always")
 def _rot(r):
     """The add's random bits from the product's: r rotated left by 29 (the binary32
@@ -118,17 +166,17 @@ def _fast32(x, r, mode):
 
 
 @njit(inline="always")
-def _loop32(o, bb, aik, ukey, qb, first, mode, bad):
+def _loop32(o, bb, aik, hk, jb, first, mode, bad):
     nbad = 0
     if first:
         for jj in range(o.size):
-            p, okp = _fast32(aik * np.float64(bb[jj]), _bits(ukey, qb + np.uint64(jj)), mode)
+            p, okp = _fast32(aik * np.float64(bb[jj]), _term(hk, jb + np.uint64(jj)), mode)
             o[jj] = p if okp else o[jj]
             bad[jj] = not okp
             nbad += 0 if okp else 1
         return nbad
     for jj in range(o.size):
-        r = _bits(ukey, qb + np.uint64(jj))
+        r = _term(hk, jb + np.uint64(jj))
         p, okp = _fast32(aik * np.float64(bb[jj]), r, mode)
         acc = np.float64(o[jj])
         pp = np.float64(p)
@@ -144,38 +192,92 @@ def _loop32(o, bb, aik, ukey, qb, first, mode, bad):
 
 
 @njit(inline="always")
-def _tile_fast(o, arow, bmat, ukey, base, N, j0, mode, t, bad):
+def _step32(acc, x, r, mode):
+    """One fast k-step ``RND(acc + RND(x))`` (x = the exact product): (value, ok)."""
+    p, okp = _fast32(x, r, mode)
+    pp = np.float64(p)
+    s = acc + pp
+    bv = s - acc
+    e = (acc - (s - bv)) + (pp - bv)
+    v, oks = _fast32(s, _rot(r), mode)
+    return np.float64(v), okp and oks and e == 0.0
+
+
+@njit(inline="always")
+def _loop32x2(o, b0, b1, a0, a1, h0, h1, jb, mode, bad):
+    """Two k-steps per pass over the tile (the accumulator stays in a register between
+    them: half the loads and stores of ``o``). An element rejected at either step is
+    flagged and both steps are redone on the full path."""
+    nbad = 0
+    for jj in range(o.size):
+        j = jb + np.uint64(jj)
+        acc, ok0 = _step32(np.float64(o[jj]), a0 * np.float64(b0[jj]), _term(h0, j), mode)
+        acc, ok1 = _step32(acc, a1 * np.float64(b1[jj]), _term(h1, j), mode)
+        ok = ok0 and ok1
+        o[jj] = np.float32(acc) if ok else o[jj]
+        bad[jj] = not ok
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit
+def _full_step(o, bb, aik, hk, jb, first, mode, t, bad):  # pragma: no cover - compiled
+    """One k-step on the full path (numvar.rounding.kernels) for the flagged elements of a
+    tile. Not inlined: one copy serves every mode (it is rarely taken)."""
+    for jj in range(o.size):
+        if bad[jj]:
+            r = _term(hk, jb + np.uint64(jj))
+            p = K.mul_f32(aik, np.float64(bb[jj]), mode, t, r)
+            if first:
+                o[jj] = p
+            else:
+                o[jj] = K.add_f32(np.float64(o[jj]), np.float64(p), mode, t, _rot(r))
+
+
+@njit(inline="always")
+def _tile_fast(o, arow, bmat, ukey, base, N, j0, mode, t, bad, pairs):
     """All k-steps of one row tile ``o`` (= out[b, i, j0:j0+len]) on the binary32 fast
-    path, with the full path (numvar.rounding.kernels) for the elements it rejects."""
+    path, with the full path for the elements it rejects. With ``pairs`` (a constant),
+    two k-steps per pass; an element rejected in a pair still holds its value from before
+    the pair: both steps are redone. Same results either way."""
     Kd = arow.size
-    for k in range(Kd):
-        aik = np.float64(arow[k])
-        bb = bmat[k, j0:j0 + o.size]
-        qb = (base + np.uint64(k)) * np.uint64(N) + np.uint64(j0)
-        if _loop32(o, bb, aik, ukey, qb, k == 0, mode, bad) == 0:
+    n = o.size
+    jb = np.uint64(j0)
+    k = 0
+    while k < Kd:
+        if k == 0 or k + 1 == Kd or not pairs:  # first product, last odd step: one at a time
+            aik = np.float64(arow[k])
+            bb = bmat[k, j0:j0 + n]
+            hk = _bits(ukey, base + np.uint64(k))
+            if _loop32(o, bb, aik, hk, jb, k == 0, mode, bad) != 0:
+                _full_step(o, bb, aik, hk, jb, k == 0, mode, t, bad)
+            k += 1
             continue
-        for jj in range(o.size):
-            if bad[jj]:
-                r = _bits(ukey, qb + np.uint64(jj))
-                p = K.mul_f32(aik, np.float64(bb[jj]), mode, t, r)
-                if k == 0:
-                    o[jj] = p
-                else:
-                    o[jj] = K.add_f32(np.float64(o[jj]), np.float64(p), mode, t, _rot(r))
+        a0 = np.float64(arow[k])
+        a1 = np.float64(arow[k + 1])
+        b0 = bmat[k, j0:j0 + n]
+        b1 = bmat[k + 1, j0:j0 + n]
+        h0 = _bits(ukey, base + np.uint64(k))
+        h1 = _bits(ukey, base + np.uint64(k + 1))
+        if _loop32x2(o, b0, b1, a0, a1, h0, h1, jb, mode, bad) != 0:
+            _full_step(o, b0, a0, h0, jb, False, mode, t, bad)
+            _full_step(o, b1, a1, h1, jb, False, mode, t, bad)
+        k += 2
 
 
 @njit(cache=True)
 def _tile32(o, arow, bmat, ukey, base, N, j0, mode, t, bad):  # pragma: no cover - compiled
     """One row tile, binary32 at 24 bits. One copy of the loops per mode (constants
-    folded) so that LLVM vectorises each; slices indexed from 0 for the same reason."""
+    folded) so that LLVM vectorises each; slices indexed from 0 for the same reason.
+    Two k-steps per pass for sr and ieee only: it triples the compile time (cold CI)."""
     if mode == _SR:
-        _tile_fast(o, arow, bmat, ukey, base, N, j0, _SR, t, bad)
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _SR, t, bad, True)
     elif mode == _IEEE:
-        _tile_fast(o, arow, bmat, ukey, base, N, j0, _IEEE, t, bad)
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _IEEE, t, bad, True)
     elif mode == _UD:
-        _tile_fast(o, arow, bmat, ukey, base, N, j0, _UD, t, bad)
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _UD, t, bad, False)
     else:
-        _tile_fast(o, arow, bmat, ukey, base, N, j0, _RANDOM, t, bad)
+        _tile_fast(o, arow, bmat, ukey, base, N, j0, _RANDOM, t, bad, False)
 
 
 @njit(parallel=True, cache=True)
@@ -216,9 +318,9 @@ def _contract_kernel(a, b, out, key, mode, t, is32):  # pragma: no cover - compi
         for k in range(Kd):
             aik = np.float64(arow[k])
             brow = b[bo % BB, k]
-            q0 = (base + np.uint64(k)) * np.uint64(N)
+            hk = _bits(ukey, base + np.uint64(k))
             for j in range(N):
-                r = _bits(ukey, q0 + np.uint64(j))
+                r = _term(hk, np.uint64(j))
                 if is32:
                     p32 = K.mul_f32(aik, np.float64(brow[j]), mode, t, r)
                     if k == 0:
@@ -369,7 +471,7 @@ def round32(h: np.ndarray, key: int, mode: int) -> np.ndarray:
     h = np.ascontiguousarray(h, dtype=np.float64).reshape(-1)
     out = np.empty(h.size, dtype=np.float32)
     if h.size:
-        _round_fast32(h, out, np.uint64(key), mode)
+        launch(h.size, _round_fast32, h, out, np.uint64(key), mode)
     return out
 
 
@@ -474,10 +576,12 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int) -> np.nd
     out = np.empty((BO, a.shape[1], b.shape[2]), dtype=a.dtype)
     if out.size:
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        work = out.size * a.shape[2]
         if a.dtype == np.float32 and t == 24:
-            _contract_fast32(a, b, out, np.uint64(key), mode)
+            launch(work, _contract_fast32, a, b, out, np.uint64(key), mode)
         else:
-            _contract_kernel(a, b, out, np.uint64(key), mode, t, a.dtype == np.float32)
+            launch(work, _contract_kernel, a, b, out, np.uint64(key), mode, t,
+                   a.dtype == np.float32)
     return out
 
 
@@ -494,9 +598,10 @@ def scan(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
     out = np.empty((x.shape[0] if cumulative else 1, x.shape[1]), dtype=x.dtype)
     if x.shape[1]:
         if x.dtype == np.float32 and t == 24:
-            _scan_fast32(x, out, np.uint64(key), mode, mul, cumulative)
+            launch(x.size, _scan_fast32, x, out, np.uint64(key), mode, mul, cumulative)
         else:
-            _scan_kernel(x, out, np.uint64(key), mode, t, x.dtype == np.float32, mul, cumulative)
+            launch(x.size, _scan_kernel, x, out, np.uint64(key), mode, t, x.dtype == np.float32,
+                   mul, cumulative)
     return out
 
 
@@ -516,8 +621,7 @@ def contract_reference(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int
             for j in range(N):
                 acc = None
                 for k in range(Kd):
-                    q = ((bo * M + i) * Kd + k) * N + j
-                    r = int(K.bits64(key, np.uint64(q)))
+                    r = term_bits(key, (bo * M + i) * Kd + k, j)
                     r_add = ((r << 29) | (r >> 35)) & 0xFFFFFFFFFFFFFFFF
                     p = mul(a[bo % BA, i, k], b[bo % BB, k, j], mode, t, np.uint64(r))
                     acc = p if k == 0 else add(acc, p, mode, t, np.uint64(r_add))

@@ -165,6 +165,21 @@ def _classify(func, granularity: str) -> _OpInfo:
     return info
 
 
+#: classifications shared by every fuzzy block: (OpOverload, granularity) -> _OpInfo, and
+#: (OpOverload, include globs, exclude globs) -> (included, excluded). Both depend only
+#: on the op and on these arguments (the handler tables are filled at import).
+_CLASSIFIED: dict = {}
+_SELECTED: dict = {}
+
+
+def _classified(func, granularity: str) -> _OpInfo:
+    key = (func, granularity)
+    info = _CLASSIFIED.get(key)
+    if info is None:
+        info = _CLASSIFIED[key] = _classify(func, granularity)
+    return info
+
+
 def _has_float(args, kwargs) -> bool:
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -309,18 +324,17 @@ class FuzzyMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         fz = self.fz
-        info = fz._infos.get(func)
-        if info is None:
-            info = fz._infos[func] = _classify(func, fz.config.granularity)
-            info_sel = fz._selection(func)
-            fz._selected[func] = info_sel
+        entry = fz._infos.get(func)
+        if entry is None:
+            entry = fz._infos[func] = (_classified(func, fz.config.granularity),
+                                       *fz._selection(func))
+        info, included, excluded = entry
         if info.kind == K_EXACT:
             fz._count("exact", info.name)
             return func(*args, **kwargs)
         if fz._filter is not None and not fz._filter.active():
             fz._count("outside_modules", info.name)
             return func(*args, **kwargs)
-        included, excluded = fz._selected[func]
         if excluded or (not included and self.depth == 0):
             fz._count("excluded", info.name)
             return func(*args, **kwargs)
@@ -401,8 +415,7 @@ class Fuzzy:
     def __init__(self, config: FuzzyConfig, *, backend: str = "auto") -> None:
         self.config = config
         self.backend = backend  # numvar.rounding backend of elementwise roundings
-        self._infos: dict = {}
-        self._selected: dict = {}
+        self._infos: dict = {}  # OpOverload -> (_OpInfo, included, excluded)
         self._counts: dict[str, Counter] = {k: Counter() for k in (
             "instrumented", "decomposed", "native", "exact", "excluded", "outside_modules")}
         self._how: dict[str, str] = {}
@@ -423,9 +436,13 @@ class Fuzzy:
         self._fastpath: bool | None = None
 
     def _selection(self, func) -> tuple[bool, bool]:
-        included = True if self._include is None else O.op_matches(func, self._include)
-        excluded = bool(self._exclude) and O.op_matches(func, self._exclude)
-        return included, excluded
+        key = (func, self._include, self._exclude)
+        sel = _SELECTED.get(key)
+        if sel is None:
+            included = True if self._include is None else O.op_matches(func, self._include)
+            excluded = bool(self._exclude) and O.op_matches(func, self._exclude)
+            sel = _SELECTED[key] = (included, excluded)
+        return sel
 
     def _count(self, cat: str, name: str, how: str | None = None) -> None:
         self._counts[cat][name] += 1
