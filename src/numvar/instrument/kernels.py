@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from numvar.rounding import kernels as K
 
@@ -57,26 +56,9 @@ def launch(work: int, fn, *args, **kwargs):
         numba.set_num_threads(n)
 
 
-@intrinsic
-def _f64_bits(typingctx, x):
-    if x != types.float64:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.uint64))
-
-    return types.uint64(types.float64), codegen
-
-
-@intrinsic
-def _bits_f64(typingctx, x):
-    if x != types.uint64:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float64))
-
-    return types.float64(types.uint64), codegen
+# bit casts shared with the rounding core (numba intrinsics, one instruction each)
+_f64_bits = K._f64_bits
+_bits_f64 = K._bits_f64
 
 
 _LOW29 = np.uint64((1 << 29) - 1)
