@@ -256,3 +256,100 @@ def test_contract_term_bits_are_fair():
     b[0, 0], b[0, 1] = 1.0, 3 * 2.0**-25
     up = KN.contract(a, b, 12, RK.MODE_SR, 24) > np.float32(1.0)
     assert abs(up.mean() - 0.75) < 0.035
+
+
+# ------------------------------------------------------------------ clean-row fast path
+def _clean32_direct(a, b, key, code):
+    """Run the clean-row loops of ``contract`` directly on every row of a (1, M, K) @
+    (1, K, N) product: the float64 accumulators, NaN where the loops gave up."""
+    M, Kd = a.shape[1], a.shape[2]
+    N = b.shape[2]
+    acc = np.empty((M, N))
+    jg = (np.arange(N, dtype=np.uint64) * np.uint64(RK.GAMMA))
+    for i in range(M):
+        KN._clean32(acc[i], jg, a[0, i], b[0], np.uint64(key), np.uint64(i * Kd), 0, N, code)
+    return acc
+
+
+def test_clean_rows_match_reference():
+    """Ordinary data (normal values, zeros, ones, signed zeros): every row is clean and the
+    clean loops alone reproduce the reference, in every mode, also over several column
+    tiles and broadcast batches."""
+    rng = np.random.default_rng(21)
+
+    def data(shape):
+        x = rng.standard_normal(shape)
+        x[rng.random(shape) < 0.2] = 0.0
+        x[rng.random(shape) < 0.05] = -0.0
+        x[rng.random(shape) < 0.05] = 1.0
+        return x.astype(np.float32)
+
+    for shapes in (((2, 3, 7), (1, 7, 5)), ((1, 2, 6), (3, 6, KN.TILE + 3)), ((1, 4, 1), (1, 1, 9))):
+        a, b = data(shapes[0]), data(shapes[1])
+        BO = max(a.shape[0], b.shape[0])
+        assert KN.clean_rows(a, b, BO).all()
+        for m in MODES:
+            code = RK.mode_code(m)
+            assert _same(KN.contract(a, b, 31, code, 24), KN.contract_reference(a, b, 31, code, 24)), m
+    a, b = data((1, 3, 9)), data((1, 9, 11))
+    for m in MODES:
+        acc = _clean32_direct(a, b, 8, RK.mode_code(m))
+        assert not np.isnan(acc).any()
+        assert _same(acc.astype(np.float32), KN.contract_reference(a, b, 8, RK.mode_code(m), 24)[0]), m
+
+
+def test_clean_rows_give_up_on_inexact_sums():
+    """Magnitudes 2**±40 apart in one row keep every product above 2**-102 (rows stay
+    clean) but make float64 sums inexact: those lanes turn NaN in the clean loops and are
+    recomputed on the full path; the product still equals the reference bit for bit."""
+    rng = np.random.default_rng(22)
+    a = rng.standard_normal((1, 8, 6))
+    a *= np.exp2(40.0 * rng.choice([-1, 0, 1], a.shape, p=[0.1, 0.8, 0.1]))
+    a = a.astype(np.float32)
+    b = rng.standard_normal((1, 6, 16)).astype(np.float32)
+    assert KN.clean_rows(a, b, 1).all()
+    for m in MODES:
+        code = RK.mode_code(m)
+        ref = KN.contract_reference(a, b, 77, code, 24)
+        acc = _clean32_direct(a, b, 77, code)
+        bad = np.isnan(acc)
+        assert bad.any() and not bad.all(), m
+        assert _same(acc[~bad].astype(np.float32), ref[0][~bad]), m
+        assert _same(KN.contract(a, b, 77, code, 24), ref), m
+
+
+def test_clean_rows_ud_gives_up_below_its_range():
+    """ud perturbs exact results, so sums of ±2**-102 products random-walk in steps of
+    2**-125 and 2**-126 and reach nonzero magnitudes below 2**-125, where the fast ud step
+    does not hold (every sum here is exact: the NaN lanes come from the range check)."""
+    rng = np.random.default_rng(23)
+    a = (np.exp2(-51.0) * rng.choice([-1.0, 1.0], (1, 8, 16))).astype(np.float32)
+    b = np.full((1, 16, 64), np.exp2(-51.0), np.float32)
+    assert KN.clean_rows(a, b, 1).all()
+    code = RK.MODE_UD
+    acc = _clean32_direct(a, b, 5, code)
+    assert np.isnan(acc).any()
+    assert _same(KN.contract(a, b, 5, code, 24), KN.contract_reference(a, b, 5, code, 24))
+    for m in ("sr", "random", "ieee"):  # these never leave the grid: no give-up
+        assert not np.isnan(_clean32_direct(a, b, 5, RK.mode_code(m))).any(), m
+
+
+def test_clean_row_test():
+    """Rows with a non-finite value, a product below 2**-102 or a possible overflow are
+    not clean; all-zero rows are. Mixed batches run both paths and match the reference."""
+    rng = np.random.default_rng(24)
+    a = rng.standard_normal((1, 6, 5)).astype(np.float32)
+    b = rng.standard_normal((1, 5, 7)).astype(np.float32)
+    a[0, 1, 2] = np.inf
+    a[0, 2, 0] = np.nan
+    a[0, 3, 1] = 2.0**-110  # times |b| >= ~1e-3: below 2**-102
+    a[0, 4, :] = 0.0
+    a[0, 5, 3] = 2.0**118  # K·max|a|·max|b| above 2**120
+    b[0, 0, 0] = 4.0
+    clean = KN.clean_rows(a, b, 1)
+    assert clean.tolist() == [True, False, False, False, True, False]
+    for m in MODES:
+        code = RK.mode_code(m)
+        assert _same(KN.contract(a, b, 9, code, 24), KN.contract_reference(a, b, 9, code, 24)), m
+    b[0, 0, 0] = np.inf  # one non-finite b: no row is clean
+    assert not KN.clean_rows(a, b, 1).any()
