@@ -459,6 +459,7 @@ def _tile32(o, arow, bmat, ukey, base, N, j0, mode, t, bad):  # pragma: no cover
     """One row tile, binary32 at 24 bits. One copy of the loops per mode (constants
     folded) so that LLVM vectorises each; slices indexed from 0 for the same reason.
     Two k-steps per pass for sr and ieee only: it triples the compile time (cold CI)."""
+    _wide_vectors()
     if mode == _SR:
         _tile_fast(o, arow, bmat, ukey, base, N, j0, _SR, t, bad, True)
     elif mode == _IEEE:
@@ -544,10 +545,14 @@ def _contract_kernel(a, b, out, key, mode, t, is32):  # pragma: no cover - compi
 
 
 @njit(inline="always")
-def _scanloop32(prow, xrow, orow, ukey, q0, mode, use_mul, bad):
+def _scanloop32(orow, xrow, ukey, q0, mode, use_mul, bad):
+    """One k-step in place: ``orow[j] = RND(orow[j] ∘ xrow[j])`` on the fast path; a
+    rejected element keeps its previous value and is flagged. (In place, one array:
+    with separate source and destination rows LLVM cannot rule out overlap and keeps
+    the loop scalar.)"""
     nbad = 0
     for j in range(orow.size):
-        a = np.float64(prow[j])
+        a = np.float64(orow[j])
         x = np.float64(xrow[j])
         if use_mul:
             s = a * x
@@ -558,27 +563,29 @@ def _scanloop32(prow, xrow, orow, ukey, q0, mode, use_mul, bad):
             e = (a - (s - bv)) + (x - bv)
         v, ok = _fast32(s, _bits(ukey, q0 + np.uint64(j)), mode)
         ok = ok and e == 0.0
-        orow[j] = v if ok else prow[j]
+        orow[j] = v if ok else orow[j]
         bad[j] = not ok
         nbad += 0 if ok else 1
     return nbad
 
 
 @njit(cache=True)
-def _scanstep32(prow, xrow, orow, ukey, q0, mode, use_mul, bad):  # pragma: no cover
+def _scanstep32(orow, xrow, ukey, q0, mode, use_mul, bad):  # pragma: no cover
     """One k-step of a scan tile on the binary32 fast path (see :func:`_step32`)."""
+    _wide_vectors()
     if mode == _SR:
-        return _scanloop32(prow, xrow, orow, ukey, q0, _SR, use_mul, bad)
+        return _scanloop32(orow, xrow, ukey, q0, _SR, use_mul, bad)
     if mode == _IEEE:
-        return _scanloop32(prow, xrow, orow, ukey, q0, _IEEE, use_mul, bad)
+        return _scanloop32(orow, xrow, ukey, q0, _IEEE, use_mul, bad)
     if mode == _UD:
-        return _scanloop32(prow, xrow, orow, ukey, q0, _UD, use_mul, bad)
-    return _scanloop32(prow, xrow, orow, ukey, q0, _RANDOM, use_mul, bad)
+        return _scanloop32(orow, xrow, ukey, q0, _UD, use_mul, bad)
+    return _scanloop32(orow, xrow, ukey, q0, _RANDOM, use_mul, bad)
 
 
 @njit(parallel=True, cache=True)
 def _scan_fast32(x, out, key, mode, use_mul, cumulative):  # pragma: no cover
-    """binary32 at 24 bits: vectorised fast path per column tile, full path for rejects."""
+    """binary32 at 24 bits: vectorised fast path per column tile, full path for rejects.
+    A cumulative scan copies row k-1 into row k, then updates row k in place."""
     Kd, M = x.shape
     ntile = (M + TILE - 1) // TILE
     ukey = np.uint64(key)
@@ -588,24 +595,25 @@ def _scan_fast32(x, out, key, mode, use_mul, cumulative):  # pragma: no cover
         for j in range(j0, j1):
             out[0, j] = x[0, j]
         bad = np.empty(j1 - j0, dtype=np.bool_)
-        prev = 0
         for k in range(1, Kd):
             cur = k if cumulative else 0
             q0 = np.uint64(k) * np.uint64(M) + np.uint64(j0)
             xrow = x[k, j0:j1]
-            prow = out[prev, j0:j1]
             orow = out[cur, j0:j1]
-            if _scanstep32(prow, xrow, orow, ukey, q0, mode, use_mul, bad) != 0:
+            if cumulative:
+                prow = out[k - 1, j0:j1]
+                for jj in range(j1 - j0):
+                    orow[jj] = prow[jj]
+            if _scanstep32(orow, xrow, ukey, q0, mode, use_mul, bad) != 0:
                 for jj in range(j1 - j0):
                     if bad[jj]:
                         r = _bits(ukey, q0 + np.uint64(jj))
-                        a = np.float64(prow[jj])
+                        a = np.float64(orow[jj])
                         xv = np.float64(xrow[jj])
                         if use_mul:
                             orow[jj] = K.mul_f32(a, xv, mode, 24, r)
                         else:
                             orow[jj] = K.add_f32(a, xv, mode, 24, r)
-            prev = cur
 
 
 @njit(parallel=True, cache=True)
@@ -653,6 +661,7 @@ def _round_fast32(h, out, key, mode):  # pragma: no cover - compiled
     ntile = (n + TILE - 1) // TILE
     ukey = np.uint64(key)
     for tile in prange(ntile):
+        _wide_vectors()
         j0 = tile * TILE
         j1 = min(n, j0 + TILE)
         hh = h[j0:j1]
@@ -706,6 +715,7 @@ def _binloop32(a, b, o, ukey, j0, op, mode):
 
 @njit(cache=True)
 def _bintile32(a, b, o, ukey, j0, op, mode):  # pragma: no cover - compiled
+    _wide_vectors()
     if op == K.OP_MUL:
         if mode == _SR:
             return _binloop32(a, b, o, ukey, j0, K.OP_MUL, _SR)
