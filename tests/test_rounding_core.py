@@ -259,3 +259,36 @@ def test_scalar_kernels_for_other_parts_match_the_api():
                     o32, o64, w32, w64 = o32[m], o64[m], w32[m], w64[m]
                 assert same_bits(o32, w32), (fn, mode, t)
                 assert same_bits(o64, w64), (fn, mode, t)
+
+
+def test_binary32_division_fast_pass_equals_scalar_path():
+    """The kernel's binary32 division fast pass against the scalar ``narrow_binary`` it
+    shortcuts, element by element, on inputs that hit each of its cases: ordinary
+    quotients, exact ones (powers of two, x = y·k), quotients just below and above grid
+    points, binary32-subnormal and overflowing quotients, zeros, infinities and NaN."""
+    rng = np.random.default_rng(31)
+    n = 20000
+    y = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))).astype(np.float32)
+    x = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))).astype(np.float32)
+    k = rng.integers(1, 4096, n).astype(np.float32)
+    sel = rng.random(n)
+    x = np.where(sel < 0.15, y * k, x)  # exact quotients (k is exact)
+    x = np.where((sel >= 0.15) & (sel < 0.2), y * np.float32(0.5), x)
+    # x = y·(1 ± 2**-24): quotient within a float64 ulp of... grid points, both sides
+    x = np.where((sel >= 0.2) & (sel < 0.3), y * np.float32(1 + 2.0**-23) * np.float32(1 - 2.0**-24), x)
+    x = np.where((sel >= 0.3) & (sel < 0.35), np.float32(3e38), x)
+    y = np.where((sel >= 0.3) & (sel < 0.35), np.float32(1e-3), y)  # overflow
+    x = np.where((sel >= 0.35) & (sel < 0.4), np.float32(1e-30), x)
+    y = np.where((sel >= 0.35) & (sel < 0.4), np.float32(3e12), y)  # below 2**-126
+    x[:6] = [0.0, -0.0, np.inf, np.nan, 1.0, 1.0]
+    y[:6] = [1.0, 3.0, 2.0, 1.0, 0.0, np.inf]
+    x, y = x.astype(np.float32), y.astype(np.float32)
+    for mode in MODES:
+        code = K.mode_code(mode)
+        out = np.empty(n, dtype=np.float32)
+        K.k_binary(K.OP_DIV, x, y, out, 24, -126, 127, code, 24, 77)
+        want = np.array([K.call_narrow_binary(K.OP_DIV, x[j], y[j], code, 24, 24, -126, 127,
+                                              np.uint64(R.bits(77, j)))
+                         for j in range(n)], dtype=np.float32)
+        same = (out.view(np.uint32) == want.view(np.uint32)) | (np.isnan(out) & np.isnan(want))
+        assert same.all(), (mode, np.nonzero(~same)[0][:5])

@@ -733,6 +733,53 @@ def _k_binary_wide(op, a, b, out, mode, t, key):
                                   bits64(key, j))
 
 
+_EMIN32B = np.uint64(1023 - 126)
+_EMAX32B = np.uint64(1023 + 127)
+_NLOW29 = np.uint64(~((1 << 29) - 1) & ((1 << 64) - 1))
+_ULP32B = np.uint64(1 << 29)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _div32_fast(x, y, mode, r):
+    """binary32 x/y at 24 bits, as ``narrow_binary(OP_DIV, ...)`` (identical bits) when
+    the float64 quotient q lies in binary32's normal range: (value, True); else (_, False).
+
+    ieee: RN32(q), which is RN32(x/y) (double rounding through binary64 is innocuous for
+    division: 53 >= 2·24 + 2). ud: that, moved one binary32 step by the top random bit
+    (not at 2**-126, as in the contraction kernels). sr and random: round_core's own
+    steps with the grid point A below |q| taken by masking, D = |q| - A (exact) and the
+    signed residual L of ``_div_parts``; s = D + L is exactly 0 only for an exact
+    quotient; D = 0 with L < 0 (x/y just below a grid point) is left to round_core."""
+    q, lo = _div_parts(x, y)
+    bq = _f64_bits(q)
+    be = (bq >> np.uint64(52)) & _EXPMASK
+    ok = (be >= _EMIN32B) & (be <= _EMAX32B)
+    top = (r >> _U63) == _U1
+    if mode == MODE_IEEE:
+        return np.float32(q), ok
+    if mode == MODE_UD:
+        v = np.float32(q)
+        vb = _f64_bits(np.float64(v))
+        fin = (v != 0.0) & (abs(v) < np.inf)
+        vb = (vb + _ULP32B if top else vb - _ULP32B) if fin else vb
+        return np.float32(_bits_f64(vb)), ok & (be != _EMIN32B)
+    neg = q < 0.0
+    H = -q if neg else q
+    L = -lo if neg else lo
+    A = _bits_f64(_f64_bits(H) & _NLOW29)
+    D = H - A
+    u = _bits_f64((be - np.uint64(23)) << np.uint64(52)) if ok else 1.0
+    sv = D + L
+    exact = sv == 0.0
+    if mode == MODE_SR:
+        thr = sv * _bits_f64((np.uint64(1023 + 76 + 1023) - be) << np.uint64(52)) if ok else 0.0
+        up = (np.float64(r >> _U11) + 1.0 <= thr) & (not exact)
+    else:
+        up = top & (not exact)
+    R = A + u if up else A
+    return np.float32(-R if neg else R), ok & ((D != 0.0) | (L >= 0.0))
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def _k_binary_narrow(op, a, b, out, p, emin, emax, mode, t, key):
     key = np.uint64(key)
@@ -769,6 +816,19 @@ def _k_binary_narrow(op, a, b, out, p, emin, emax, mode, t, key):
             be = (_f64_bits(s) >> np.uint64(52)) & _EXPMASK
             if be < lo_b or be > hi_b or e != 0.0 or not (abs(out[j]) < np.inf) or \
                     abs(out[j]) >= pow2(emax + 1):
+                out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
+        return
+    if p == 24 and t == 24:  # binary32 division: fast pass, the rest redone exactly
+        nslow = 0
+        for j in prange(n):
+            v, ok = _div32_fast(np.float64(a[j]), np.float64(b[j]), mode, bits64(key, j))
+            out[j] = v
+            nslow += np.int64(not ok)
+        if nslow == 0:
+            return
+        for j in prange(n):
+            v, ok = _div32_fast(np.float64(a[j]), np.float64(b[j]), mode, bits64(key, j))
+            if not ok:
                 out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
         return
     for j in prange(n):
