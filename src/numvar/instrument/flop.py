@@ -90,8 +90,10 @@ def _tup(v, nd: int) -> tuple[int, ...]:
     return v * nd if len(v) == 1 else v
 
 
-def im2col(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation):
-    """(N, C, *S) -> ((N, C·∏k, L), output spatial shape); rows in (C, k...) C order."""
+def im2col(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation, *,
+           channels_first: bool = False):
+    """(N, C, *S) -> ((N, C·∏k, L), output spatial shape); rows in (C, k...) C order.
+    With ``channels_first``: (C·∏k, N·L), columns n-major (one copy instead of two)."""
     nd = len(ks)
     if any(padding):
         pads = []
@@ -104,6 +106,9 @@ def im2col(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation):
         x = x[(Ellipsis,) + tuple(slice(None, None, dl) for dl in dilation)]
     n, c = x.shape[:2]
     ls = tuple(x.shape[2:2 + nd])
+    if channels_first:
+        x = x.permute(1, *range(2 + nd, 2 + 2 * nd), 0, *range(2, 2 + nd))
+        return x.reshape(c * math.prod(ks), n * math.prod(ls)), ls
     x = x.permute(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
     return x.reshape(n, c * math.prod(ks), math.prod(ls)), ls
 
@@ -120,11 +125,11 @@ def conv(x, w, bias, stride, padding, dilation, groups, ctx: Ctx) -> torch.Tenso
     o = w.shape[0]
     g = groups
     ks = tuple(w.shape[2:])
-    cols, ls = im2col(x, ks, stride, padding, dilation)
+    cols, ls = im2col(x, ks, stride, padding, dilation, channels_first=True)  # (c·∏k, n·L)
     kk = (c // g) * math.prod(ks)
-    L = cols.shape[-1]
+    L = math.prod(ls)
     # one product per group: (o/g, kk) @ (kk, n·L), the batch inside the columns
-    cols = cols.reshape(n, g, kk, L).permute(1, 2, 0, 3).reshape(g, kk, n * L)
+    cols = cols.reshape(g, kk, n * L)
     out = bmm(w.reshape(g, o // g, kk), cols, ctx, dtype)  # (g, o/g, n·L)
     out = out.reshape(g, o // g, n, L).permute(2, 0, 1, 3).reshape(n, o, *ls)
     if bias is not None:
