@@ -209,25 +209,8 @@ def _loop32x2(o, b0, b1, a0, a1, h0, h1, jb, mode, bad):
     return nbad
 
 
-@intrinsic
-def _wide_vectors(typingctx):
-    """Ask LLVM for 512-bit vectors in the function that calls this (no code emitted).
-
-    LLVM's tuning for Intel server CPUs prefers 256-bit vectors for auto-vectorised loops;
-    the function attribute ``"prefer-vector-width"="512"`` lifts that for one function
-    (measured on an AVX-512 Xeon: the SR contraction loop 0.99 -> 1.35 Gterm/s). CPUs
-    without AVX-512 ignore it. Results do not depend on the vector width (integer and
-    IEEE operations only, no contraction into FMA). If llvmlite ever refuses the
-    attribute, nothing is added and the loops keep LLVM's default width."""
-
-    def codegen(context, builder, signature, args):
-        try:
-            set.add(builder.function.attributes, '"prefer-vector-width"="512"')
-        except Exception:  # pragma: no cover - depends on llvmlite internals
-            pass
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+# 512-bit vectors for the function that calls it (see numvar.rounding.kernels)
+_wide_vectors = K.wide_vectors
 
 
 @intrinsic
