@@ -11,7 +11,9 @@ least disturbed run on a shared machine), divided by the best native time of the
 comparison that stays meaningful on a shared machine). ``--profile`` prints where the
 time goes (cProfile, top entries) for flop SR. ``--wide-vectors`` re-runs the script with
 ``NUMBA_CPU_FEATURES`` set to the host's features minus ``prefer-256-bit``, so that LLVM
-uses 512-bit vectors on AVX-512 CPUs (it prefers 256-bit ones on Intel server parts).
+uses 512-bit vectors in every numba function on AVX-512 CPUs (it prefers 256-bit ones on
+Intel server parts); numvar's hot kernels already ask for them per function
+(``numvar.rounding.kernels.wide_vectors``), so this mostly changes the rest.
 """
 
 from __future__ import annotations
