@@ -89,13 +89,45 @@ class Ctx:
         return out
 
     def _arith(self, op: int, a, b, api):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                and a.dtype is b.dtype and a.is_cpu and b.is_cpu):
-            a, b = operands(a, b)  # (tensors of one dtype on one CPU device: unchanged)
+        if isinstance(a, torch.Tensor):
+            if isinstance(b, torch.Tensor):
+                if a.dtype is b.dtype and a.is_cpu and b.is_cpu:
+                    # tensors of one dtype on the CPU: operands() would return them as they are
+                    if self._numba and a.dtype in _LEAN:
+                        return self._binary(op, a, b)
+                    return self._api(api, a, b)
+            elif self._scalar32(a, b):
+                return self._binary_scalar(op, a, b, True)
+        elif isinstance(b, torch.Tensor) and self._scalar32(b, a):
+            return self._binary_scalar(op, b, a, False)
+        a, b = operands(a, b)
         if self._lean(a, b):
             return self._binary(op, a, b)
+        return self._api(api, a, b)
+
+    def _api(self, api, a, b):
         return launch(max(a.numel(), b.numel()), api, a, b, mode=self.mode,
                       stream=self.stream, precision=self.prec(a.dtype), backend=self.backend)
+
+    def _scalar32(self, t: torch.Tensor, x) -> bool:
+        """A binary32 CPU tensor (at 24 bits) and a Python number that binary32 holds as
+        torch.tensor(x, dtype=torch.float32) would (floats within range, small ints)."""
+        kind = type(x)
+        return ((kind is float and -3.0e38 < x < 3.0e38 or kind is int and -(1 << 24) <= x <= 1 << 24)
+                and t.dtype is torch.float32 and self._t32 and self._numba and t.is_cpu)
+
+    def _binary_scalar(self, op: int, t: torch.Tensor, x, left: bool) -> torch.Tensor:
+        """``t op x`` (``left``) or ``x op t`` for a Python number x: as _binary on
+        ``operands(t, x)`` (x rounded to binary32 as torch.tensor does), x read once."""
+        key = self.stream.next_key()
+        out = _empty(t.shape, t, torch.float32)
+        n = out.numel()
+        if n:
+            ta = PW.array(t if t.is_contiguous() else t.contiguous())
+            xa = np.array((x,), np.float32)
+            a, sa, b, sb = (ta, 1, xa, 0) if left else (xa, 0, ta, 1)
+            PW.binary32(op, a, 0, sa, b, 0, sb, PW.array(out), 1, n, key, self.code)
+        return out
 
     def add(self, a, b):
         return self._arith(RK.OP_ADD, a, b, R.add)
