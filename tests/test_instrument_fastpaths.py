@@ -149,3 +149,29 @@ def test_python_numbers_take_the_scalar_path_bit_for_bit(mode):
     assert Ctx(mode, "flop", None, R.Stream(0))._scalar32(x, 0.5)
     for v in (3.1e38, float("inf"), float("nan"), 1 << 25, True, np.float32(0.5)):
         assert not Ctx(mode, "flop", None, R.Stream(0))._scalar32(x, v)
+
+
+def test_exact_impls_equal_the_ops():
+    """Faster implementations of exact ops: same values, dtype, shape, strides, offset."""
+    bid = H.EXACT_IMPLS["prims.broadcast_in_dim.default"]
+    for shape_in, shape, dims in [((16, 32), [16, 32, 1], [0, 1]), ((16, 32), [16, 32, 5], [0, 1]),
+                                  ((1, 32), [4, 32], [0, 1]), ((32,), [4, 32, 3], [1]),
+                                  ((), [2, 3], []), ((3, 1), [3, 4, 5], [0, 2]),
+                                  ((16, 32), [1, 16, 32], [1, 2])]:
+        variants = [_gen(shape_in)]
+        if len(shape_in) == 2:
+            variants.append(_gen(shape_in[1], shape_in[0], seed=2).t())  # non-contiguous
+        for a in variants:
+            got = bid(a, shape, dims)
+            want = torch.ops.prims.broadcast_in_dim.default(a, shape, dims)
+            assert _same(got, want) and got.storage_offset() == want.storage_offset()
+            assert got.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+    all_dim = H.EXACT_IMPLS["aten.all.dim"]
+    g = torch.Generator().manual_seed(1)
+    m = torch.rand(4, 5, 6, generator=g) < 0.9
+    m[0, 1, :] = True
+    for x in (m, m.transpose(0, 2), m[:, ::2], m[..., :1], torch.zeros(0, 3, dtype=torch.bool),
+              torch.tensor(True), torch.ones(3, 4), torch.arange(6).reshape(2, 3)):
+        for dim in range(-1, max(x.dim(), 1)):
+            for keep in (False, True):
+                assert _same(all_dim(x, dim, keep), aten.all.dim(x, dim, keep)), (x.shape, dim)

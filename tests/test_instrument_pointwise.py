@@ -58,6 +58,7 @@ CASES = [
     ((64, 32, 40), (64, 32, 1), None), ((3, 2500), (2500,), None), ((2500, 3), (3,), None),
     ((40, 700), (40, 1), None), ((6, 4, 5), (4, 6, 5), "t"), ((6, 4, 5), (5,), "t"),
     ((7, 9), (7, 9), "slice"), ((7, 9), (9,), "expand"), ((0, 3), (3,), None),
+    ((4, 6, 5), (1, 6, 1), "perm"), ((2, 400, 7), (400, 1), "slice3"), ((3, 40, 700), (40, 1), "perm"), ((5, 4, 3), (5, 1, 1), "perm"),
     ((3000,), (3000,), None), ((2, 3, 1), (2, 3, 1), None),
 ]
 
@@ -68,6 +69,10 @@ def _operands(rng, sa, sb, how):
         a = a.transpose(0, 1)
     elif how == "slice":
         a = _t(rng, (sa[0] + 2, sa[1] + 3))[1:-1, 2:-1]
+    elif how == "slice3":  # rows contiguous within the outer dim only
+        a = _t(rng, (sa[0], sa[1] + 50, sa[2]))[:, 20:20 + sa[1]]
+    elif how == "perm":  # the middle dim outermost in memory (a 3-D plan)
+        a = _t(rng, (sa[1], sa[0], *sa[2:])).transpose(0, 1)
     elif how == "expand":
         a = _t(rng, (1, sa[1])).expand(*sa)
     return a, b
@@ -129,7 +134,7 @@ def test_binary32_matches_the_scalar_core_on_hard_quotients():
         m = RK.mode_code(mode)
         key = 0x1234_5678_9ABC_DEF0
         out = np.empty_like(x)
-        PW.binary32(RK.OP_DIV, x, 0, 1, y, 0, 1, out, 1, x.size, key, m)
+        PW.binary32(RK.OP_DIV, x, (0, 0, 1), y, (0, 0, 1), out, (1, 1, x.size), key, m)
         want = np.empty_like(x)
         _div_all(x, y, key, m, want)
         assert _same(torch.from_numpy(out), torch.from_numpy(want)), mode
@@ -207,13 +212,15 @@ def test_serial_and_parallel_kernels_agree(monkeypatch):
     assert all(_same(x, y) for x, y in zip(*res))
 
 
-def test_plan2d_folds_layouts():
+def test_plan_folds_layouts():
     a = torch.zeros(4, 5, 6)
-    assert PW.plan2d((4, 5, 6), a, torch.zeros(6))[:2] == (20, 6)
-    assert PW.plan2d((4, 5, 6), a, torch.zeros(4, 5, 1))[:2] == (20, 6)
-    assert PW.plan2d((4, 5, 6), a, torch.zeros(()))[:2] == (1, 120)
-    assert PW.plan2d((4, 5, 6), a.transpose(0, 2).contiguous().transpose(0, 2), a) is None
-    assert PW.plan2d((4, 5, 6), torch.zeros(4, 1, 6), torch.zeros(1, 5, 1)) is None
+    assert PW.plan((4, 5, 6), a, torch.zeros(6))[0] == (1, 20, 6)
+    assert PW.plan((4, 5, 6), a, torch.zeros(4, 5, 1))[0] == (1, 20, 6)
+    assert PW.plan((4, 5, 6), a, torch.zeros(()))[0] == (1, 1, 120)
+    assert PW.plan((4, 5, 6), a.transpose(0, 2).contiguous().transpose(0, 2), a) is None
+    p = PW.plan((4, 5, 6), torch.zeros(4, 1, 6), torch.zeros(1, 5, 1))
+    assert p[0] == (4, 5, 6) and p[1][1] == (6, 0, 1) and p[2][1] == (0, 1, 0)
+    assert PW.plan((2, 3, 4, 5), torch.zeros(2, 3, 4, 5), torch.zeros(2, 1, 4, 1)) is None
     assert PW.broadcast_shape((4, 1, 6), (5, 1)) == (4, 5, 6)
     with pytest.raises(RuntimeError):
         PW.broadcast_shape((4, 2), (3,))

@@ -69,15 +69,15 @@ class Ctx:
         if not n:
             return out
         if a.dtype is torch.float32 and self._t32:
-            # broadcast operands are read in place (PW.plan2d), never materialised
-            plan = PW.plan2d(shape, a, b)
+            # broadcast operands are read in place (PW.plan), never materialised
+            plan = PW.plan(shape, a, b)
             if plan is None:
-                plan = PW.plan2d(shape, a.contiguous(), b.contiguous())
+                plan = PW.plan(shape, a.contiguous(), b.contiguous())
             if plan is None:
                 a, b = torch.broadcast_tensors(a, b)
-                plan = PW.plan2d(shape, a.contiguous(), b.contiguous())
-            M, N, (an, sa0, sa1), (bn, sb0, sb1) = plan
-            PW.binary32(op, an, sa0, sa1, bn, sb0, sb1, PW.array(out), M, N, key, self.code)
+                plan = PW.plan(shape, a.contiguous(), b.contiguous())
+            dims, (an, sa), (bn, sb) = plan
+            PW.binary32(op, an, sa, bn, sb, PW.array(out), dims, key, self.code)
             return out
         p, emin, emax = _LEAN[a.dtype]
         if not same:
@@ -125,8 +125,8 @@ class Ctx:
         if n:
             ta = PW.array(t if t.is_contiguous() else t.contiguous())
             xa = np.array((x,), np.float32)
-            a, sa, b, sb = (ta, 1, xa, 0) if left else (xa, 0, ta, 1)
-            PW.binary32(op, a, 0, sa, b, 0, sb, PW.array(out), 1, n, key, self.code)
+            a, sa, b, sb = (ta, _FULL, xa, _ONE) if left else (xa, _ONE, ta, _FULL)
+            PW.binary32(op, a, sa, b, sb, PW.array(out), (1, 1, n), key, self.code)
         return out
 
     def add(self, a, b):
@@ -179,6 +179,9 @@ class Ctx:
             return out
         return launch(hi.numel(), R.round, hi, lo, dtype=dtype, mode=self.mode,
                       stream=self.stream, precision=self.prec(dtype), backend=self.backend)
+
+
+_FULL, _ONE = (0, 0, 1), (0, 0, 0)  # strides of a contiguous operand and of a single value
 
 
 def _empty(shape, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -108,6 +108,26 @@ def im2col(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation):
     return x.reshape(n, c * math.prod(ks), math.prod(ls)), ls
 
 
+def _group_cols(x: torch.Tensor, ks, stride, padding, dilation, g: int):
+    """im2col in the layout of the per-group product, ``(g, C/g·∏k, N·L)``: rows (channel
+    of the group, kernel position in C order), columns (batch, output position); the
+    same matrix as ``im2col`` reshaped to (N, g, C/g·∏k, L) and permuted, in one copy."""
+    nd = len(ks)
+    if any(padding):
+        pads = []
+        for p in reversed(padding):
+            pads += [p, p]
+        x = F.pad(x, pads)
+    for d in range(nd):
+        x = x.unfold(2 + d, dilation[d] * (ks[d] - 1) + 1, stride[d])
+    if any(dl > 1 for dl in dilation):
+        x = x[(Ellipsis,) + tuple(slice(None, None, dl) for dl in dilation)]
+    n, c = x.shape[:2]
+    ls = tuple(x.shape[2:2 + nd])
+    x = x.permute(1, *range(2 + nd, 2 + 2 * nd), 0, *range(2, 2 + nd))  # (C, k..., N, L...)
+    return x.reshape(g, (c // g) * math.prod(ks), n * math.prod(ls)), ls
+
+
 def conv(x, w, bias, stride, padding, dilation, groups, ctx: Ctx) -> torch.Tensor:
     """Direct (non-transposed) convolution, every product and add rounded."""
     nd = w.dim() - 2
@@ -116,19 +136,19 @@ def conv(x, w, bias, stride, padding, dilation, groups, ctx: Ctx) -> torch.Tenso
     if unbatched:
         x = x.unsqueeze(0)
     dtype = torch.result_type(x, w)
-    n, c = x.shape[:2]
+    n = x.shape[0]
     o = w.shape[0]
     g = groups
     ks = tuple(w.shape[2:])
-    cols, ls = im2col(x, ks, stride, padding, dilation)
-    kk = (c // g) * math.prod(ks)
-    L = cols.shape[-1]
     # one product per group: (o/g, kk) @ (kk, n·L), the batch inside the columns
-    cols = cols.reshape(n, g, kk, L).permute(1, 2, 0, 3).reshape(g, kk, n * L)
-    out = bmm(w.reshape(g, o // g, kk), cols, ctx, dtype)  # (g, o/g, n·L)
-    out = out.reshape(g, o // g, n, L).permute(2, 0, 1, 3).reshape(n, o, *ls)
+    cols, ls = _group_cols(x, ks, stride, padding, dilation, g)
+    out = bmm(w.reshape(g, o // g, cols.shape[1]), cols, ctx, dtype)  # (g, o/g, n·L)
+    out = out.reshape(g, o // g, n, -1).permute(2, 0, 1, 3).reshape(n, o, *ls)  # a view
     if bias is not None:
+        # read through the view: the bias add writes the (N, O, L...) result
         out = ctx.add(out, bias.to(dtype).reshape(1, o, *([1] * nd)))
+    else:
+        out = out.contiguous()
     return out[0] if unbatched else out
 
 

@@ -658,8 +658,39 @@ def _foreach(ctx, func, args, kwargs, mode=None):
     return outs
 
 
+# ------------------------------------------------------------- exact ops, done faster
+#: exact (never perturbed) ops, by full overload name, with a faster implementation than
+#: calling the op: the same output (values, dtype, shape, strides, aliasing)
+EXACT_IMPLS: dict[str, Callable] = {}
+
+
+def _broadcast_in_dim(a, shape, broadcast_dimensions):
+    """``prims.broadcast_in_dim`` as its eager implementation (torch._prims'
+    ``_broadcast_in_dim_aten``: unsqueeze each new dim, expand), without the prim's
+    Python wrapper and meta checks (its callers are torch's own decompositions)."""
+    v = a
+    bd = set(broadcast_dimensions)
+    for idx in range(len(shape)):
+        if idx not in bd:
+            v = v.unsqueeze(idx)
+    return v.expand(shape)
+
+
+def _all_dim(x, dim, keepdim=False):
+    """``all.dim`` of a non-empty bool tensor as the min of its bytes (ATen's ``all``
+    over a short innermost dim is several times slower)."""
+    if x.dtype is not torch.bool or x.dim() == 0 or x.numel() == 0:
+        return torch.ops.aten.all.dim(x, dim, keepdim)
+    return torch.amin(x.view(torch.uint8), dim, keepdim).view(torch.bool)
+
+
+EXACT_IMPLS["prims.broadcast_in_dim.default"] = _broadcast_in_dim
+EXACT_IMPLS["aten.all.dim"] = _all_dim
+
+
 #: op name prefixes handled by :func:`_foreach` (in both granularities)
 FOREACH_PREFIX = "aten._foreach_"
 
 
-__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "HOW", "EXACT", "op_once", "f64_once", "register"]
+__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "HOW", "EXACT", "EXACT_IMPLS", "op_once", "f64_once",
+           "register"]

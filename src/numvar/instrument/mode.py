@@ -137,6 +137,7 @@ def _classify(func, granularity: str) -> _OpInfo:
     info = _OpInfo(name, packet, K_OPONCE, how="rounded once (op)")
     if packet in O.EXACT_OPS or _returns_alias(func):
         info.kind = K_EXACT  # listed exact ops, and every view op (aliasing kept)
+        info.handler = H.EXACT_IMPLS.get(name)
         return info
     tags = getattr(func, "tags", ())
     if (torch.Tag.nondeterministic_seeded in tags and packet not in H.FLOP_HANDLERS
@@ -343,6 +344,8 @@ class FuzzyMode(TorchDispatchMode):
         info, included, excluded = entry
         if info.kind == K_EXACT:
             fz._count("exact", info.name)
+            if info.handler is not None:
+                return info.handler(*args, **kwargs)
             return func(*args, **kwargs)
         if fz._filter is not None and not fz._filter.active():
             fz._count("outside_modules", info.name)

@@ -3,8 +3,8 @@
 The same arithmetic and the same random bits as numvar.rounding's ``add``, ``sub``,
 ``mul``, ``div`` and ``sqrt`` on binary32 at 24 bits (element ``l`` of the result, in C
 order, uses ``bits64(key, l)``), without materialising broadcast operands: an operand
-is read through two strides ``(s0, s1)`` over the result seen as ``M`` rows of ``N``
-(:func:`plan2d` folds the broadcast into that form when it can). Each element takes a
+is read through three strides over the result seen as (M1, M2, N) (:func:`plan` folds
+the broadcast into that form when it can). Each element takes a
 vectorised fast path (:func:`_lo32`, :func:`numvar.instrument.kernels._fast32`) and,
 where that declines (results outside the binary32 normal range, cases below), the
 rounding core's scalar function. Tests compare every kernel with the rounding core bit
@@ -205,19 +205,23 @@ def _slow(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
 
 
 @njit(inline="always")
-def _block(src, s0, s1, r0, rows, j0, ncols, buf, held):
-    """The values of rows r0..r0+rows-1, columns j0..j0+ncols-1 of an operand, in C order:
-    a slice when they lie contiguously in ``src``, else copied into ``buf`` (unless
+def _block(src, s0, s1, s2, M2, r0, rows, j0, ncols, buf, held):
+    """The values of rows r0..r0+rows-1 (row r = (r // M2, r % M2) over the two outer
+    dims), columns j0..j0+ncols-1 of an operand with strides (s0, s1, s2), in C order: a
+    slice when they lie contiguously in ``src``, else copied into ``buf`` (unless
     ``held``: buf already holds them)."""
-    base = r0 * s0 + j0 * s1
-    if s1 == 1 and (rows == 1 or s0 == ncols):
+    i1 = r0 // M2
+    i2 = r0 - i1 * M2
+    base = i1 * s0 + i2 * s1 + j0 * s2
+    if s2 == 1 and (rows == 1 or (s1 == ncols and (s0 == M2 * ncols
+                                                   or (r0 + rows - 1) // M2 == i1))):
         return src[base:base + rows * ncols]
     if held:
         return buf[:rows * ncols]
     k = 0
     for r in range(rows):
-        b = base + r * s0
-        if s1 == 1:
+        b = i1 * s0 + i2 * s1 + j0 * s2
+        if s2 == 1:
             for j in range(ncols):
                 buf[k + j] = src[b + j]
         else:
@@ -225,17 +229,22 @@ def _block(src, s0, s1, r0, rows, j0, ncols, buf, held):
             for j in range(ncols):
                 buf[k + j] = v
         k += ncols
+        i2 += 1
+        if i2 == M2:
+            i2 = 0
+            i1 += 1
     return buf[:k]
 
 
 @njit(inline="always", error_model="numpy")
-def _bchunk(c, per, total, op, a, sa0, sa1, b, sb0, sb1, out, M, N, ukey, mode):
+def _bchunk(c, per, total, op, a, sa, b, sb, out, M1, M2, N, ukey, mode):
     """Tiles c*per .. (c+1)*per-1: parts of one row (N >= TILE) or whole rows (N < TILE)."""
     bufa = np.empty(TILE, np.float32)
     bufb = np.empty(TILE, np.float32)
+    M = M1 * M2
     ntr = (N + TILE - 1) // TILE
     rpt = max(1, TILE // N)
-    prev = -1  # rows of the previous tile (whole-row tiles of an operand with s0 == 0 repeat)
+    prev = -1  # rows of the previous tile (whole-row tiles of an operand with equal rows repeat)
     for t in range(c * per, min(total, (c + 1) * per)):
         if N >= TILE:
             r0 = t // ntr
@@ -248,8 +257,10 @@ def _bchunk(c, per, total, op, a, sa0, sa1, b, sb0, sb1, out, M, N, ukey, mode):
             j0 = 0
             ncols = N
         same = N < TILE and rows == prev
-        aa = _block(a, sa0, sa1, r0, rows, j0, ncols, bufa, same and sa0 == 0)
-        bb = _block(b, sb0, sb1, r0, rows, j0, ncols, bufb, same and sb0 == 0)
+        aa = _block(a, sa[0], sa[1], sa[2], M2, r0, rows, j0, ncols, bufa,
+                    same and sa[0] == 0 and sa[1] == 0)
+        bb = _block(b, sb[0], sb[1], sb[2], M2, r0, rows, j0, ncols, bufb,
+                    same and sb[0] == 0 and sb[1] == 0)
         prev = rows
         l0 = r0 * N + j0
         o = out[l0:l0 + rows * ncols]
@@ -266,31 +277,33 @@ def _ntiles(M, N):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _binary32_par(op, a, sa0, sa1, b, sb0, sb1, out, M, N, key, mode):  # pragma: no cover
+def _binary32_par(op, a, sa, b, sb, out, M1, M2, N, key, mode):  # pragma: no cover
     ukey = np.uint64(key)
-    total = _ntiles(M, N)
+    total = _ntiles(M1 * M2, N)
     per = max(1, CHUNK // TILE)
     for c in prange((total + per - 1) // per):
-        _bchunk(c, per, total, op, a, sa0, sa1, b, sb0, sb1, out, M, N, ukey, mode)
+        _bchunk(c, per, total, op, a, sa, b, sb, out, M1, M2, N, ukey, mode)
 
 
 @njit(cache=True, error_model="numpy")
-def _binary32_ser(op, a, sa0, sa1, b, sb0, sb1, out, M, N, key, mode):  # pragma: no cover
+def _binary32_ser(op, a, sa, b, sb, out, M1, M2, N, key, mode):  # pragma: no cover
     ukey = np.uint64(key)
-    total = _ntiles(M, N)
+    total = _ntiles(M1 * M2, N)
     per = max(1, CHUNK // TILE)
     for c in range((total + per - 1) // per):
-        _bchunk(c, per, total, op, a, sa0, sa1, b, sb0, sb1, out, M, N, ukey, mode)
+        _bchunk(c, per, total, op, a, sa, b, sb, out, M1, M2, N, ukey, mode)
 
 
-def binary32(op, a, sa0, sa1, b, sb0, sb1, out, M, N, key, mode) -> None:
-    """``out[i*N + j] = RND(a[i*sa0 + j*sa1] op b[i*sb0 + j*sb1])`` for i < M, j < N (inner
-    strides 0 or 1), binary32 at 24 bits, element l = i*N + j with ``bits64(key, l)``:
-    numvar.rounding's ``add`` / ``sub`` / ``mul`` / ``div`` of the broadcast operands.
-    Serial below :data:`numvar.instrument.kernels.PARALLEL_MIN_WORK` elements (the
-    ``launch`` rule, without its thread-count calls), parallel above."""
+def binary32(op, a, sa, b, sb, out, dims, key, mode) -> None:
+    """``out[l] = RND(a[.] op b[.])`` over the result seen as ``dims = (M1, M2, N)`` (C
+    order, ``l = (i1*M2 + i2)*N + j``), operand element ``i1*s0 + i2*s1 + j*s2`` for its
+    strides ``(s0, s1, s2)`` (``s2`` 0 or 1); binary32 at 24 bits, element l with
+    ``bits64(key, l)``: numvar.rounding's ``add`` / ``sub`` / ``mul`` / ``div`` of the
+    broadcast operands. Serial below :data:`numvar.instrument.kernels.PARALLEL_MIN_WORK`
+    elements (the ``launch`` rule, without its thread-count calls), parallel above."""
     k = _binary32_ser if out.size < KN.PARALLEL_MIN_WORK else _binary32_par
-    k(op, a, sa0, sa1, b, sb0, sb1, out, M, N, np.uint64(key), mode)
+    M1, M2, N = dims
+    k(op, a, sa, b, sb, out, M1, M2, N, np.uint64(key), mode)
 
 
 @njit(inline="always", error_model="numpy")
@@ -430,9 +443,10 @@ def array(t: torch.Tensor) -> np.ndarray:
     return t.numpy().reshape(-1)
 
 
-def _flat(t: torch.Tensor, M: int, N: int, s0: int, s1: int) -> np.ndarray:
-    """The 1-D float32 array over ``t``'s storage that (i, j) -> i*s0 + j*s1 indexes."""
-    extent = 1 + (M - 1) * s0 + (N - 1) * s1
+def _flat(t: torch.Tensor, M1: int, M2: int, N: int, st) -> np.ndarray:
+    """The 1-D float32 array over ``t``'s storage that (i1, i2, j) -> i1*s0 + i2*s1 + j*s2
+    indexes."""
+    extent = 1 + (M1 - 1) * st[0] + (M2 - 1) * st[1] + (N - 1) * st[2]
     if t.is_contiguous() and t.numel() == extent:
         return array(t)
     if t.requires_grad:
@@ -451,28 +465,28 @@ def _suffix(shape, t: torch.Tensor) -> int:
     return 0
 
 
-def plan2d(shape, a: torch.Tensor, b: torch.Tensor):
-    """Fold the broadcast of ``a`` and ``b`` (CPU tensors, strides >= 0) to ``shape`` into M
-    rows of N: ``(M, N, (array, s0, s1), (array, s0, s1))`` with element (i, j) of an
-    operand at ``array[i*s0 + j*s1]`` and inner strides 0 or 1; None when it does not fold
-    so. Contiguous operands of the result's shape, single values and contiguous trailing
-    blocks (a bias) take short paths."""
+def plan(shape, a: torch.Tensor, b: torch.Tensor):
+    """Fold the broadcast of ``a`` and ``b`` (CPU tensors, strides >= 0) to ``shape`` into
+    (M1, M2, N): ``((M1, M2, N), (array, strides), (array, strides))``, element (i1, i2, j)
+    of an operand at ``array[i1*s0 + i2*s1 + j*s2]`` with ``s2`` 0 or 1; None when it does
+    not fold so. Contiguous operands of the result's shape, single values and contiguous
+    trailing blocks (a bias) take short paths."""
     n = 1
     for m in shape:
         n *= m
     na, nb = _suffix(shape, a), _suffix(shape, b)
     if na == n and nb:
         if nb == n or nb == 1:
-            return 1, n, (array(a), 0, 1), (array(b), 0, 1 if nb > 1 else 0)
-        return n // nb, nb, (array(a), nb, 1), (array(b), 0, 1)
+            return (1, 1, n), (array(a), (0, 0, 1)), (array(b), (0, 0, 1 if nb > 1 else 0))
+        return (1, n // nb, nb), (array(a), (0, nb, 1)), (array(b), (0, 0, 1))
     if nb == n and na:
         if na == 1:
-            return 1, n, (array(a), 0, 0), (array(b), 0, 1)
-        return n // na, na, (array(a), 0, 1), (array(b), na, 1)
-    return _plan2d_general(shape, a, b)
+            return (1, 1, n), (array(a), (0, 0, 0)), (array(b), (0, 0, 1))
+        return (1, n // na, na), (array(a), (0, 0, 1)), (array(b), (0, na, 1))
+    return _plan_general(shape, a, b)
 
 
-def _plan2d_general(shape, *ts: torch.Tensor):
+def _plan_general(shape, *ts: torch.Tensor):
     nd = len(shape)
     sizes = []
     strides: list[list[int]] = [[] for _ in ts]
@@ -484,7 +498,7 @@ def _plan2d_general(shape, *ts: torch.Tensor):
         for k, t in enumerate(ts):
             dd = d - (nd - t.dim())
             strides[k].append(0 if dd < 0 or t.shape[dd] == 1 else t.stride(dd))
-    # coalesce from the innermost dim outwards
+    # coalesce from the innermost dim outwards, into at most three groups
     gs: list[int] = []
     gst: list[list[int]] = [[] for _ in ts]
     for d in range(len(sizes) - 1, -1, -1):
@@ -492,17 +506,17 @@ def _plan2d_general(shape, *ts: torch.Tensor):
         if gs and all(strides[k][d] == gst[k][-1] * gs[-1] for k in range(len(ts))):
             gs[-1] *= n
             continue
-        if len(gs) == 2:
+        if len(gs) == 3:
             return None
         gs.append(n)
         for k in range(len(ts)):
             gst[k].append(strides[k][d])
-    if not gs:
-        M, N, st = 1, 1, [(0, 0)] * len(ts)
-    elif len(gs) == 1:
-        M, N, st = 1, gs[0], [(0, g[0]) for g in gst]
-    else:
-        M, N, st = gs[1], gs[0], [(g[1], g[0]) for g in gst]
-    if any(s1 not in (0, 1) for _, s1 in st):
+    while len(gs) < 3:
+        gs.append(1)
+        for g in gst:
+            g.append(0)
+    N, M2, M1 = gs
+    if any(g[0] not in (0, 1) for g in gst):
         return None
-    return (M, N, *[(_flat(t, M, N, s0, s1), s0, s1) for t, (s0, s1) in zip(ts, st)])
+    return ((M1, M2, N),
+            *[(_flat(t, M1, M2, N, (g[2], g[1], g[0])), (g[2], g[1], g[0])) for t, g in zip(ts, gst)])
