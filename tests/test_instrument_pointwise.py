@@ -224,3 +224,33 @@ def test_plan_folds_layouts():
     assert PW.broadcast_shape((4, 1, 6), (5, 1)) == (4, 5, 6)
     with pytest.raises(RuntimeError):
         PW.broadcast_shape((4, 2), (3,))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rowsum_is_the_scan_of_the_transpose(mode):
+    rng = np.random.default_rng(7)
+    m = RK.mode_code(mode)
+    for M, Kd in [(512, 64), (37, 5), (1, 7), (1000, 1), (700, 300), (3, 4096), (600, 2)]:
+        x = _weird(rng, M * Kd).reshape(M, Kd)
+        for mul in (False, True):
+            got = PW.rowsum32(x, 321, m, mul=mul)
+            want = KN.scan(np.ascontiguousarray(x.T), 321, m, 24, mul=mul)[0]
+            assert _same(torch.from_numpy(got), torch.from_numpy(want)), (M, Kd, mul)
+
+
+def test_reduce_over_trailing_dims_equals_the_scan_path(monkeypatch):
+    from numvar.instrument import flop
+
+    rng = np.random.default_rng(8)
+    cases = [((16, 32, 64), [2]), ((16, 32, 64), [1, 2]), ((40, 30), [-1]), ((20, 5, 6), [0]),
+             ((64, 20), [1]), ((8, 3), [1])]
+    for mode in MODES:
+        for shape, dims in cases:
+            x = _t(rng, shape)
+            for mul in (False, True):
+                res = []
+                for m_min in (PW.ROW_M_MIN, 1 << 40):
+                    monkeypatch.setattr(PW, "ROW_M_MIN", m_min)
+                    ctx = Ctx(mode, "flop", None, R.Stream(5))
+                    res.append(flop.reduce(x, dims, ctx, keepdim=True, mul=mul))
+                assert _same(res[0], res[1]), (mode, shape, dims, mul)

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels as KN
+from . import pointwise as PW
 from ._core import Ctx
 
 
@@ -263,6 +264,13 @@ def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool =
         res = torch.full(out_shape, 1.0 if mul else 0.0, dtype=dtype, device=x.device)
     elif k == 1:
         res = x.reshape(out_shape).clone()
+    elif (dtype is torch.float32 and ctx._t32 and x.is_cpu and m >= PW.ROW_M_MIN
+          and k <= PW.ROW_K_MAX and dims[0] == x.dim() - len(dims) and x.is_contiguous()):
+        # trailing dims of a contiguous tensor: the rows of x viewed as (m, k), without
+        # the transposed copy (same order and bits as the scan below)
+        key = ctx.stream.next_key()
+        arr = PW.rowsum32(PW.array(x).reshape(m, k), key, ctx.code, mul=mul)
+        res = torch.from_numpy(arr).reshape(out_shape)
     else:
         xp = x.permute(*dims, *kept).reshape(k, m)
         kd = _kdtype(dtype)

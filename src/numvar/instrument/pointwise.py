@@ -419,6 +419,67 @@ def round32(h: np.ndarray, out: np.ndarray, key, mode: int) -> None:
     k(h, out, np.uint64(key), mode)
 
 
+# ------------------------------------------------------------- trailing reductions
+#: rows per block of :func:`rowsum32` at most, and the most elements of a block
+RBLOCK = 512
+RBLOCK_ELEMS = 1 << 15
+#: the longest reduction, and the fewest rows, :func:`rowsum32` is used for (the (K, M)
+#: scan serves the rest)
+ROW_K_MAX = 4096
+ROW_M_MIN = 16
+
+
+@njit(inline="always", error_model="numpy")
+def _rowblock(x, out, b, R, ukey, op, mode):
+    """Rows b*R .. of x (M, K): transpose the block into (K, rows), then accumulate along
+    K in the (K, M) scan's order with its bits (element (k, m): bits64(key, k*M + m)),
+    each step one binary tile (acc op row, the same arithmetic as the scan's)."""
+    M, Kd = x.shape
+    m0 = b * R
+    rows = min(R, M - m0)
+    t = np.empty((Kd, rows), np.float32)
+    for r0 in range(0, rows, 16):  # 16 rows at a time: their cache lines stay in L1
+        r1 = min(rows, r0 + 16)
+        for k in range(Kd):
+            for r in range(r0, r1):
+                t[k, r] = x[m0 + r, k]
+    prev = t[0].copy()
+    cur = np.empty(rows, np.float32)
+    for k in range(1, Kd):
+        q0 = k * M + m0
+        if _tile(op, prev, t[k], cur, ukey, q0, mode):
+            _slow(op, prev, t[k], cur, ukey, q0, mode)
+        prev, cur = cur, prev
+    out[m0:m0 + rows] = prev
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _rowsum_par(x, out, R, key, op, mode):  # pragma: no cover - compiled
+    ukey = np.uint64(key)
+    for b in prange((x.shape[0] + R - 1) // R):
+        _rowblock(x, out, b, R, ukey, op, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def _rowsum_ser(x, out, R, key, op, mode):  # pragma: no cover - compiled
+    ukey = np.uint64(key)
+    for b in range((x.shape[0] + R - 1) // R):
+        _rowblock(x, out, b, R, ukey, op, mode)
+
+
+def rowsum32(x: np.ndarray, key, mode: int, *, mul: bool = False) -> np.ndarray:
+    """Sum (or product) of each row of ``x`` (M, K), binary32 at 24 bits, ``K >= 1``:
+    ``numvar.instrument.kernels.scan(x.T, key, mode, 24)`` (same order, same bits), without
+    the transposed copy of ``x`` (each block of rows is transposed in cache)."""
+    M, Kd = x.shape
+    out = np.empty(M, np.float32)
+    if M:
+        R = max(1, min(RBLOCK, RBLOCK_ELEMS // Kd))
+        k = _rowsum_ser if x.size < KN.PARALLEL_MIN_WORK else _rowsum_par
+        k(x, out, R, np.uint64(key), OP_MUL if mul else OP_ADD, mode)
+    return out
+
+
 # ------------------------------------------------------------------------- layouts
 def broadcast_shape(sa, sb) -> tuple[int, ...]:
     """``torch.broadcast_shapes`` of two shapes (RuntimeError when they do not broadcast)."""
