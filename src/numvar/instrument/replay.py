@@ -122,7 +122,9 @@ def replay(prog: Program, flat_inputs: list, dispatch):
     vals = list(flat_inputs)
     vals.extend([None] * (prog.nslots - len(vals)))
     for func, atpl, ktpl, ospec in prog.steps:
-        args = tuple([_build(t, vals) for t in atpl])
+        # (slots and plain values inline: most arguments are one or the other)
+        args = tuple([vals[t[1]] if t[0] == _S else t[1] if t[0] == _V else _build(t, vals)
+                      for t in atpl])
         kwargs = {k: _build(t, vals) for k, t in ktpl} if ktpl else {}
         _store(ospec, dispatch(func, args, kwargs), vals)
     return _build(prog.result, vals)
