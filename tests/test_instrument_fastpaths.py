@@ -175,3 +175,11 @@ def test_exact_impls_equal_the_ops():
         for dim in range(-1, max(x.dim(), 1)):
             for keep in (False, True):
                 assert _same(all_dim(x, dim, keep), aten.all.dim(x, dim, keep)), (x.shape, dim)
+
+    eq = H.EXACT_IMPLS["aten.eq.Scalar"]
+    x = _gen(4, 5, 6, seed=3)
+    x[0, 0, :3] = torch.tensor([-math.inf, math.inf, math.nan])
+    for t in (x, x.transpose(0, 2), x[:, ::2], x.half(), x.double(), x[0, 0, 0],
+              torch.arange(6).reshape(2, 3)):
+        for v in (-math.inf, math.inf, 0.0, 1, math.nan):
+            assert _same(eq(t, v), aten.eq.Scalar(t, v)), (t.shape, v)

@@ -684,6 +684,18 @@ def _all_dim(x, dim, keepdim=False):
     return torch.amin(x.view(torch.uint8), dim, keepdim).view(torch.bool)
 
 
+def _eq_scalar(x, other):
+    """``eq.Scalar`` against -inf / +inf of a float tensor as isneginf / isposinf
+    (safe softmax's decomposition looks for -inf this way)."""
+    if isinstance(x, torch.Tensor) and x.dtype in FLOATS and type(other) is float:
+        if other == float("-inf"):
+            return torch.isneginf(x)
+        if other == float("inf"):
+            return torch.isposinf(x)
+    return torch.ops.aten.eq.Scalar(x, other)
+
+
+EXACT_IMPLS["aten.eq.Scalar"] = _eq_scalar
 EXACT_IMPLS["prims.broadcast_in_dim.default"] = _broadcast_in_dim
 EXACT_IMPLS["aten.all.dim"] = _all_dim
 
