@@ -184,12 +184,14 @@ class Ctx:
 _FULL, _ONE = (0, 0, 1), (0, 0, 0)  # strides of a contiguous operand and of a single value
 
 
+_CF = torch.contiguous_format
+
+
 def _empty(shape, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)`` (C-contiguous strides), by the cheaper
-    ``empty_like`` when ``like`` has that shape and those strides (contiguous, and no
-    dims of size 0 or 1, whose strides ``is_contiguous`` does not check)."""
-    if like.shape == shape and like.is_contiguous() and 1 not in shape and 0 not in shape:
-        return torch.empty_like(like, dtype=dtype)
+    ``empty_like`` when ``like`` (a plain tensor) has that shape."""
+    if like.shape == shape and type(like) is torch.Tensor:
+        return torch.empty_like(like, dtype=dtype, memory_format=_CF)
     return torch.empty(shape, dtype=dtype)
 
 
