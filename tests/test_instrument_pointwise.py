@@ -198,6 +198,7 @@ def test_lo32_is_round_core_where_it_accepts():
 def test_serial_and_parallel_kernels_agree(monkeypatch):
     rng = np.random.default_rng(6)
     a, b = _t(rng, (300, 70)), _t(rng, (70,))
+    a3, c3 = _t(rng, (30, 20, 7)).transpose(0, 1), _t(rng, (20, 1, 1))  # a 3-D plan
     h = _t(rng, (5000,), np.float64)
     res = []
     numba.set_num_threads(2)
@@ -205,7 +206,9 @@ def test_serial_and_parallel_kernels_agree(monkeypatch):
         for min_work in (1 << 40, 0):
             monkeypatch.setattr(KN, "PARALLEL_MIN_WORK", min_work)
             ctx = Ctx("sr", "flop", None, R.Stream(9))
-            res.append([ctx.add(a, b), ctx.div(b, a), ctx.sqrt(a), ctx.round(h, torch.float32)])
+            res.append([ctx.add(a, b), ctx.div(b, a), ctx.sqrt(a), ctx.round(h, torch.float32),
+                        ctx.mul(a.t(), b[:, None]), ctx.sub(a3, c3),
+                        torch.from_numpy(PW.rowsum32(a.numpy(), 5, RK.MODE_SR))])
             assert numba.get_num_threads() == 2
     finally:
         numba.set_num_threads(1)
