@@ -1,14 +1,21 @@
-"""Elementwise binary32 kernels of the instrumentation's short paths, with broadcasting.
+"""binary32 kernels of the instrumentation's short paths: elementwise arithmetic with
+broadcasting, rounding of float64 results, and sums over the trailing dims.
 
-The same arithmetic and the same random bits as numvar.rounding's ``add``, ``sub``,
-``mul``, ``div`` and ``sqrt`` on binary32 at 24 bits (element ``l`` of the result, in C
-order, uses ``bits64(key, l)``), without materialising broadcast operands: an operand
-is read through three strides over the result seen as (M1, M2, N) (:func:`plan` folds
-the broadcast into that form when it can). Each element takes a
-vectorised fast path (:func:`_lo32`, :func:`numvar.instrument.kernels._fast32`) and,
-where that declines (results outside the binary32 normal range, cases below), the
-rounding core's scalar function. Tests compare every kernel with the rounding core bit
-for bit.
+* :func:`binary32`, :func:`sqrt32`, :func:`round32`: the same arithmetic and random bits
+  as numvar.rounding's ``add``, ``sub``, ``mul``, ``div``, ``sqrt`` and ``round`` on
+  binary32 at 24 bits (element ``l`` of the result, in C order, uses ``bits64(key, l)``),
+  without materialising broadcast operands: an operand is read through three strides
+  over the result seen as (M1, M2, N) (:func:`plan` folds the broadcast into that form
+  when it can).
+* :func:`rowsum32`: the row sums of an (M, K) matrix with the order and bits of
+  :func:`numvar.instrument.kernels.scan` on its transpose, without the transposed copy.
+
+Each element takes a vectorised fast path (:func:`_lo32`,
+:func:`numvar.instrument.kernels._fast32`) and, where that declines (results outside
+the binary32 normal range, inexact float64 sums, the cases listed at :func:`_lo32`), the
+rounding core's scalar function. Every kernel has a serial twin used below
+``kernels.PARALLEL_MIN_WORK`` elements. Tests compare each with the rounding core (or
+the scan) bit for bit.
 """
 
 from __future__ import annotations
