@@ -31,7 +31,8 @@ def _same(a, b) -> bool:
         return torch.equal(a, b)
     it = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     na, nb = torch.isnan(a), torch.isnan(b)
-    return torch.equal(na, nb) and torch.equal(a.contiguous().view(it)[~na], b.contiguous().view(it)[~nb])
+    return torch.equal(na, nb) and torch.equal(a.contiguous().view(it)[~na],
+                                               b.contiguous().view(it)[~nb])
 
 
 def _gen(*shape, seed=0, dtype=torch.float32):
@@ -140,7 +141,8 @@ def test_python_numbers_take_the_scalar_path_bit_for_bit(mode):
         for v in nums:
             for op in ("add", "sub", "mul", "div"):
                 for left in (True, False):
-                    c1, c2 = Ctx(mode, "flop", None, R.Stream(6)), Ctx(mode, "flop", None, R.Stream(6))
+                    c1 = Ctx(mode, "flop", None, R.Stream(6))
+                    c2 = Ctx(mode, "flop", None, R.Stream(6))
                     a, b = (t, v) if left else (v, t)
                     got = getattr(c1, op)(a, b)
                     want = getattr(c2, op)(*operands(a, b))

@@ -113,7 +113,8 @@ class Ctx:
         """A binary32 CPU tensor (at 24 bits) and a Python number that binary32 holds as
         torch.tensor(x, dtype=torch.float32) would (floats within range, small ints)."""
         kind = type(x)
-        return ((kind is float and -3.0e38 < x < 3.0e38 or kind is int and -(1 << 24) <= x <= 1 << 24)
+        return ((kind is float and -3.0e38 < x < 3.0e38
+                 or kind is int and -(1 << 24) <= x <= 1 << 24)
                 and t.dtype is torch.float32 and self._t32 and self._numba and t.is_cpu)
 
     def _binary_scalar(self, op: int, t: torch.Tensor, x, left: bool) -> torch.Tensor:

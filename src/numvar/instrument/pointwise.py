@@ -589,4 +589,5 @@ def _plan_general(shape, *ts: torch.Tensor):
     if any(g[0] not in (0, 1) for g in gst):
         return None
     return ((M1, M2, N),
-            *[(_flat(t, M1, M2, N, (g[2], g[1], g[0])), (g[2], g[1], g[0])) for t, g in zip(ts, gst)])
+            *[(_flat(t, M1, M2, N, (g[2], g[1], g[0])), (g[2], g[1], g[0]))
+              for t, g in zip(ts, gst)])

@@ -31,7 +31,8 @@ import torch
 #: the most recordings kept (signatures beyond it are not recorded)
 MAX_PROGRAMS = 4096
 
-_DYNAMIC_TAGS = tuple(getattr(torch.Tag, t) for t in ("dynamic_output_shape", "data_dependent_output")
+_DYNAMIC_TAGS = tuple(getattr(torch.Tag, t)
+                      for t in ("dynamic_output_shape", "data_dependent_output")
                       if hasattr(torch.Tag, t))
 
 # argument templates: ("s", slot) tensor slot; ("c", tensor) constant tensor (cloned per
