@@ -128,6 +128,16 @@ def test_round_out_argument():
         R.round(x, dtype=torch.float32, stream=R.Stream(0), out=torch.empty(99))
 
 
+def test_stream_key_is_the_documented_hash():
+    from numvar.rounding._stream import _SEED_SALT, mix64
+
+    for seed in (0, 1, 2 ** 40 + 7):
+        s = R.Stream(seed)
+        base = mix64(seed ^ _SEED_SALT)
+        assert [s.next_key() for _ in range(6)] == [R.bits(base, j) for j in range(6)]
+        assert s.counter == 6
+
+
 def test_stream_reproducible_and_distinct():
     s1, s2, s3 = R.Stream(5), R.Stream(5), R.Stream(6)
     k1 = [s1.next_key() for _ in range(5)]

@@ -11,7 +11,8 @@ import torch
 import numvar.rounding as R
 from numvar.rounding import kernels as RK
 
-from .kernels import _binary_fast32, _round_fast32, launch
+from . import pointwise as PW
+from .kernels import launch
 
 #: (p, emin, emax) of the formats whose rounding has a numba carrier of their own dtype
 _LEAN = {torch.float32: (24, -126, 127), torch.float64: (53, -1022, 1023)}
@@ -33,6 +34,8 @@ class Ctx:
 
     def __post_init__(self) -> None:
         self.code = RK.mode_code(self.mode)
+        self._numba = self.backend in ("auto", "numba")  # short paths allowed
+        self._t32 = self.bits(torch.float32) == 24  # binary32 at its own precision
 
     def prec(self, dtype: torch.dtype) -> int | None:
         """Virtual precision to pass to numvar.rounding for ``dtype`` (None: the format's own).
@@ -50,88 +53,147 @@ class Ctx:
         return n if self.precision is None else min(n, self.precision)
 
     # -- elementwise roundings (one stream key per call) ---------------------------
-    # CPU binary32/binary64 operands take a short path that calls the rounding core's
-    # array kernel directly: the same kernel, key and bits as numvar.rounding.add & co
-    # (tested bit for bit), without the tensor API's per-call overhead.
+    # CPU binary32/binary64 operands take a short path that calls array kernels directly:
+    # the same arithmetic, key and bits as numvar.rounding.add & co (tested bit for bit),
+    # without the tensor API's per-call overhead. binary32 at 24 bits uses the
+    # broadcasting kernels of numvar.instrument.pointwise (no materialised operands).
     def _lean(self, a: torch.Tensor, b: torch.Tensor) -> bool:
-        return (self.backend in ("auto", "numba") and a.dtype in _LEAN
-                and a.device.type == "cpu" and b.device.type == "cpu")
+        return self._numba and a.dtype in _LEAN and a.is_cpu and b.is_cpu
 
     def _binary(self, op: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        p, emin, emax = _LEAN[a.dtype]
-        if a.shape != b.shape:
-            a, b = torch.broadcast_tensors(a, b)
+        same = a.shape == b.shape
+        shape = a.shape if same else PW.broadcast_shape(a.shape, b.shape)
         key = self.stream.next_key()
-        out = torch.empty(a.shape, dtype=a.dtype)
-        if out.numel():
-            an = a.detach().contiguous().view(-1).numpy()
-            bn = b.detach().contiguous().view(-1).numpy()
-            if a.dtype == torch.float32 and self.bits(a.dtype) == 24 and op != RK.OP_DIV:
-                launch(an.size, _binary_fast32, op, an, bn, out.view(-1).numpy(),
-                       np.uint64(key), self.code)
-            else:
-                launch(an.size, RK.k_binary, op, an, bn, out.view(-1).numpy(), p, emin, emax,
-                       self.code, self.bits(a.dtype), np.uint64(key))
+        out = _empty(shape, a if same or a.shape == shape else b, a.dtype)
+        n = out.numel()
+        if not n:
+            return out
+        if a.dtype is torch.float32 and self._t32:
+            # broadcast operands are read in place (PW.plan), never materialised
+            plan = PW.plan(shape, a, b)
+            if plan is None:
+                plan = PW.plan(shape, a.contiguous(), b.contiguous())
+            if plan is None:
+                a, b = torch.broadcast_tensors(a, b)
+                plan = PW.plan(shape, a.contiguous(), b.contiguous())
+            dims, (an, sa), (bn, sb) = plan
+            PW.binary32(op, an, sa, bn, sb, PW.array(out), dims, key, self.code)
+            return out
+        p, emin, emax = _LEAN[a.dtype]
+        if not same:
+            a, b = torch.broadcast_tensors(a, b)
+        an = a.detach().contiguous().view(-1).numpy()
+        bn = b.detach().contiguous().view(-1).numpy()
+        launch(n, RK.k_binary, op, an, bn, out.view(-1).numpy(), p, emin, emax, self.code,
+               self.bits(a.dtype), np.uint64(key))
+        return out
+
+    def _arith(self, op: int, a, b, api):
+        if isinstance(a, torch.Tensor):
+            if isinstance(b, torch.Tensor):
+                if a.dtype is b.dtype and a.is_cpu and b.is_cpu:
+                    # tensors of one dtype on the CPU: operands() would return them as they are
+                    if self._numba and a.dtype in _LEAN:
+                        return self._binary(op, a, b)
+                    return self._api(api, a, b)
+            elif self._scalar32(a, b):
+                return self._binary_scalar(op, a, b, True)
+        elif isinstance(b, torch.Tensor) and self._scalar32(b, a):
+            return self._binary_scalar(op, b, a, False)
+        a, b = operands(a, b)
+        if self._lean(a, b):
+            return self._binary(op, a, b)
+        return self._api(api, a, b)
+
+    def _api(self, api, a, b):
+        return launch(max(a.numel(), b.numel()), api, a, b, mode=self.mode,
+                      stream=self.stream, precision=self.prec(a.dtype), backend=self.backend)
+
+    def _scalar32(self, t: torch.Tensor, x) -> bool:
+        """A binary32 CPU tensor (at 24 bits) and a Python number that binary32 holds as
+        torch.tensor(x, dtype=torch.float32) would (floats within range, small ints)."""
+        kind = type(x)
+        return ((kind is float and -3.0e38 < x < 3.0e38
+                 or kind is int and -(1 << 24) <= x <= 1 << 24)
+                and t.dtype is torch.float32 and self._t32 and self._numba and t.is_cpu)
+
+    def _binary_scalar(self, op: int, t: torch.Tensor, x, left: bool) -> torch.Tensor:
+        """``t op x`` (``left``) or ``x op t`` for a Python number x: as _binary on
+        ``operands(t, x)`` (x rounded to binary32 as torch.tensor does), x read once."""
+        key = self.stream.next_key()
+        out = _empty(t.shape, t, torch.float32)
+        n = out.numel()
+        if n:
+            ta = PW.array(t if t.is_contiguous() else t.contiguous())
+            xa = np.array((x,), np.float32)
+            a, sa, b, sb = (ta, _FULL, xa, _ONE) if left else (xa, _ONE, ta, _FULL)
+            PW.binary32(op, a, sa, b, sb, PW.array(out), (1, 1, n), key, self.code)
         return out
 
     def add(self, a, b):
-        a, b = operands(a, b)
-        if self._lean(a, b):
-            return self._binary(RK.OP_ADD, a, b)
-        return launch(max(a.numel(), b.numel()), R.add, a, b, mode=self.mode,
-                      stream=self.stream, precision=self.prec(a.dtype), backend=self.backend)
+        return self._arith(RK.OP_ADD, a, b, R.add)
 
     def sub(self, a, b):
-        a, b = operands(a, b)
-        if self._lean(a, b):
-            return self._binary(RK.OP_SUB, a, b)
-        return launch(max(a.numel(), b.numel()), R.sub, a, b, mode=self.mode,
-                      stream=self.stream, precision=self.prec(a.dtype), backend=self.backend)
+        return self._arith(RK.OP_SUB, a, b, R.sub)
 
     def mul(self, a, b):
-        a, b = operands(a, b)
-        if self._lean(a, b):
-            return self._binary(RK.OP_MUL, a, b)
-        return launch(max(a.numel(), b.numel()), R.mul, a, b, mode=self.mode,
-                      stream=self.stream, precision=self.prec(a.dtype), backend=self.backend)
+        return self._arith(RK.OP_MUL, a, b, R.mul)
 
     def div(self, a, b):
-        a, b = operands(a, b)
-        if self._lean(a, b):
-            return self._binary(RK.OP_DIV, a, b)
-        return launch(max(a.numel(), b.numel()), R.div, a, b, mode=self.mode,
-                      stream=self.stream, precision=self.prec(a.dtype), backend=self.backend)
+        return self._arith(RK.OP_DIV, a, b, R.div)
 
     def sqrt(self, a):
         (a,) = operands(a)
+        if self._lean(a, a) and a.dtype is torch.float32 and self._t32:
+            key = self.stream.next_key()
+            a = a.contiguous()
+            out = _empty(a.shape, a, a.dtype)
+            if out.numel():
+                PW.sqrt32(PW.array(a), PW.array(out), key, self.code)
+            return out
         return launch(a.numel(), R.sqrt, a, mode=self.mode, stream=self.stream,
                       precision=self.prec(a.dtype), backend=self.backend)
 
     def round(self, hi: torch.Tensor, dtype: torch.dtype, lo: torch.Tensor | None = None):
         """Round the exact value ``hi + lo`` (float64 tensors) to ``dtype``.
 
-        CPU tensors without ``lo`` take a short path that calls the rounding core's array
-        kernel directly (same kernel, same key, same bits as numvar.rounding.round: tested
-        bit for bit); everything else goes through numvar.rounding.round.
+        CPU tensors without ``lo`` take a short path that calls an array kernel directly
+        (same arithmetic, same key, same bits as numvar.rounding.round: tested bit for
+        bit); everything else goes through numvar.rounding.round.
         """
-        if hi.dtype != torch.float64:
+        if hi.dtype is not torch.float64:
             hi = hi.to(torch.float64)
-        if (lo is None and self.backend in ("auto", "numba") and hi.device.type == "cpu"
-                and dtype in _LEAN):
-            p, emin, emax = _LEAN[dtype]
+        if lo is None and self._numba and hi.is_cpu and dtype in _LEAN:
             key = self.stream.next_key()
+            hi = hi.contiguous()
+            if dtype is torch.float32 and self._t32:
+                out = _empty(hi.shape, hi, dtype)
+                if out.numel():
+                    PW.round32(PW.array(hi), PW.array(out), key, self.code)
+                return out
+            p, emin, emax = _LEAN[dtype]
             out = torch.empty(hi.shape, dtype=dtype)
             if out.numel():
-                h = hi.detach().contiguous().view(-1).numpy()
-                if dtype == torch.float32 and self.bits(dtype) == 24:
-                    launch(h.size, _round_fast32, h, out.view(-1).numpy(), np.uint64(key),
-                           self.code)
-                else:
-                    launch(h.size, RK.k_round, h, h[:0], out.view(-1).numpy(), False, p, emin,
-                           emax, self.code, self.bits(dtype), np.uint64(key))
+                h = hi.detach().view(-1).numpy()
+                launch(h.size, RK.k_round, h, h[:0], out.view(-1).numpy(), False, p, emin,
+                       emax, self.code, self.bits(dtype), np.uint64(key))
             return out
         return launch(hi.numel(), R.round, hi, lo, dtype=dtype, mode=self.mode,
                       stream=self.stream, precision=self.prec(dtype), backend=self.backend)
+
+
+_FULL, _ONE = (0, 0, 1), (0, 0, 0)  # strides of a contiguous operand and of a single value
+
+
+_CF = torch.contiguous_format
+
+
+def _empty(shape, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype)`` (C-contiguous strides), by the cheaper
+    ``empty_like`` when ``like`` (a plain tensor) has that shape."""
+    if like.shape == shape and type(like) is torch.Tensor:
+        return torch.empty_like(like, dtype=dtype, memory_format=_CF)
+    return torch.empty(shape, dtype=dtype)
 
 
 def result_dtype(*xs) -> torch.dtype:

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels as KN
+from . import pointwise as PW
 from ._core import Ctx
 
 
@@ -90,10 +91,8 @@ def _tup(v, nd: int) -> tuple[int, ...]:
     return v * nd if len(v) == 1 else v
 
 
-def im2col(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation, *,
-           channels_first: bool = False):
-    """(N, C, *S) -> ((N, C·∏k, L), output spatial shape); rows in (C, k...) C order.
-    With ``channels_first``: (C·∏k, N·L), columns n-major (one copy instead of two)."""
+def im2col(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation):
+    """(N, C, *S) -> ((N, C·∏k, L), output spatial shape); rows in (C, k...) C order."""
     nd = len(ks)
     if any(padding):
         pads = []
@@ -106,11 +105,28 @@ def im2col(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation, *,
         x = x[(Ellipsis,) + tuple(slice(None, None, dl) for dl in dilation)]
     n, c = x.shape[:2]
     ls = tuple(x.shape[2:2 + nd])
-    if channels_first:
-        x = x.permute(1, *range(2 + nd, 2 + 2 * nd), 0, *range(2, 2 + nd))
-        return x.reshape(c * math.prod(ks), n * math.prod(ls)), ls
     x = x.permute(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
     return x.reshape(n, c * math.prod(ks), math.prod(ls)), ls
+
+
+def _group_cols(x: torch.Tensor, ks, stride, padding, dilation, g: int):
+    """im2col in the layout of the per-group product, ``(g, C/g·∏k, N·L)``: rows (channel
+    of the group, kernel position in C order), columns (batch, output position); the
+    same matrix as ``im2col`` reshaped to (N, g, C/g·∏k, L) and permuted, in one copy."""
+    nd = len(ks)
+    if any(padding):
+        pads = []
+        for p in reversed(padding):
+            pads += [p, p]
+        x = F.pad(x, pads)
+    for d in range(nd):
+        x = x.unfold(2 + d, dilation[d] * (ks[d] - 1) + 1, stride[d])
+    if any(dl > 1 for dl in dilation):
+        x = x[(Ellipsis,) + tuple(slice(None, None, dl) for dl in dilation)]
+    n, c = x.shape[:2]
+    ls = tuple(x.shape[2:2 + nd])
+    x = x.permute(1, *range(2 + nd, 2 + 2 * nd), 0, *range(2, 2 + nd))  # (C, k..., N, L...)
+    return x.reshape(g, (c // g) * math.prod(ks), n * math.prod(ls)), ls
 
 
 def conv(x, w, bias, stride, padding, dilation, groups, ctx: Ctx) -> torch.Tensor:
@@ -121,19 +137,19 @@ def conv(x, w, bias, stride, padding, dilation, groups, ctx: Ctx) -> torch.Tenso
     if unbatched:
         x = x.unsqueeze(0)
     dtype = torch.result_type(x, w)
-    n, c = x.shape[:2]
+    n = x.shape[0]
     o = w.shape[0]
     g = groups
     ks = tuple(w.shape[2:])
-    cols, ls = im2col(x, ks, stride, padding, dilation, channels_first=True)  # (c·∏k, n·L)
-    kk = (c // g) * math.prod(ks)
-    L = math.prod(ls)
     # one product per group: (o/g, kk) @ (kk, n·L), the batch inside the columns
-    cols = cols.reshape(g, kk, n * L)
-    out = bmm(w.reshape(g, o // g, kk), cols, ctx, dtype)  # (g, o/g, n·L)
-    out = out.reshape(g, o // g, n, L).permute(2, 0, 1, 3).reshape(n, o, *ls)
+    cols, ls = _group_cols(x, ks, stride, padding, dilation, g)
+    out = bmm(w.reshape(g, o // g, cols.shape[1]), cols, ctx, dtype)  # (g, o/g, n·L)
+    out = out.reshape(g, o // g, n, -1).permute(2, 0, 1, 3).reshape(n, o, *ls)  # a view
     if bias is not None:
+        # read through the view: the bias add writes the (N, O, L...) result
         out = ctx.add(out, bias.to(dtype).reshape(1, o, *([1] * nd)))
+    else:
+        out = out.contiguous()
     return out[0] if unbatched else out
 
 
@@ -248,6 +264,13 @@ def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool =
         res = torch.full(out_shape, 1.0 if mul else 0.0, dtype=dtype, device=x.device)
     elif k == 1:
         res = x.reshape(out_shape).clone()
+    elif (dtype is torch.float32 and ctx._t32 and x.is_cpu and m >= PW.ROW_M_MIN
+          and k <= PW.ROW_K_MAX and dims[0] == x.dim() - len(dims) and x.is_contiguous()):
+        # trailing dims of a contiguous tensor: the rows of x viewed as (m, k), without
+        # the transposed copy (same order and bits as the scan below)
+        key = ctx.stream.next_key()
+        arr = PW.rowsum32(PW.array(x).reshape(m, k), key, ctx.code, mul=mul)
+        res = torch.from_numpy(arr).reshape(out_shape)
     else:
         xp = x.permute(*dims, *kept).reshape(k, m)
         kd = _kdtype(dtype)

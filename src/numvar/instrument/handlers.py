@@ -119,6 +119,35 @@ def _map_outputs(out, fn):
     return out
 
 
+#: per op: (written arguments as (index, name, kwarg-only), whether a list argument can
+#: hold tensors or dtypes, which op_once must then flatten)
+_STATIC: dict = {}
+_F64 = torch.float64
+
+
+def _static(func):
+    st = _STATIC.get(func)
+    if st is None:
+        sch = func._schema
+        hidden = _HIDDEN_MUTATIONS.get(sch.name, ())
+        writes = tuple((i, a.name, a.kwarg_only) for i, a in enumerate(sch.arguments)
+                       if (a.alias_info is not None and a.alias_info.is_write) or i in hidden)
+        lists = any(isinstance(a.type, torch.ListType)
+                    and ("Tensor" in str(a.type) or "ScalarType" in str(a.type))
+                    for a in sch.arguments)
+        st = _STATIC[func] = (writes, lists)
+    return st
+
+
+def _up(x):
+    """float64 stand-in of an argument of op_once: float tensors upcast, float dtypes."""
+    if isinstance(x, torch.Tensor):
+        return x.to(_F64) if x.dtype in FLOATS and x.dtype is not _F64 else x
+    if isinstance(x, torch.dtype) and x in FLOATS:
+        return _F64
+    return x
+
+
 def op_once(ctx: Ctx, func, args, kwargs):
     """One rounding of each float output, computed from float64 inputs.
 
@@ -127,38 +156,46 @@ def op_once(ctx: Ctx, func, args, kwargs):
     exact (only UD, or a virtual precision, perturbs it). Mutated arguments (running
     statistics) are rounded back into place.
     """
-    flat, rebuild = _flatten(args, kwargs)
-    dts = [x.dtype for x in flat if is_float_tensor(x)]
+    writes, lists = _static(func)
+    if lists:
+        flat, rebuild = _flatten(args, kwargs)
+    else:  # no tensors inside lists: the arguments themselves are the values
+        flat = [*args, *kwargs.values()] if kwargs else args
+        rebuild = None
+    dts = [x.dtype for x in flat if isinstance(x, torch.Tensor) and x.dtype in FLOATS]
     if not dts:
         return func(*args, **kwargs)
-    promoted = _reduce(torch.promote_types, dts)
-    if promoted in (torch.float32, torch.float64) and all(d == promoted for d in dts) and not any(
+    promoted = dts[0]
+    for d in dts[1:]:
+        if d is not promoted:
+            promoted = _reduce(torch.promote_types, dts)
+            break
+    if promoted in (torch.float32, _F64) and all(d is promoted for d in dts) and not any(
             isinstance(x, torch.dtype) for x in flat):
         out_dts = None  # one binary32/64 dtype in, no dtype argument: float outputs alike
     else:
+        if rebuild is None:
+            keys, n = list(kwargs), len(args)
+
+            def rebuild(vals):
+                return tuple(vals[:n]), dict(zip(keys, vals[n:]))
         out_dts = _meta_out_dtypes(func, flat, rebuild)
-    up = []
-    for x in flat:
-        if is_float_tensor(x) and x.dtype != torch.float64:
-            x = x.to(torch.float64)
-        elif isinstance(x, torch.dtype) and x in FLOATS:
-            x = torch.float64
-        up.append(x)
-    a2, k2 = rebuild(up)
+    if not lists:
+        a2 = tuple(_up(x) for x in args)
+        k2 = {k: _up(v) for k, v in kwargs.items()} if kwargs else kwargs
+    else:
+        a2, k2 = rebuild([_up(x) for x in flat])
     out = func(*a2, **k2)
     # rounded write-back of mutated float arguments (e.g. batch norm running stats)
-    hidden = _HIDDEN_MUTATIONS.get(func._schema.name, ())
-    if func._schema.is_mutable or hidden:
-        for i, arg in enumerate(func._schema.arguments):
-            if (arg.alias_info is not None and arg.alias_info.is_write) or i in hidden:
-                byname = arg.kwarg_only or arg.name in kwargs
-                orig = kwargs.get(arg.name) if byname else (args[i] if i < len(args) else None)
-                new = k2.get(arg.name) if byname else (a2[i] if i < len(a2) else None)
-                if is_float_tensor(orig) and new is not orig:
-                    orig.copy_(ctx.round(new, orig.dtype))
+    for i, name, kwarg_only in writes:
+        byname = kwarg_only or name in kwargs
+        orig = kwargs.get(name) if byname else (args[i] if i < len(args) else None)
+        new = k2.get(name) if byname else (a2[i] if i < len(a2) else None)
+        if is_float_tensor(orig) and new is not orig:
+            orig.copy_(ctx.round(new, orig.dtype))
 
     def rnd(o, j):
-        if not is_float_tensor(o):
+        if o.dtype not in FLOATS:
             return o
         target = out_dts[j] if out_dts is not None and j < len(out_dts) and out_dts[j] else promoted
         return ctx.round(o, target) if target in FLOATS else o
@@ -172,7 +209,22 @@ def f64_once(ctx: Ctx, func, args, kwargs):
 
 
 # ------------------------------------------------------------------ pointwise arithmetic
+_PYNUM = (int, float, bool)
+
+
 def _float_result(*xs) -> bool:
+    """PyTorch's result dtype of the operands is a float format of FLOATS. Short cut: a
+    FLOATS tensor first, then FLOATS, integer or bool tensors and real Python numbers."""
+    a = xs[0]
+    if isinstance(a, torch.Tensor) and a.dtype in FLOATS:
+        for x in xs[1:]:
+            if isinstance(x, torch.Tensor):
+                if x.dtype not in FLOATS and (x.is_floating_point() or x.is_complex()):
+                    break
+            elif type(x) not in _PYNUM:
+                break
+        else:
+            return True
     return result_dtype(*xs) in FLOATS
 
 
@@ -541,6 +593,25 @@ register("aten.native_dropout", how="elementwise")(_dropout)
 register("aten.native_dropout", table=OP_HANDLERS, how="elementwise")(_dropout)
 
 
+@register("aten._safe_softmax", table=OP_HANDLERS, how="rounded once (op)")
+def _safe_softmax_op(ctx, func, args, kwargs):
+    """Op granularity: op_once's result (the float64 softmax rounded once, 0 on rows whose
+    inputs are all -inf), with those rows found by one max over the input instead of
+    _safe_softmax's float64 comparison, reduction and select over every element (the
+    select then acts on the rounded result: the rounding of 0 is 0, NaN rows are set)."""
+    x = args[0]
+    dim = _get(args, kwargs, 1, "dim")
+    if (_get(args, kwargs, 2, "dtype") is not None or not is_float_tensor(x)
+            or x.dim() == 0 or x.numel() == 0):
+        return op_once(ctx, func, args, kwargs)
+    s = torch.ops.aten._softmax.default(x.to(torch.float64), dim, False)
+    out = ctx.round(s, x.dtype)
+    dead = x.amax(dim, keepdim=True) == float("-inf")
+    if dead.any():
+        out = torch.where(dead, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    return out
+
+
 @register("aten.max_pool2d_with_indices_backward", "aten.max_pool3d_with_indices_backward",
           how="exact or op")
 def _maxpool_backward(ctx, func, args, kwargs):
@@ -587,8 +658,51 @@ def _foreach(ctx, func, args, kwargs, mode=None):
     return outs
 
 
+# ------------------------------------------------------------- exact ops, done faster
+#: exact (never perturbed) ops, by full overload name, with a faster implementation than
+#: calling the op: the same output (values, dtype, shape, strides, aliasing)
+EXACT_IMPLS: dict[str, Callable] = {}
+
+
+def _broadcast_in_dim(a, shape, broadcast_dimensions):
+    """``prims.broadcast_in_dim`` as its eager implementation (torch._prims'
+    ``_broadcast_in_dim_aten``: unsqueeze each new dim, expand), without the prim's
+    Python wrapper and meta checks (its callers are torch's own decompositions)."""
+    v = a
+    bd = set(broadcast_dimensions)
+    for idx in range(len(shape)):
+        if idx not in bd:
+            v = v.unsqueeze(idx)
+    return v.expand(shape)
+
+
+def _all_dim(x, dim, keepdim=False):
+    """``all.dim`` of a non-empty bool tensor as the min of its bytes (ATen's ``all``
+    over a short innermost dim is several times slower)."""
+    if x.dtype is not torch.bool or x.dim() == 0 or x.numel() == 0:
+        return torch.ops.aten.all.dim(x, dim, keepdim)
+    return torch.amin(x.view(torch.uint8), dim, keepdim).view(torch.bool)
+
+
+def _eq_scalar(x, other):
+    """``eq.Scalar`` against -inf / +inf of a float tensor as isneginf / isposinf
+    (safe softmax's decomposition looks for -inf this way)."""
+    if isinstance(x, torch.Tensor) and x.dtype in FLOATS and type(other) is float:
+        if other == float("-inf"):
+            return torch.isneginf(x)
+        if other == float("inf"):
+            return torch.isposinf(x)
+    return torch.ops.aten.eq.Scalar(x, other)
+
+
+EXACT_IMPLS["aten.eq.Scalar"] = _eq_scalar
+EXACT_IMPLS["prims.broadcast_in_dim.default"] = _broadcast_in_dim
+EXACT_IMPLS["aten.all.dim"] = _all_dim
+
+
 #: op name prefixes handled by :func:`_foreach` (in both granularities)
 FOREACH_PREFIX = "aten._foreach_"
 
 
-__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "HOW", "EXACT", "op_once", "f64_once", "register"]
+__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "HOW", "EXACT", "EXACT_IMPLS", "op_once", "f64_once",
+           "register"]

@@ -11,7 +11,8 @@ the block (forward, backward, optimizer step) reaches :class:`FuzzyMode`, which
    the destination, so aliasing semantics hold;
 4. at ``flop`` granularity: calls the op's handler (elementwise arithmetic, matmul,
    convolution, reductions), or runs a curated torch decomposition with the mode
-   re-entered so that each sub-op is seen, or rounds once a float64 result
+   re-entered so that each sub-op is seen (recorded once per input signature, then
+   replayed: :mod:`numvar.instrument.replay`), or rounds once a float64 result
    (transcendental and other pointwise functions);
    at ``op`` granularity: rounds each float result once (computed in float64 for
    binary32/16);
@@ -40,6 +41,7 @@ import numvar.rounding as R
 from ..errors import ConfigError
 from . import handlers as H
 from . import ops as O
+from . import replay as RP
 from ._core import FLOATS, Ctx
 from .config import FuzzyConfig
 
@@ -135,6 +137,7 @@ def _classify(func, granularity: str) -> _OpInfo:
     info = _OpInfo(name, packet, K_OPONCE, how="rounded once (op)")
     if packet in O.EXACT_OPS or _returns_alias(func):
         info.kind = K_EXACT  # listed exact ops, and every view op (aliasing kept)
+        info.handler = H.EXACT_IMPLS.get(name)
         return info
     tags = getattr(func, "tags", ())
     if (torch.Tag.nondeterministic_seeded in tags and packet not in H.FLOP_HANDLERS
@@ -170,6 +173,8 @@ def _classify(func, granularity: str) -> _OpInfo:
 #: on the op and on these arguments (the handler tables are filled at import).
 _CLASSIFIED: dict = {}
 _SELECTED: dict = {}
+#: recorded decompositions: signature -> replay.Program, or None (not replayable)
+_PROGRAMS: dict = {}
 
 
 def _classified(func, granularity: str) -> _OpInfo:
@@ -320,9 +325,17 @@ class FuzzyMode(TorchDispatchMode):
         super().__init__()
         self.fz = fz
         self.depth = 0
+        self._recorders: list[RP.Recorder] = []  # decompositions being recorded (innermost last)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        recs = self._recorders
+        if recs and recs[-1].depth == self.depth:
+            return recs[-1].call(func, args, kwargs, self._dispatch)
+        return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func, args, kwargs):
+        """Steps 1-5 of the module docstring for one op (also replayed decompositions' ops)."""
         fz = self.fz
         entry = fz._infos.get(func)
         if entry is None:
@@ -331,6 +344,8 @@ class FuzzyMode(TorchDispatchMode):
         info, included, excluded = entry
         if info.kind == K_EXACT:
             fz._count("exact", info.name)
+            if info.handler is not None:
+                return info.handler(*args, **kwargs)
             return func(*args, **kwargs)
         if fz._filter is not None and not fz._filter.active():
             fz._count("outside_modules", info.name)
@@ -351,6 +366,29 @@ class FuzzyMode(TorchDispatchMode):
         finally:
             self.depth -= 1
 
+    def _decompose(self, func, info: _OpInfo, args, kwargs):
+        """Run the decomposition with the mode re-entered, recording the ops it dispatches;
+        later calls with the same signature replay them (numvar.instrument.replay)."""
+        key = RP.signature(func, args, kwargs)
+        if key is not None:
+            prog = _PROGRAMS.get(key, False)
+            if prog:
+                self.depth += 1
+                try:
+                    return RP.replay(prog, RP.flatten(args, kwargs), self._dispatch)
+                finally:
+                    self.depth -= 1
+            if prog is False and len(_PROGRAMS) < RP.MAX_PROGRAMS:
+                rec = RP.Recorder(self.depth + 1, RP.flatten(args, kwargs))
+                self._recorders.append(rec)
+                try:
+                    out = self._reenter(info.handler, *args, **kwargs)
+                finally:
+                    self._recorders.remove(rec)
+                _PROGRAMS[key] = rec.finish(out)
+                return out
+        return self._reenter(info.handler, *args, **kwargs)
+
     def _run(self, func, info: _OpInfo, args, kwargs):
         fz = self.fz
         ctx = fz._ctx
@@ -365,7 +403,7 @@ class FuzzyMode(TorchDispatchMode):
                     return func(*args, **kwargs)
             elif kind == K_DECOMP:
                 fz._count("decomposed", info.name)
-                return self._reenter(info.handler, *args, **kwargs)
+                return self._decompose(func, info, args, kwargs)
             elif kind == K_FOREACH:
                 fz._count("decomposed", info.name)
                 return self._reenter(H._foreach, ctx, func, args, kwargs)

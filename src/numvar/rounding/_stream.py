@@ -41,7 +41,10 @@ class Stream:
         self._base = mix64(self.seed ^ _SEED_SALT)
 
     def next_key(self) -> int:
-        """A fresh 64-bit key (Python int in [0, 2**64)) for one rounding call."""
-        k = bits(self._base, self.counter)
+        """A fresh 64-bit key (Python int in [0, 2**64)) for one rounding call:
+        ``bits(base, counter)``, written out (it is called once per rounding call)."""
+        z = (self._base + (self.counter + 1) * GAMMA) & _M64
         self.counter += 1
-        return k
+        z = ((z ^ (z >> 30)) * MIX1) & _M64
+        z = ((z ^ (z >> 27)) * MIX2) & _M64
+        return z ^ (z >> 31)

@@ -1,0 +1,593 @@
+"""binary32 kernels of the instrumentation's short paths: elementwise arithmetic with
+broadcasting, rounding of float64 results, and sums over the trailing dims.
+
+* :func:`binary32`, :func:`sqrt32`, :func:`round32`: the same arithmetic and random bits
+  as numvar.rounding's ``add``, ``sub``, ``mul``, ``div``, ``sqrt`` and ``round`` on
+  binary32 at 24 bits (element ``l`` of the result, in C order, uses ``bits64(key, l)``),
+  without materialising broadcast operands: an operand is read through three strides
+  over the result seen as (M1, M2, N) (:func:`plan` folds the broadcast into that form
+  when it can).
+* :func:`rowsum32`: the row sums of an (M, K) matrix with the order and bits of
+  :func:`numvar.instrument.kernels.scan` on its transpose, without the transposed copy.
+
+Each element takes a vectorised fast path (:func:`_lo32`,
+:func:`numvar.instrument.kernels._fast32`) and, where that declines (results outside
+the binary32 normal range, inexact float64 sums, the cases listed at :func:`_lo32`), the
+rounding core's scalar function. Every kernel has a serial twin used below
+``kernels.PARALLEL_MIN_WORK`` elements. Tests compare each with the rounding core (or
+the scan) bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from numvar.rounding import kernels as K
+
+from . import kernels as KN
+from .kernels import _bits, _fast32
+
+TILE = 1024
+#: elements per parallel chunk (buffers for broadcast rows are allocated once per chunk)
+CHUNK = 16384
+
+_f64_bits = K._f64_bits
+_bits_f64 = K._bits_f64
+_SIGN = np.uint64(1 << 63)
+_EXPBITS = np.uint64(0x7FF << 52)
+_NLOW29 = np.uint64(~((1 << 29) - 1) & ((1 << 64) - 1))
+_ULP32 = np.uint64(1 << 29)
+_U23E = np.uint64(23 << 52)
+_U53E = np.uint64(53 << 52)
+_U149E = np.uint64((2 * 1023 + 23) << 52)  # minus a biased exponent e: the bits of 2**(23-e)
+_U29 = np.uint64(29)
+_U52 = np.uint64(52)
+_U63 = np.uint64(63)
+_U11 = np.uint64(11)
+_U1 = np.uint64(1)
+_U0 = np.uint64(0)
+_EMIN32 = np.uint64(1023 - 126)
+_EMAX32 = np.uint64(1023 + 127)
+_INF128 = np.uint64((1023 + 128) << 52)  # the float64 pattern of 2**128
+_TWO53 = 9007199254740992.0
+_SR, _IEEE, _UD, _RANDOM = K.MODE_SR, K.MODE_IEEE, K.MODE_UD, K.MODE_RANDOM
+OP_ADD, OP_SUB, OP_MUL, OP_DIV = K.OP_ADD, K.OP_SUB, K.OP_MUL, K.OP_DIV
+
+
+@njit(inline="always", error_model="numpy")
+def _lo32(h, lo, r, mode):
+    """binary32 rounding of the exact value ``h + lo`` (``h = RN64(h + lo)``, as the
+    rounding core's division and square root residuals give): (value, ok).
+
+    Identical to ``round_f32(h, lo, mode, 24, r)`` (round_core at k = 0, t = p = 24) where
+    ``ok``; ``ok`` is False outside the binary32 normal range of ``h`` (and its lowest
+    binade for UD), when ``|lo|`` exceeds half a float64 ulp of ``h``, and when ``h`` lies
+    on the binary32 grid with ``lo < 0`` (the exact value is then below a grid point,
+    where round_core steps down a possibly finer grid). Derivation, for ``H = |h|`` of
+    exponent e and ``u = 2**(e-23)``: ``A = H`` with the low 29 bits cleared, ``D = H - A``,
+    ``(s, ee) = TwoSum(D, L)``; ``s / u`` is computed as ``s * 2**(23-e)`` (the same
+    correctly rounded value); then ``0 <= s < u`` (|L| <= 2**(e-53)), so round_core takes
+    neither of its re-gridding branches and decides up or down as written below.
+    """
+    hb = _f64_bits(h)
+    sign = hb & _SIGN
+    ab = hb ^ sign
+    be = ab >> _U52
+    ok = be >= _EMIN32 and be <= _EMAX32
+    if mode == _UD:
+        ok = ok and be != _EMIN32
+    H = _bits_f64(ab)
+    L = -lo if sign != _U0 else lo
+    Ab = ab & _NLOW29
+    A = _bits_f64(Ab)
+    eb = ab & _EXPBITS
+    inv_u = _bits_f64(_U149E - eb)  # 1/u = 2**(23-e), exact
+    half = _bits_f64(eb - _U53E)
+    D = H - A
+    s = D + L
+    bv = s - D
+    ee = (D - (s - bv)) + (L - bv)
+    ok = ok and abs(L) <= half and not (D == 0.0 and L < 0.0)
+    exact = s == 0.0 and ee == 0.0
+    top = (r >> _U63) == _U1
+    if mode == _SR:
+        up = (not exact) and np.float64(r >> _U11) + 1.0 <= (s * inv_u) * _TWO53
+    elif mode == _RANDOM:
+        up = (not exact) and top
+    else:
+        s2 = 2.0 * s
+        odd = ((Ab >> _U29) & _U1) == _U1
+        u = _bits_f64(eb - _U23E)
+        up = s2 > u or (s2 == u and (ee > 0.0 or (ee == 0.0 and odd)))
+    Rb = Ab + _ULP32 if up else Ab
+    if mode == _UD and Rb < _INF128:
+        Rb = Rb + _ULP32 if top else Rb - _ULP32
+    v = np.float32(_bits_f64(Rb | sign))
+    if h == 0.0 and lo == 0.0:
+        return np.float32(h), True
+    return v, ok
+
+
+@njit(inline="always", error_model="numpy")
+def _addloop(a, b, o, ukey, l0, neg, mode):
+    nbad = 0
+    for jj in range(o.size):
+        x = np.float64(a[jj])
+        y = np.float64(b[jj])
+        if neg:
+            y = -y
+        s = x + y
+        bv = s - x
+        e = (x - (s - bv)) + (y - bv)
+        v, ok = _fast32(s, _bits(ukey, np.uint64(l0 + jj)), mode)
+        o[jj] = v
+        nbad += 0 if (ok and e == 0.0) else 1
+    return nbad
+
+
+@njit(inline="always", error_model="numpy")
+def _mulloop(a, b, o, ukey, l0, mode):
+    nbad = 0
+    for jj in range(o.size):
+        v, ok = _fast32(np.float64(a[jj]) * np.float64(b[jj]), _bits(ukey, np.uint64(l0 + jj)),
+                        mode)
+        o[jj] = v
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(inline="always", error_model="numpy")
+def _divloop(a, b, o, ukey, l0, mode):
+    nbad = 0
+    for jj in range(o.size):
+        x = np.float64(a[jj])
+        y = np.float64(b[jj])
+        q = x / y
+        # the rounding core's residual (K._div_parts) for finite non-zero quotients
+        ph, pl = K.two_prod(q, y)
+        e = ((x - ph) - pl) / y
+        fin = q != 0.0 and abs(q) < np.inf and abs(x) < np.inf and abs(y) < np.inf
+        v, ok = _lo32(q, e if fin else 0.0, _bits(ukey, np.uint64(l0 + jj)), mode)
+        o[jj] = v
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(cache=True, error_model="numpy")
+def _tile(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
+    """One tile, the loop specialised by op and mode; the number of declined elements."""
+    if op == OP_MUL:
+        if mode == _SR:
+            return _mulloop(a, b, o, ukey, l0, _SR)
+        if mode == _IEEE:
+            return _mulloop(a, b, o, ukey, l0, _IEEE)
+        if mode == _UD:
+            return _mulloop(a, b, o, ukey, l0, _UD)
+        return _mulloop(a, b, o, ukey, l0, _RANDOM)
+    if op == OP_DIV:
+        if mode == _SR:
+            return _divloop(a, b, o, ukey, l0, _SR)
+        if mode == _IEEE:
+            return _divloop(a, b, o, ukey, l0, _IEEE)
+        if mode == _UD:
+            return _divloop(a, b, o, ukey, l0, _UD)
+        return _divloop(a, b, o, ukey, l0, _RANDOM)
+    neg = op == OP_SUB
+    if mode == _SR:
+        return _addloop(a, b, o, ukey, l0, neg, _SR)
+    if mode == _IEEE:
+        return _addloop(a, b, o, ukey, l0, neg, _IEEE)
+    if mode == _UD:
+        return _addloop(a, b, o, ukey, l0, neg, _UD)
+    return _addloop(a, b, o, ukey, l0, neg, _RANDOM)
+
+
+@njit(cache=True, error_model="numpy")
+def _slow(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
+    """Recompute a tile with declined elements: the rounding core's scalar function where
+    the fast path declines (the fast values stand elsewhere: they are the same)."""
+    for jj in range(o.size):
+        x = np.float64(a[jj])
+        y = np.float64(b[jj])
+        r = _bits(ukey, np.uint64(l0 + jj))
+        if op == OP_MUL:
+            v, ok = _fast32(x * y, r, mode)
+        elif op == OP_DIV:
+            q = x / y
+            ph, pl = K.two_prod(q, y)
+            e = ((x - ph) - pl) / y
+            fin = q != 0.0 and abs(q) < np.inf and abs(x) < np.inf and abs(y) < np.inf
+            v, ok = _lo32(q, e if fin else 0.0, r, mode)
+        else:
+            yy = -y if op == OP_SUB else y
+            s = x + yy
+            bv = s - x
+            e = (x - (s - bv)) + (yy - bv)
+            v, ok = _fast32(s, r, mode)
+            ok = ok and e == 0.0
+        if not ok:
+            o[jj] = np.float32(K.narrow_binary(op, a[jj], b[jj], mode, 24, 24, -126, 127, r))
+
+
+@njit(inline="always")
+def _block(src, s0, s1, s2, M2, r0, rows, j0, ncols, buf, held):
+    """The values of rows r0..r0+rows-1 (row r = (r // M2, r % M2) over the two outer
+    dims), columns j0..j0+ncols-1 of an operand with strides (s0, s1, s2), in C order: a
+    slice when they lie contiguously in ``src``, else copied into ``buf`` (unless
+    ``held``: buf already holds them)."""
+    i1 = r0 // M2
+    i2 = r0 - i1 * M2
+    base = i1 * s0 + i2 * s1 + j0 * s2
+    if s2 == 1 and (rows == 1 or (s1 == ncols and (s0 == M2 * ncols
+                                                   or (r0 + rows - 1) // M2 == i1))):
+        return src[base:base + rows * ncols]
+    if held:
+        return buf[:rows * ncols]
+    k = 0
+    for r in range(rows):
+        b = i1 * s0 + i2 * s1 + j0 * s2
+        if s2 == 1:
+            for j in range(ncols):
+                buf[k + j] = src[b + j]
+        else:
+            v = src[b]
+            for j in range(ncols):
+                buf[k + j] = v
+        k += ncols
+        i2 += 1
+        if i2 == M2:
+            i2 = 0
+            i1 += 1
+    return buf[:k]
+
+
+@njit(inline="always", error_model="numpy")
+def _bchunk(c, per, total, op, a, sa, b, sb, out, M1, M2, N, ukey, mode):
+    """Tiles c*per .. (c+1)*per-1: parts of one row (N >= TILE) or whole rows (N < TILE)."""
+    bufa = np.empty(TILE, np.float32)
+    bufb = np.empty(TILE, np.float32)
+    M = M1 * M2
+    ntr = (N + TILE - 1) // TILE
+    rpt = max(1, TILE // N)
+    prev = -1  # rows of the previous tile (whole-row tiles of an operand with equal rows repeat)
+    for t in range(c * per, min(total, (c + 1) * per)):
+        if N >= TILE:
+            r0 = t // ntr
+            rows = 1
+            j0 = (t - r0 * ntr) * TILE
+            ncols = min(N - j0, TILE)
+        else:
+            r0 = t * rpt
+            rows = min(rpt, M - r0)
+            j0 = 0
+            ncols = N
+        same = N < TILE and rows == prev
+        aa = _block(a, sa[0], sa[1], sa[2], M2, r0, rows, j0, ncols, bufa,
+                    same and sa[0] == 0 and sa[1] == 0)
+        bb = _block(b, sb[0], sb[1], sb[2], M2, r0, rows, j0, ncols, bufb,
+                    same and sb[0] == 0 and sb[1] == 0)
+        prev = rows
+        l0 = r0 * N + j0
+        o = out[l0:l0 + rows * ncols]
+        if _tile(op, aa, bb, o, ukey, l0, mode):
+            _slow(op, aa, bb, o, ukey, l0, mode)
+
+
+@njit(inline="always")
+def _ntiles(M, N):
+    if N >= TILE:
+        return M * ((N + TILE - 1) // TILE)
+    rpt = TILE // N
+    return (M + rpt - 1) // rpt
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _binary32_par(op, a, sa, b, sb, out, M1, M2, N, key, mode):  # pragma: no cover
+    ukey = np.uint64(key)
+    total = _ntiles(M1 * M2, N)
+    per = max(1, CHUNK // TILE)
+    for c in prange((total + per - 1) // per):
+        _bchunk(c, per, total, op, a, sa, b, sb, out, M1, M2, N, ukey, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def _binary32_ser(op, a, sa, b, sb, out, M1, M2, N, key, mode):  # pragma: no cover
+    ukey = np.uint64(key)
+    total = _ntiles(M1 * M2, N)
+    per = max(1, CHUNK // TILE)
+    for c in range((total + per - 1) // per):
+        _bchunk(c, per, total, op, a, sa, b, sb, out, M1, M2, N, ukey, mode)
+
+
+def binary32(op, a, sa, b, sb, out, dims, key, mode) -> None:
+    """``out[l] = RND(a[.] op b[.])`` over the result seen as ``dims = (M1, M2, N)`` (C
+    order, ``l = (i1*M2 + i2)*N + j``), operand element ``i1*s0 + i2*s1 + j*s2`` for its
+    strides ``(s0, s1, s2)`` (``s2`` 0 or 1); binary32 at 24 bits, element l with
+    ``bits64(key, l)``: numvar.rounding's ``add`` / ``sub`` / ``mul`` / ``div`` of the
+    broadcast operands. Serial below :data:`numvar.instrument.kernels.PARALLEL_MIN_WORK`
+    elements (the ``launch`` rule, without its thread-count calls), parallel above."""
+    k = _binary32_ser if out.size < KN.PARALLEL_MIN_WORK else _binary32_par
+    M1, M2, N = dims
+    k(op, a, sa, b, sb, out, M1, M2, N, np.uint64(key), mode)
+
+
+@njit(inline="always", error_model="numpy")
+def _sqrtloop(a, o, ukey, l0, mode):
+    nbad = 0
+    for jj in range(o.size):
+        x = np.float64(a[jj])
+        s = np.sqrt(x)
+        # the rounding core's residual (K._sqrt_parts) for finite positive inputs
+        ph, pl = K.two_prod(s, s)
+        e = ((x - ph) - pl) / (2.0 * s)
+        v, ok = _lo32(s, e if (x > 0.0 and x < np.inf) else 0.0,
+                      _bits(ukey, np.uint64(l0 + jj)), mode)
+        o[jj] = v
+        nbad += 0 if (ok and x >= 0.0) else 1
+    return nbad
+
+
+@njit(cache=True, error_model="numpy")
+def _sqrttile(a, o, ukey, l0, mode):  # pragma: no cover - compiled
+    if mode == _SR:
+        n = _sqrtloop(a, o, ukey, l0, _SR)
+    elif mode == _IEEE:
+        n = _sqrtloop(a, o, ukey, l0, _IEEE)
+    elif mode == _UD:
+        n = _sqrtloop(a, o, ukey, l0, _UD)
+    else:
+        n = _sqrtloop(a, o, ukey, l0, _RANDOM)
+    if n:
+        for jj in range(o.size):
+            x = np.float64(a[jj])
+            r = _bits(ukey, np.uint64(l0 + jj))
+            s = np.sqrt(x)
+            ph, pl = K.two_prod(s, s)
+            e = ((x - ph) - pl) / (2.0 * s)
+            v, ok = _lo32(s, e if (x > 0.0 and x < np.inf) else 0.0, r, mode)
+            if not (ok and x >= 0.0):
+                o[jj] = np.float32(K.narrow_sqrt(a[jj], mode, 24, 24, -126, 127, r))
+
+
+@njit(inline="always", error_model="numpy")
+def _roundloop(h, o, ukey, l0, mode):
+    nbad = 0
+    for jj in range(o.size):
+        v, ok = _fast32(h[jj], _bits(ukey, np.uint64(l0 + jj)), mode)
+        o[jj] = v
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(cache=True, error_model="numpy")
+def _roundtile(h, o, ukey, l0, mode):  # pragma: no cover - compiled
+    if mode == _SR:
+        n = _roundloop(h, o, ukey, l0, _SR)
+    elif mode == _IEEE:
+        n = _roundloop(h, o, ukey, l0, _IEEE)
+    elif mode == _UD:
+        n = _roundloop(h, o, ukey, l0, _UD)
+    else:
+        n = _roundloop(h, o, ukey, l0, _RANDOM)
+    if n:
+        for jj in range(o.size):
+            r = _bits(ukey, np.uint64(l0 + jj))
+            v, ok = _fast32(h[jj], r, mode)
+            if not ok:
+                o[jj] = K.round_f32(h[jj], 0.0, mode, 24, r)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _sqrt_par(a, out, key, mode):  # pragma: no cover - compiled
+    for t in prange((out.size + TILE - 1) // TILE):
+        j0 = t * TILE
+        j1 = min(out.size, j0 + TILE)
+        _sqrttile(a[j0:j1], out[j0:j1], key, j0, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def _sqrt_ser(a, out, key, mode):  # pragma: no cover - compiled
+    for t in range((out.size + TILE - 1) // TILE):
+        j0 = t * TILE
+        j1 = min(out.size, j0 + TILE)
+        _sqrttile(a[j0:j1], out[j0:j1], key, j0, mode)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _round_par(h, out, key, mode):  # pragma: no cover - compiled
+    for t in prange((out.size + TILE - 1) // TILE):
+        j0 = t * TILE
+        j1 = min(out.size, j0 + TILE)
+        _roundtile(h[j0:j1], out[j0:j1], key, j0, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def _round_ser(h, out, key, mode):  # pragma: no cover - compiled
+    for t in range((out.size + TILE - 1) // TILE):
+        j0 = t * TILE
+        j1 = min(out.size, j0 + TILE)
+        _roundtile(h[j0:j1], out[j0:j1], key, j0, mode)
+
+
+def sqrt32(a: np.ndarray, out: np.ndarray, key, mode: int) -> None:
+    """``out[l] = RND(sqrt(a[l]))``, binary32 at 24 bits, ``bits64(key, l)``: numvar.rounding's
+    ``sqrt`` (1-D contiguous float32 arrays)."""
+    k = _sqrt_ser if out.size < KN.PARALLEL_MIN_WORK else _sqrt_par
+    k(a, out, np.uint64(key), mode)
+
+
+def round32(h: np.ndarray, out: np.ndarray, key, mode: int) -> None:
+    """``out[l] = round_f32(h[l], 0, mode, 24, bits64(key, l))``: numvar.rounding's ``round``
+    of float64 values to binary32 (1-D contiguous arrays); the serial twin of
+    :func:`numvar.instrument.kernels._round_fast32` for small work."""
+    k = _round_ser if out.size < KN.PARALLEL_MIN_WORK else _round_par
+    k(h, out, np.uint64(key), mode)
+
+
+# ------------------------------------------------------------- trailing reductions
+#: rows per block of :func:`rowsum32` at most, and the most elements of a block
+RBLOCK = 512
+RBLOCK_ELEMS = 1 << 15
+#: the longest reduction, and the fewest rows, :func:`rowsum32` is used for (the (K, M)
+#: scan serves the rest)
+ROW_K_MAX = 4096
+ROW_M_MIN = 16
+
+
+@njit(inline="always", error_model="numpy")
+def _rowblock(x, out, b, R, ukey, op, mode):
+    """Rows b*R .. of x (M, K): transpose the block into (K, rows), then accumulate along
+    K in the (K, M) scan's order with its bits (element (k, m): bits64(key, k*M + m)),
+    each step one binary tile (acc op row, the same arithmetic as the scan's)."""
+    M, Kd = x.shape
+    m0 = b * R
+    rows = min(R, M - m0)
+    t = np.empty((Kd, rows), np.float32)
+    for r0 in range(0, rows, 16):  # 16 rows at a time: their cache lines stay in L1
+        r1 = min(rows, r0 + 16)
+        for k in range(Kd):
+            for r in range(r0, r1):
+                t[k, r] = x[m0 + r, k]
+    prev = t[0].copy()
+    cur = np.empty(rows, np.float32)
+    for k in range(1, Kd):
+        q0 = k * M + m0
+        if _tile(op, prev, t[k], cur, ukey, q0, mode):
+            _slow(op, prev, t[k], cur, ukey, q0, mode)
+        prev, cur = cur, prev
+    out[m0:m0 + rows] = prev
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _rowsum_par(x, out, R, key, op, mode):  # pragma: no cover - compiled
+    ukey = np.uint64(key)
+    for b in prange((x.shape[0] + R - 1) // R):
+        _rowblock(x, out, b, R, ukey, op, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def _rowsum_ser(x, out, R, key, op, mode):  # pragma: no cover - compiled
+    ukey = np.uint64(key)
+    for b in range((x.shape[0] + R - 1) // R):
+        _rowblock(x, out, b, R, ukey, op, mode)
+
+
+def rowsum32(x: np.ndarray, key, mode: int, *, mul: bool = False) -> np.ndarray:
+    """Sum (or product) of each row of ``x`` (M, K), binary32 at 24 bits, ``K >= 1``:
+    ``numvar.instrument.kernels.scan(x.T, key, mode, 24)`` (same order, same bits), without
+    the transposed copy of ``x`` (each block of rows is transposed in cache)."""
+    M, Kd = x.shape
+    out = np.empty(M, np.float32)
+    if M:
+        R = max(1, min(RBLOCK, RBLOCK_ELEMS // Kd))
+        k = _rowsum_ser if x.size < KN.PARALLEL_MIN_WORK else _rowsum_par
+        k(x, out, R, np.uint64(key), OP_MUL if mul else OP_ADD, mode)
+    return out
+
+
+# ------------------------------------------------------------------------- layouts
+def broadcast_shape(sa, sb) -> tuple[int, ...]:
+    """``torch.broadcast_shapes`` of two shapes (RuntimeError when they do not broadcast)."""
+    if len(sa) < len(sb):
+        sa, sb = sb, sa
+    k = len(sa) - len(sb)
+    out = list(sa)
+    for d, m in enumerate(sb):
+        n = sa[k + d]
+        if n != m:
+            if n == 1:
+                out[k + d] = m
+            elif m != 1:
+                raise RuntimeError(f"shapes {tuple(sa)} and {tuple(sb)} do not broadcast")
+    return tuple(out)
+
+
+def array(t: torch.Tensor) -> np.ndarray:
+    """The 1-D numpy view of a contiguous CPU tensor (no copy)."""
+    if t.requires_grad:
+        t = t.detach()
+    return t.numpy().ravel()
+
+
+def _flat(t: torch.Tensor, M1: int, M2: int, N: int, st) -> np.ndarray:
+    """The 1-D float32 array over ``t``'s storage that (i1, i2, j) -> i1*s0 + i2*s1 + j*s2
+    indexes."""
+    extent = 1 + (M1 - 1) * st[0] + (M2 - 1) * st[1] + (N - 1) * st[2]
+    if t.is_contiguous() and t.numel() == extent:
+        return array(t)
+    if t.requires_grad:
+        t = t.detach()
+    return t.as_strided((extent,), (1,)).numpy()
+
+
+def _suffix(shape, t: torch.Tensor) -> int:
+    """numel of ``t`` when it is contiguous and broadcasts to ``shape`` along leading dims
+    only (``shape[-k:] == t.shape`` up to leading ones of t); else 0."""
+    ts = tuple(t.shape)
+    while ts and ts[0] == 1:
+        ts = ts[1:]
+    if len(ts) <= len(shape) and tuple(shape[len(shape) - len(ts):]) == ts and t.is_contiguous():
+        return t.numel()
+    return 0
+
+
+def plan(shape, a: torch.Tensor, b: torch.Tensor):
+    """Fold the broadcast of ``a`` and ``b`` (CPU tensors, strides >= 0) to ``shape`` into
+    (M1, M2, N): ``((M1, M2, N), (array, strides), (array, strides))``, element (i1, i2, j)
+    of an operand at ``array[i1*s0 + i2*s1 + j*s2]`` with ``s2`` 0 or 1; None when it does
+    not fold so. Contiguous operands of the result's shape, single values and contiguous
+    trailing blocks (a bias) take short paths."""
+    if a.shape == shape and b.shape == shape and a.is_contiguous() and b.is_contiguous():
+        return (1, 1, a.numel()), (array(a), (0, 0, 1)), (array(b), (0, 0, 1))
+    n = 1
+    for m in shape:
+        n *= m
+    na, nb = _suffix(shape, a), _suffix(shape, b)
+    if na == n and nb:
+        if nb == n or nb == 1:
+            return (1, 1, n), (array(a), (0, 0, 1)), (array(b), (0, 0, 1 if nb > 1 else 0))
+        return (1, n // nb, nb), (array(a), (0, nb, 1)), (array(b), (0, 0, 1))
+    if nb == n and na:
+        if na == 1:
+            return (1, 1, n), (array(a), (0, 0, 0)), (array(b), (0, 0, 1))
+        return (1, n // na, na), (array(a), (0, 0, 1)), (array(b), (0, na, 1))
+    return _plan_general(shape, a, b)
+
+
+def _plan_general(shape, *ts: torch.Tensor):
+    nd = len(shape)
+    sizes = []
+    strides: list[list[int]] = [[] for _ in ts]
+    for d in range(nd):
+        n = shape[d]
+        if n == 1:
+            continue
+        sizes.append(n)
+        for k, t in enumerate(ts):
+            dd = d - (nd - t.dim())
+            strides[k].append(0 if dd < 0 or t.shape[dd] == 1 else t.stride(dd))
+    # coalesce from the innermost dim outwards, into at most three groups
+    gs: list[int] = []
+    gst: list[list[int]] = [[] for _ in ts]
+    for d in range(len(sizes) - 1, -1, -1):
+        n = sizes[d]
+        if gs and all(strides[k][d] == gst[k][-1] * gs[-1] for k in range(len(ts))):
+            gs[-1] *= n
+            continue
+        if len(gs) == 3:
+            return None
+        gs.append(n)
+        for k in range(len(ts)):
+            gst[k].append(strides[k][d])
+    while len(gs) < 3:
+        gs.append(1)
+        for g in gst:
+            g.append(0)
+    N, M2, M1 = gs
+    if any(g[0] not in (0, 1) for g in gst):
+        return None
+    return ((M1, M2, N),
+            *[(_flat(t, M1, M2, N, (g[2], g[1], g[0])), (g[2], g[1], g[0]))
+              for t, g in zip(ts, gst)])

@@ -1,0 +1,187 @@
+"""Short paths of the dispatch against the generic paths they stand for, bit for bit:
+op_once without argument flattening, _safe_softmax at op granularity, the result-dtype
+short cut of the pointwise handlers, Python numbers in binary32 arithmetic."""
+
+import math
+
+import numba
+import numpy as np
+import pytest
+import torch
+
+torch.set_num_threads(1)
+numba.set_num_threads(1)  # parallel regions stall on a loaded 2-core CI box
+
+import numvar.rounding as R
+from numvar.instrument import handlers as H
+from numvar.instrument._core import Ctx, operands, result_dtype
+
+MODES = ("ieee", "sr", "ud", "random")
+aten = torch.ops.aten
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if not isinstance(a, torch.Tensor):
+        return a == b
+    if a.dtype != b.dtype or a.shape != b.shape or a.stride() != b.stride():
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    it = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    na, nb = torch.isnan(a), torch.isnan(b)
+    return torch.equal(na, nb) and torch.equal(a.contiguous().view(it)[~na],
+                                               b.contiguous().view(it)[~nb])
+
+
+def _gen(*shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * 3).to(dtype)
+
+
+def _generic_op_once(monkeypatch):
+    """op_once with every argument list flattened (its general path)."""
+    real = H._static
+
+    def flattening(func):
+        writes, _ = real(func)
+        return writes, True
+
+    monkeypatch.setattr(H, "_static", flattening)
+
+
+def _calls(dt):
+    x, w, b = _gen(4, 5, 6, seed=1, dtype=dt), _gen(6, seed=2, dtype=dt), _gen(6, seed=3, dtype=dt)
+    m1, m2 = _gen(7, 6, seed=4, dtype=dt), _gen(6, 3, seed=5, dtype=dt)
+    bn_x = _gen(3, 4, 5, 5, seed=6, dtype=dt)
+    return [
+        (aten.exp.default, (x,), {}),
+        (aten.addmm.default, (_gen(3, seed=7, dtype=dt), m1, m2), {"beta": 0.5, "alpha": 2}),
+        (aten.addmm.default, (_gen(3, seed=7), m1, m2), {}),  # mixed dtypes
+        (aten.native_layer_norm.default, (x, [6], w, b, 1e-5), {}),
+        (aten.native_layer_norm.default, (x, [5, 6], None, None, 1e-5), {}),
+        (aten._softmax.default, (x, 1, False), {}),
+        (aten._log_softmax.default, (x, -1, False), {}),
+        (aten.mean.dim, (x, [0, 2], True), {}),
+        (aten.sum.dim_IntList, (x, [1]), {"dtype": torch.float64}),
+        (aten.cat.default, ([x, x * 2],), {}),
+        (aten.stack.default, ([m1, m1],), {"dim": 1}),
+        (aten.pow.Tensor_Scalar, (x, 1.7), {}),
+        (aten.gelu.default, (x,), {"approximate": "tanh"}),
+        (aten._to_copy.default, (x,), {"dtype": torch.float16}),
+        (aten.native_batch_norm.default,
+         (bn_x, _gen(4, seed=8, dtype=dt), _gen(4, seed=9, dtype=dt),
+          torch.zeros(4, dtype=dt), torch.ones(4, dtype=dt), True, 0.1, 1e-5), {}),
+    ]
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_op_once_equals_its_flattening_path(dt, monkeypatch):
+    for mode in MODES:
+        for prec in (None, 9):
+            fast, slow = [], []
+            for res, patch in ((fast, False), (slow, True)):
+                if patch:
+                    _generic_op_once(monkeypatch)
+                ctx = Ctx(mode, "op", prec, R.Stream(5))
+                for func, args, kwargs in _calls(dt):
+                    args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+                    out = H.op_once(ctx, func, args, kwargs)
+                    res.append((out, [a for a in args if isinstance(a, torch.Tensor)]))
+                res.append(ctx.stream.counter)
+                monkeypatch.undo()
+            assert _same(fast[:-1], slow[:-1]) and fast[-1] == slow[-1], (mode, prec)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_safe_softmax_op_handler_equals_op_once(dt):
+    x = _gen(4, 3, 6, seed=10, dtype=dt)
+    x[0, 1, :] = -math.inf  # a dead row: 0 everywhere
+    x[1, :, 2] = -math.inf  # dead along dim 1
+    x[2, 2, 3] = -math.inf
+    x[3, 0, :] = torch.tensor([-math.inf, math.nan, -math.inf, 0, 1, 2])  # NaN: not dead
+    x[3, 1, 0] = math.inf
+    cases = [(x, -1), (x, 1), (x, 0), (x[:, 0], 1), (x.transpose(0, 2), 0),
+             (_gen(0, 4, dtype=dt), 1), (_gen((), seed=3, dtype=dt), 0)]
+    for mode in MODES:
+        for prec in (None, 5):
+            for xx, dim in cases:
+                c1, c2 = Ctx(mode, "op", prec, R.Stream(2)), Ctx(mode, "op", prec, R.Stream(2))
+                got = H._safe_softmax_op(c1, aten._safe_softmax.default, (xx, dim), {})
+                want = H.op_once(c2, aten._safe_softmax.default, (xx, dim), {})
+                assert _same(got, want), (mode, prec, tuple(xx.shape), dim)
+                assert c1.stream.counter == c2.stream.counter
+    # the dtype argument takes op_once itself
+    c1, c2 = Ctx("sr", "op", None, R.Stream(2)), Ctx("sr", "op", None, R.Stream(2))
+    kw = {"dtype": torch.float64}
+    assert _same(H._safe_softmax_op(c1, aten._safe_softmax.default, (x, -1), kw),
+                 H.op_once(c2, aten._safe_softmax.default, (x, -1), kw))
+
+
+def test_float_result_short_cut_equals_type_promotion():
+    t = {d: torch.ones(2, dtype=d) for d in (torch.float32, torch.float64, torch.float16,
+                                              torch.bfloat16, torch.int64, torch.int32,
+                                              torch.bool, torch.complex64, torch.uint8)}
+    z = {d: torch.ones((), dtype=d) for d in t}
+    others = [*t.values(), *z.values(), 1, 2.5, True, 1 + 2j, -0.0]
+    for first in [*t.values(), *z.values(), 3, 0.5]:
+        for o in others:
+            assert H._float_result(first, o) == (result_dtype(first, o) in H.FLOATS), (first, o)
+            for o2 in (t[torch.int64], 2.0, z[torch.float64], t[torch.complex64]):
+                assert H._float_result(first, o, o2) == (result_dtype(first, o, o2) in H.FLOATS)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_python_numbers_take_the_scalar_path_bit_for_bit(mode):
+    x = _gen(5, 8, seed=11)
+    cases = [x, x.t(), x[:, ::2], x[0, 0], x[:0]]
+    nums = [0.5, -3, 1 << 24, -(1 << 24), 1e-45, 2.9e38, -0.0, 1e-40, 7]
+    for t in cases:
+        for v in nums:
+            for op in ("add", "sub", "mul", "div"):
+                for left in (True, False):
+                    c1 = Ctx(mode, "flop", None, R.Stream(6))
+                    c2 = Ctx(mode, "flop", None, R.Stream(6))
+                    a, b = (t, v) if left else (v, t)
+                    got = getattr(c1, op)(a, b)
+                    want = getattr(c2, op)(*operands(a, b))
+                    assert _same(got, want), (op, v, left, tuple(t.shape))
+                    assert got.is_contiguous()
+    assert Ctx(mode, "flop", None, R.Stream(0))._scalar32(x, 0.5)
+    for v in (3.1e38, float("inf"), float("nan"), 1 << 25, True, np.float32(0.5)):
+        assert not Ctx(mode, "flop", None, R.Stream(0))._scalar32(x, v)
+
+
+def test_exact_impls_equal_the_ops():
+    """Faster implementations of exact ops: same values, dtype, shape, strides, offset."""
+    bid = H.EXACT_IMPLS["prims.broadcast_in_dim.default"]
+    for shape_in, shape, dims in [((16, 32), [16, 32, 1], [0, 1]), ((16, 32), [16, 32, 5], [0, 1]),
+                                  ((1, 32), [4, 32], [0, 1]), ((32,), [4, 32, 3], [1]),
+                                  ((), [2, 3], []), ((3, 1), [3, 4, 5], [0, 2]),
+                                  ((16, 32), [1, 16, 32], [1, 2])]:
+        variants = [_gen(shape_in)]
+        if len(shape_in) == 2:
+            variants.append(_gen(shape_in[1], shape_in[0], seed=2).t())  # non-contiguous
+        for a in variants:
+            got = bid(a, shape, dims)
+            want = torch.ops.prims.broadcast_in_dim.default(a, shape, dims)
+            assert _same(got, want) and got.storage_offset() == want.storage_offset()
+            assert got.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+    all_dim = H.EXACT_IMPLS["aten.all.dim"]
+    g = torch.Generator().manual_seed(1)
+    m = torch.rand(4, 5, 6, generator=g) < 0.9
+    m[0, 1, :] = True
+    for x in (m, m.transpose(0, 2), m[:, ::2], m[..., :1], torch.zeros(0, 3, dtype=torch.bool),
+              torch.tensor(True), torch.ones(3, 4), torch.arange(6).reshape(2, 3)):
+        for dim in range(-1, max(x.dim(), 1)):
+            for keep in (False, True):
+                assert _same(all_dim(x, dim, keep), aten.all.dim(x, dim, keep)), (x.shape, dim)
+
+    eq = H.EXACT_IMPLS["aten.eq.Scalar"]
+    x = _gen(4, 5, 6, seed=3)
+    x[0, 0, :3] = torch.tensor([-math.inf, math.inf, math.nan])
+    for t in (x, x.transpose(0, 2), x[:, ::2], x.half(), x.double(), x[0, 0, 0],
+              torch.arange(6).reshape(2, 3)):
+        for v in (-math.inf, math.inf, 0.0, 1, math.nan):
+            assert _same(eq(t, v), aten.eq.Scalar(t, v)), (t.shape, v)

@@ -1,0 +1,263 @@
+"""The broadcasting binary32 kernels of numvar.instrument.pointwise against the rounding
+core (numvar.rounding's tensor API and scalar functions), bit for bit."""
+
+import numba
+import numpy as np
+import pytest
+import torch
+from numba import njit
+
+torch.set_num_threads(1)
+numba.set_num_threads(1)  # parallel regions stall on a loaded 2-core CI box
+
+import numvar.rounding as R
+from numvar.instrument import kernels as KN
+from numvar.instrument import pointwise as PW
+from numvar.instrument._core import Ctx
+from numvar.rounding import kernels as RK
+
+MODES = ("ieee", "sr", "ud", "random")
+
+
+def _weird(rng, n, dt=np.float32):
+    """Normal values with scattered huge/tiny/subnormal magnitudes, zeros, ones and
+    specials, so that every decline of the fast paths is exercised."""
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-150, 125, n) * (rng.random(n) < 0.3))
+    x[rng.random(n) < 0.1] = 0.0
+    x[rng.random(n) < 0.05] = 1.0
+    x[rng.random(n) < 0.05] = -0.0
+    if n > 8:
+        x[rng.integers(0, n, 2)] = np.inf
+        x[rng.integers(0, n, 1)] = -np.inf
+        x[rng.integers(0, n, 1)] = np.nan
+    return x.astype(dt)
+
+
+def _t(rng, shape, dt=np.float32):
+    n = int(np.prod(shape))
+    return torch.from_numpy(_weird(rng, max(n, 1), dt)[:n].reshape(shape))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape and dtype, bitwise equal up to the sign of NaNs; signed zeros count."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    x, y = a.detach().numpy(), b.detach().numpy()
+    num = ~np.isnan(x)
+    return (np.array_equal(x, y, equal_nan=True)
+            and np.array_equal(np.signbit(x)[num], np.signbit(y)[num]))
+
+
+#: (shape of a, shape of b, transform of a): equal shapes, a bias, row-constant columns,
+#: scalars and 0-dim tensors, two-sided broadcasts (materialised), rows longer and
+#: shorter than a tile, transposed, expanded (stride 0) and offset (sliced) operands
+CASES = [
+    ((5, 7), (5, 7), None), ((5, 7), (7,), None), ((5, 7), (5, 1), None),
+    ((3, 4, 5), (), None), ((), (3, 4), None), ((), (), None), ((1,), (6,), None),
+    ((3, 1, 7), (1, 4, 7), None), ((2, 3, 4, 5), (3, 1, 5), None),
+    ((64, 32, 40), (64, 32, 1), None), ((3, 2500), (2500,), None), ((2500, 3), (3,), None),
+    ((40, 700), (40, 1), None), ((6, 4, 5), (4, 6, 5), "t"), ((6, 4, 5), (5,), "t"),
+    ((7, 9), (7, 9), "slice"), ((7, 9), (9,), "expand"), ((0, 3), (3,), None),
+    ((4, 6, 5), (1, 6, 1), "perm"), ((2, 400, 7), (400, 1), "slice3"),
+    ((3, 40, 700), (40, 1), "perm"), ((5, 4, 3), (5, 1, 1), "perm"),
+    ((3000,), (3000,), None), ((2, 3, 1), (2, 3, 1), None),
+]
+
+
+def _operands(rng, sa, sb, how):
+    a, b = _t(rng, sa), _t(rng, sb)
+    if how == "t":
+        a = a.transpose(0, 1)
+    elif how == "slice":
+        a = _t(rng, (sa[0] + 2, sa[1] + 3))[1:-1, 2:-1]
+    elif how == "slice3":  # rows contiguous within the outer dim only
+        a = _t(rng, (sa[0], sa[1] + 50, sa[2]))[:, 20:20 + sa[1]]
+    elif how == "perm":  # the middle dim outermost in memory (a 3-D plan)
+        a = _t(rng, (sa[1], sa[0], *sa[2:])).transpose(0, 1)
+    elif how == "expand":
+        a = _t(rng, (1, sa[1])).expand(*sa)
+    return a, b
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_binary_ops_equal_the_rounding_core(mode):
+    rng = np.random.default_rng(1)
+    for sa, sb, how in CASES:
+        a, b = _operands(rng, sa, sb, how)
+        for x, y in ((a, b), (b, a)):
+            for op in ("add", "sub", "mul", "div"):
+                ctx = Ctx(mode, "flop", None, R.Stream(3))
+                got = getattr(ctx, op)(x, y)
+                want = getattr(R, op)(x, y, mode=mode, stream=R.Stream(3))
+                assert _same(got, want), (op, mode, sa, sb, how)
+                assert got.is_contiguous()
+                assert ctx.stream.counter == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_python_numbers_and_mixed_dtypes_equal_the_rounding_core(mode):
+    rng = np.random.default_rng(2)
+    a = _t(rng, (6, 5))
+    for y in (2.5, 3, -0.1, 1e-40, torch.tensor(0.3, dtype=torch.float64),
+              torch.tensor(7, dtype=torch.int64)):
+        for op in ("add", "sub", "mul", "div"):
+            ctx = Ctx(mode, "flop", None, R.Stream(4))
+            s = R.Stream(4)
+            yy = y if isinstance(y, torch.Tensor) else torch.tensor(y, dtype=torch.float32)
+            yt = yy.to(a.dtype)
+            assert _same(getattr(ctx, op)(a, y), getattr(R, op)(a, yt, mode=mode, stream=s))
+            assert _same(getattr(ctx, op)(y, a), getattr(R, op)(yt, a, mode=mode, stream=s))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sqrt_and_round_equal_the_rounding_core(mode):
+    rng = np.random.default_rng(3)
+    for shape in ((5, 7), (3000,), (), (0,), (4, 6)):
+        a = _t(rng, shape)
+        if shape == (4, 6):
+            a = a.t()
+        ctx = Ctx(mode, "flop", None, R.Stream(5))
+        s = R.Stream(5)
+        assert _same(ctx.sqrt(a), R.sqrt(a, mode=mode, stream=s))
+        assert _same(ctx.sqrt(a.abs()), R.sqrt(a.abs(), mode=mode, stream=s))
+        h = _t(rng, shape, np.float64) * 2.0 ** 100
+        assert _same(ctx.round(h, torch.float32),
+                     R.round(h, dtype=torch.float32, mode=mode, stream=s))
+        assert _same(ctx.round(h * 2.0 ** -200, torch.float32),
+                     R.round(h * 2.0 ** -200, dtype=torch.float32, mode=mode, stream=s))
+
+
+def test_binary32_matches_the_scalar_core_on_hard_quotients():
+    """Quotients around the binary32 range limits and exact quotients, for every mode."""
+    rng = np.random.default_rng(4)
+    edge = np.float32([1, 3, 2.0 ** -126, 2.0 ** -127, 3e38, 1e-45])
+    x = np.concatenate([_weird(rng, 4000), edge])
+    y = np.concatenate([_weird(rng, 4000), np.float32([3, 1, 3, 1.0000001, 0.5, 2])])
+    y[::7] = np.float32(2.0) ** rng.integers(-20, 20, y[::7].size).astype(np.float32)
+    for mode in MODES:
+        m = RK.mode_code(mode)
+        key = 0x1234_5678_9ABC_DEF0
+        out = np.empty_like(x)
+        PW.binary32(RK.OP_DIV, x, (0, 0, 1), y, (0, 0, 1), out, (1, 1, x.size), key, m)
+        want = np.empty_like(x)
+        _div_all(x, y, key, m, want)
+        assert _same(torch.from_numpy(out), torch.from_numpy(want)), mode
+
+
+@njit(error_model="numpy")
+def _div_all(x, y, key, mode, out):
+    for j in range(x.size):
+        out[j] = RK.div_f32(np.float64(x[j]), np.float64(y[j]), mode, 24,
+                            RK.bits64(np.uint64(key), np.uint64(j)))
+
+
+@njit(error_model="numpy")
+def _lo32_all(h, lo, key, mode, out, ok):
+    for j in range(h.size):
+        v, good = PW._lo32(h[j], lo[j], RK.bits64(np.uint64(key), np.uint64(j)), mode)
+        out[j] = v
+        ok[j] = good
+
+
+@njit(error_model="numpy")
+def _core_all(h, lo, key, mode, out):
+    for j in range(h.size):
+        out[j] = RK.round_f32(h[j], lo[j], mode, 24, RK.bits64(np.uint64(key), np.uint64(j)))
+
+
+def test_lo32_is_round_core_where_it_accepts():
+    """(h, lo) pairs with h = RN(h + lo): lo at and inside half an ulp of h, h on and off
+    the binary32 grid, around 2**-126 and 2**128; every accepted value equals
+    round_f32(h, lo); declines happen only where documented."""
+    rng = np.random.default_rng(5)
+    n = 20000
+    e = rng.integers(-130, 130, n)
+    h = (1 + rng.random(n)) * np.exp2(e.astype(float)) * np.where(rng.random(n) < 0.5, -1, 1)
+    grid = rng.random(n) < 0.3
+    with np.errstate(over="ignore"):
+        h[grid] = h[grid].astype(np.float32).astype(np.float64)
+    ulp = np.spacing(np.abs(h))
+    frac = rng.choice([0.5, -0.5, 0.25, -0.25, 1e-3, -1e-3, 0.0], n)
+    lo = frac * ulp
+    lo[rng.random(n) < 0.05] = 0.0
+    h[:4] = [2.0 ** -126, 2.0 ** 128 - 2.0 ** 104, 0.0, -0.0]
+    lo[:4] = [-(2.0 ** -180), 2.0 ** 50, 0.0, 0.0]
+    with np.errstate(over="ignore"):
+        f32 = h.astype(np.float32)
+    for mode in MODES:
+        m = RK.mode_code(mode)
+        got = np.empty(n, np.float32)
+        ok = np.empty(n, np.bool_)
+        want = np.empty(n, np.float32)
+        _lo32_all(h, lo, 99, m, got, ok)
+        _core_all(h, lo, 99, m, want)
+        assert _same(torch.from_numpy(got[ok]), torch.from_numpy(want[ok])), mode
+        assert ok.mean() > 0.8, mode  # the fast path takes the bulk
+        be = (h.view(np.uint64) >> 52) & 0x7FF
+        inside = (be >= 1023 - 126 + (mode == "ud")) & (be <= 1023 + 127)
+        on_grid_below = (h == f32) & (lo * np.sign(h) < 0)
+        assert ok[inside & ~on_grid_below & (np.abs(lo) <= 0.5 * ulp)].all(), mode
+
+
+def test_serial_and_parallel_kernels_agree(monkeypatch):
+    rng = np.random.default_rng(6)
+    a, b = _t(rng, (300, 70)), _t(rng, (70,))
+    a3, c3 = _t(rng, (30, 20, 7)).transpose(0, 1), _t(rng, (20, 1, 1))  # a 3-D plan
+    h = _t(rng, (5000,), np.float64)
+    res = []
+    numba.set_num_threads(2)
+    try:
+        for min_work in (1 << 40, 0):
+            monkeypatch.setattr(KN, "PARALLEL_MIN_WORK", min_work)
+            ctx = Ctx("sr", "flop", None, R.Stream(9))
+            res.append([ctx.add(a, b), ctx.div(b, a), ctx.sqrt(a), ctx.round(h, torch.float32),
+                        ctx.mul(a.t(), b[:, None]), ctx.sub(a3, c3),
+                        torch.from_numpy(PW.rowsum32(a.numpy(), 5, RK.MODE_SR))])
+            assert numba.get_num_threads() == 2
+    finally:
+        numba.set_num_threads(1)
+    assert all(_same(x, y) for x, y in zip(*res))
+
+
+def test_plan_folds_layouts():
+    a = torch.zeros(4, 5, 6)
+    assert PW.plan((4, 5, 6), a, torch.zeros(6))[0] == (1, 20, 6)
+    assert PW.plan((4, 5, 6), a, torch.zeros(4, 5, 1))[0] == (1, 20, 6)
+    assert PW.plan((4, 5, 6), a, torch.zeros(()))[0] == (1, 1, 120)
+    assert PW.plan((4, 5, 6), a.transpose(0, 2).contiguous().transpose(0, 2), a) is None
+    p = PW.plan((4, 5, 6), torch.zeros(4, 1, 6), torch.zeros(1, 5, 1))
+    assert p[0] == (4, 5, 6) and p[1][1] == (6, 0, 1) and p[2][1] == (0, 1, 0)
+    assert PW.plan((2, 3, 4, 5), torch.zeros(2, 3, 4, 5), torch.zeros(2, 1, 4, 1)) is None
+    assert PW.broadcast_shape((4, 1, 6), (5, 1)) == (4, 5, 6)
+    with pytest.raises(RuntimeError):
+        PW.broadcast_shape((4, 2), (3,))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rowsum_is_the_scan_of_the_transpose(mode):
+    rng = np.random.default_rng(7)
+    m = RK.mode_code(mode)
+    for M, Kd in [(512, 64), (37, 5), (1, 7), (1000, 1), (700, 300), (3, 4096), (600, 2)]:
+        x = _weird(rng, M * Kd).reshape(M, Kd)
+        for mul in (False, True):
+            got = PW.rowsum32(x, 321, m, mul=mul)
+            want = KN.scan(np.ascontiguousarray(x.T), 321, m, 24, mul=mul)[0]
+            assert _same(torch.from_numpy(got), torch.from_numpy(want)), (M, Kd, mul)
+
+
+def test_reduce_over_trailing_dims_equals_the_scan_path(monkeypatch):
+    from numvar.instrument import flop
+
+    rng = np.random.default_rng(8)
+    cases = [((16, 32, 64), [2]), ((16, 32, 64), [1, 2]), ((40, 30), [-1]), ((20, 5, 6), [0]),
+             ((64, 20), [1]), ((8, 3), [1])]
+    for mode in MODES:
+        for shape, dims in cases:
+            x = _t(rng, shape)
+            for mul in (False, True):
+                res = []
+                for m_min in (PW.ROW_M_MIN, 1 << 40):
+                    monkeypatch.setattr(PW, "ROW_M_MIN", m_min)
+                    ctx = Ctx(mode, "flop", None, R.Stream(5))
+                    res.append(flop.reduce(x, dims, ctx, keepdim=True, mul=mul))
+                assert _same(res[0], res[1]), (mode, shape, dims, mul)
