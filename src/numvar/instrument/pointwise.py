@@ -35,79 +35,12 @@ CHUNK = 16384
 
 _f64_bits = K._f64_bits
 _bits_f64 = K._bits_f64
-_SIGN = np.uint64(1 << 63)
-_EXPBITS = np.uint64(0x7FF << 52)
-_NLOW29 = np.uint64(~((1 << 29) - 1) & ((1 << 64) - 1))
-_ULP32 = np.uint64(1 << 29)
-_U23E = np.uint64(23 << 52)
-_U53E = np.uint64(53 << 52)
-_U149E = np.uint64((2 * 1023 + 23) << 52)  # minus a biased exponent e: the bits of 2**(23-e)
-_U29 = np.uint64(29)
-_U52 = np.uint64(52)
-_U63 = np.uint64(63)
-_U11 = np.uint64(11)
-_U1 = np.uint64(1)
-_U0 = np.uint64(0)
-_EMIN32 = np.uint64(1023 - 126)
-_EMAX32 = np.uint64(1023 + 127)
-_INF128 = np.uint64((1023 + 128) << 52)  # the float64 pattern of 2**128
-_TWO53 = 9007199254740992.0
 _SR, _IEEE, _UD, _RANDOM = K.MODE_SR, K.MODE_IEEE, K.MODE_UD, K.MODE_RANDOM
 OP_ADD, OP_SUB, OP_MUL, OP_DIV = K.OP_ADD, K.OP_SUB, K.OP_MUL, K.OP_DIV
 
 
-@njit(inline="always", error_model="numpy")
-def _lo32(h, lo, r, mode):
-    """binary32 rounding of the exact value ``h + lo`` (``h = RN64(h + lo)``, as the
-    rounding core's division and square root residuals give): (value, ok).
-
-    Identical to ``round_f32(h, lo, mode, 24, r)`` (round_core at k = 0, t = p = 24) where
-    ``ok``; ``ok`` is False outside the binary32 normal range of ``h`` (and its lowest
-    binade for UD), when ``|lo|`` exceeds half a float64 ulp of ``h``, and when ``h`` lies
-    on the binary32 grid with ``lo < 0`` (the exact value is then below a grid point,
-    where round_core steps down a possibly finer grid). Derivation, for ``H = |h|`` of
-    exponent e and ``u = 2**(e-23)``: ``A = H`` with the low 29 bits cleared, ``D = H - A``,
-    ``(s, ee) = TwoSum(D, L)``; ``s / u`` is computed as ``s * 2**(23-e)`` (the same
-    correctly rounded value); then ``0 <= s < u`` (|L| <= 2**(e-53)), so round_core takes
-    neither of its re-gridding branches and decides up or down as written below.
-    """
-    hb = _f64_bits(h)
-    sign = hb & _SIGN
-    ab = hb ^ sign
-    be = ab >> _U52
-    ok = be >= _EMIN32 and be <= _EMAX32
-    if mode == _UD:
-        ok = ok and be != _EMIN32
-    H = _bits_f64(ab)
-    L = -lo if sign != _U0 else lo
-    Ab = ab & _NLOW29
-    A = _bits_f64(Ab)
-    eb = ab & _EXPBITS
-    inv_u = _bits_f64(_U149E - eb)  # 1/u = 2**(23-e), exact
-    half = _bits_f64(eb - _U53E)
-    D = H - A
-    s = D + L
-    bv = s - D
-    ee = (D - (s - bv)) + (L - bv)
-    ok = ok and abs(L) <= half and not (D == 0.0 and L < 0.0)
-    exact = s == 0.0 and ee == 0.0
-    top = (r >> _U63) == _U1
-    if mode == _SR:
-        up = (not exact) and np.float64(r >> _U11) + 1.0 <= (s * inv_u) * _TWO53
-    elif mode == _RANDOM:
-        up = (not exact) and top
-    else:
-        s2 = 2.0 * s
-        odd = ((Ab >> _U29) & _U1) == _U1
-        u = _bits_f64(eb - _U23E)
-        up = s2 > u or (s2 == u and (ee > 0.0 or (ee == 0.0 and odd)))
-    Rb = Ab + _ULP32 if up else Ab
-    if mode == _UD and Rb < _INF128:
-        Rb = Rb + _ULP32 if top else Rb - _ULP32
-    v = np.float32(_bits_f64(Rb | sign))
-    if h == 0.0 and lo == 0.0:
-        return np.float32(h), True
-    return v, ok
+# binary32 rounding of h + lo on the fast path (shared with the rounding core's division)
+_lo32 = K.lo32_fast
 
 
 @njit(inline="always", error_model="numpy")
@@ -158,6 +91,7 @@ def _divloop(a, b, o, ukey, l0, mode):
 @njit(cache=True, error_model="numpy")
 def _tile(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
     """One tile, the loop specialised by op and mode; the number of declined elements."""
+    K.wide_vectors()
     if op == OP_MUL:
         if mode == _SR:
             return _mulloop(a, b, o, ukey, l0, _SR)
@@ -331,6 +265,7 @@ def _sqrtloop(a, o, ukey, l0, mode):
 
 @njit(cache=True, error_model="numpy")
 def _sqrttile(a, o, ukey, l0, mode):  # pragma: no cover - compiled
+    K.wide_vectors()
     if mode == _SR:
         n = _sqrtloop(a, o, ukey, l0, _SR)
     elif mode == _IEEE:
@@ -363,6 +298,7 @@ def _roundloop(h, o, ukey, l0, mode):
 
 @njit(cache=True, error_model="numpy")
 def _roundtile(h, o, ukey, l0, mode):  # pragma: no cover - compiled
+    K.wide_vectors()
     if mode == _SR:
         n = _roundloop(h, o, ukey, l0, _SR)
     elif mode == _IEEE:
@@ -420,8 +356,8 @@ def sqrt32(a: np.ndarray, out: np.ndarray, key, mode: int) -> None:
 
 def round32(h: np.ndarray, out: np.ndarray, key, mode: int) -> None:
     """``out[l] = round_f32(h[l], 0, mode, 24, bits64(key, l))``: numvar.rounding's ``round``
-    of float64 values to binary32 (1-D contiguous arrays); the serial twin of
-    :func:`numvar.instrument.kernels._round_fast32` for small work."""
+    of float64 values to binary32 (1-D contiguous arrays); serial below
+    ``kernels.PARALLEL_MIN_WORK`` elements, parallel above (same bits)."""
     k = _round_ser if out.size < KN.PARALLEL_MIN_WORK else _round_par
     k(h, out, np.uint64(key), mode)
 
@@ -464,11 +400,13 @@ def _rowblock(x, out, b, R, ukey, op, mode):
 def _rowsum_par(x, out, R, key, op, mode):  # pragma: no cover - compiled
     ukey = np.uint64(key)
     for b in prange((x.shape[0] + R - 1) // R):
+        K.wide_vectors()
         _rowblock(x, out, b, R, ukey, op, mode)
 
 
 @njit(cache=True, error_model="numpy")
 def _rowsum_ser(x, out, R, key, op, mode):  # pragma: no cover - compiled
+    K.wide_vectors()
     ukey = np.uint64(key)
     for b in range((x.shape[0] + R - 1) // R):
         _rowblock(x, out, b, R, ukey, op, mode)

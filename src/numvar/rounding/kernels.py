@@ -761,45 +761,76 @@ _NLOW29 = np.uint64(~((1 << 29) - 1) & ((1 << 64) - 1))
 _ULP32B = np.uint64(1 << 29)
 
 
+_SIGN = np.uint64(1 << 63)
+_EXPBITS = np.uint64(0x7FF << 52)
+_U23E = np.uint64(23 << 52)
+_U53E = np.uint64(53 << 52)
+_U149E = np.uint64((2 * 1023 + 23) << 52)  # minus a biased exponent e: the bits of 2**(23-e)
+_INF128 = np.uint64((1023 + 128) << 52)  # the float64 pattern of 2**128
+_U29 = np.uint64(29)
+_U52 = np.uint64(52)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def lo32_fast(h, lo, r, mode):
+    """binary32 rounding of the exact value ``h + lo`` (``h = RN64(h + lo)``, as the
+    rounding core's division and square root residuals give): (value, ok).
+
+    Identical to ``round_f32(h, lo, mode, 24, r)`` (round_core at k = 0, t = p = 24) where
+    ``ok``; ``ok`` is False outside the binary32 normal range of ``h`` (and its lowest
+    binade for UD), when ``|lo|`` exceeds half a float64 ulp of ``h``, and when ``h`` lies
+    on the binary32 grid with ``lo < 0`` (the exact value is then below a grid point,
+    where round_core steps down a possibly finer grid). Derivation, for ``H = |h|`` of
+    exponent e and ``u = 2**(e-23)``: ``A = H`` with the low 29 bits cleared, ``D = H - A``,
+    ``(s, ee) = TwoSum(D, L)``; ``s / u`` is computed as ``s * 2**(23-e)`` (the same
+    correctly rounded value); then ``0 <= s < u`` (|L| <= 2**(e-53)), so round_core takes
+    neither of its re-gridding branches and decides up or down as written below.
+    """
+    hb = _f64_bits(h)
+    sign = hb & _SIGN
+    ab = hb ^ sign
+    be = ab >> _U52
+    ok = be >= _EMIN32B and be <= _EMAX32B
+    if mode == MODE_UD:
+        ok = ok and be != _EMIN32B
+    H = _bits_f64(ab)
+    L = -lo if sign != _U0 else lo
+    Ab = ab & _NLOW29
+    A = _bits_f64(Ab)
+    eb = ab & _EXPBITS
+    inv_u = _bits_f64(_U149E - eb)  # 1/u = 2**(23-e), exact
+    half = _bits_f64(eb - _U53E)
+    D = H - A
+    s = D + L
+    bv = s - D
+    ee = (D - (s - bv)) + (L - bv)
+    ok = ok and abs(L) <= half and not (D == 0.0 and L < 0.0)
+    exact = s == 0.0 and ee == 0.0
+    top = (r >> _U63) == _U1
+    if mode == MODE_SR:
+        up = (not exact) and np.float64(r >> _U11) + 1.0 <= (s * inv_u) * _TWO53
+    elif mode == MODE_RANDOM:
+        up = (not exact) and top
+    else:
+        s2 = 2.0 * s
+        odd = ((Ab >> _U29) & _U1) == _U1
+        u = _bits_f64(eb - _U23E)
+        up = s2 > u or (s2 == u and (ee > 0.0 or (ee == 0.0 and odd)))
+    Rb = Ab + _ULP32B if up else Ab
+    if mode == MODE_UD and Rb < _INF128:
+        Rb = Rb + _ULP32B if top else Rb - _ULP32B
+    v = np.float32(_bits_f64(Rb | sign))
+    if h == 0.0 and lo == 0.0:
+        return np.float32(h), True
+    return v, ok
+
+
 @njit(inline="always", cache=True, error_model="numpy")
 def _div32_fast(x, y, mode, r):
-    """binary32 x/y at 24 bits, as ``narrow_binary(OP_DIV, ...)`` (identical bits) when
-    the float64 quotient q lies in binary32's normal range: (value, True); else (_, False).
-
-    ieee: RN32(q), which is RN32(x/y) (double rounding through binary64 is innocuous for
-    division: 53 >= 2·24 + 2). ud: that, moved one binary32 step by the top random bit
-    (not at 2**-126, as in the contraction kernels). sr and random: round_core's own
-    steps with the grid point A below |q| taken by masking, D = |q| - A (exact) and the
-    signed residual L of ``_div_parts``; s = D + L is exactly 0 only for an exact
-    quotient; D = 0 with L < 0 (x/y just below a grid point) is left to round_core."""
+    """binary32 x/y at 24 bits as ``narrow_binary(OP_DIV, ...)`` where
+    :func:`lo32_fast` accepts the quotient and residual of ``_div_parts``."""
     q, lo = _div_parts(x, y)
-    bq = _f64_bits(q)
-    be = (bq >> np.uint64(52)) & _EXPMASK
-    ok = (be >= _EMIN32B) & (be <= _EMAX32B)
-    top = (r >> _U63) == _U1
-    if mode == MODE_IEEE:
-        return np.float32(q), ok
-    if mode == MODE_UD:
-        v = np.float32(q)
-        vb = _f64_bits(np.float64(v))
-        fin = (v != 0.0) & (abs(v) < np.inf)
-        vb = (vb + _ULP32B if top else vb - _ULP32B) if fin else vb
-        return np.float32(_bits_f64(vb)), ok & (be != _EMIN32B)
-    neg = q < 0.0
-    H = -q if neg else q
-    L = -lo if neg else lo
-    A = _bits_f64(_f64_bits(H) & _NLOW29)
-    D = H - A
-    u = _bits_f64((be - np.uint64(23)) << np.uint64(52)) if ok else 1.0
-    sv = D + L
-    exact = sv == 0.0
-    if mode == MODE_SR:
-        thr = sv * _bits_f64((np.uint64(1023 + 76 + 1023) - be) << np.uint64(52)) if ok else 0.0
-        up = (np.float64(r >> _U11) + 1.0 <= thr) & (not exact)
-    else:
-        up = top & (not exact)
-    R = A + u if up else A
-    return np.float32(-R if neg else R), ok & ((D != 0.0) | (L >= 0.0))
+    return lo32_fast(q, lo, r, mode)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
