@@ -4,6 +4,9 @@ Workloads: a LeNet-style CNN inference (batch 64, 1x28x28) and a small transform
 encoder inference (batch 16, 32 tokens, d=64, 4 heads, 2 layers). For each mode
 (ieee, sr, ud, random) and granularity (op, flop): the best time over repeats (the
 least disturbed run on a shared machine), divided by the best native time of the same run.
+The ``floor`` column is an identity dispatch mode with the fused transformer fast path
+off and attention on its math path: what any tool that sees every op pays before doing
+any work.
 
     python benchmarks/bench_instrument.py [--repeats 5] [--threads 1] [--profile] [--wide-vectors]
 
@@ -29,6 +32,8 @@ import numba
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from numvar.instrument import fuzzy
 
@@ -64,6 +69,26 @@ class Encoder(nn.Module):
         return self.head(self.enc(self.emb(tokens)).mean(1))
 
 
+class _Identity(TorchDispatchMode):
+    """A dispatch mode that only runs each op: the floor of any dispatch-mode tool."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _floor_run(model, x):
+    """The model under an identity dispatch mode, set up as numvar needs to see every op:
+    the fused transformer fast path off and attention on its math path."""
+    mha = torch.backends.mha
+    old = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(False)
+    try:
+        with sdpa_kernel(SDPBackend.MATH), _Identity():
+            model(x)
+    finally:
+        mha.set_fastpath_enabled(old)
+
+
 def _time(fn, repeats: int) -> float:
     fn()  # warm-up (numba compilation / caches)
     ts = []
@@ -97,12 +122,13 @@ def main(argv=None) -> None:
     wide = "prefer-256-bit" in os.environ.get("NUMBA_CPU_FEATURES", "")
     print(f"torch {torch.__version__}, threads {args.threads}, best of {args.repeats}"
           + (", 512-bit vectors" if wide else ""))
-    header = f"{'workload':16s} {'native ms':>10s} " + " ".join(
+    header = f"{'workload':16s} {'native ms':>10s} {'floor':>7s} " + " ".join(
         f"{g + ' ' + m:>12s}" for g in GRANULARITIES for m in MODES)
     print(header)
     for name, (model, x) in work.items():
         with torch.no_grad():
             native = _time(lambda: model(x), args.repeats)
+            floor = _time(lambda: _floor_run(model, x), args.repeats) / native
             cells = []
             for g in GRANULARITIES:
                 for m in MODES:
@@ -110,7 +136,7 @@ def main(argv=None) -> None:
                         with fuzzy(mode=m, granularity=g, seed=0):
                             model(x)
                     cells.append(_time(run, args.repeats) / native)
-        print(f"{name:16s} {native * 1e3:10.2f} " + " ".join(f"{c:11.1f}x" for c in cells))
+        print(f"{name:16s} {native * 1e3:10.2f} {floor:6.1f}x " + " ".join(f"{c:11.1f}x" for c in cells))
     if args.profile:
         for name, (model, x) in work.items():
             print(f"\n--- profile: {name}, flop sr ---")
