@@ -91,8 +91,9 @@ def _tup(v, nd: int) -> tuple[int, ...]:
     return v * nd if len(v) == 1 else v
 
 
-def im2col(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation):
-    """(N, C, *S) -> ((N, C·∏k, L), output spatial shape); rows in (C, k...) C order."""
+def _windows(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation):
+    """The sliding windows of (N, C, *S) as a view (N, C, *L, *k) (zero padding applied),
+    and the output spatial shape L."""
     nd = len(ks)
     if any(padding):
         pads = []
@@ -103,8 +104,14 @@ def im2col(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation):
         x = x.unfold(2 + d, dilation[d] * (ks[d] - 1) + 1, stride[d])
     if any(dl > 1 for dl in dilation):
         x = x[(Ellipsis,) + tuple(slice(None, None, dl) for dl in dilation)]
+    return x, tuple(x.shape[2:2 + nd])
+
+
+def im2col(x: torch.Tensor, ks: Sequence[int], stride, padding, dilation):
+    """(N, C, *S) -> ((N, C·∏k, L), output spatial shape); rows in (C, k...) C order."""
+    nd = len(ks)
+    x, ls = _windows(x, ks, stride, padding, dilation)
     n, c = x.shape[:2]
-    ls = tuple(x.shape[2:2 + nd])
     x = x.permute(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
     return x.reshape(n, c * math.prod(ks), math.prod(ls)), ls
 
@@ -114,17 +121,8 @@ def _group_cols(x: torch.Tensor, ks, stride, padding, dilation, g: int):
     of the group, kernel position in C order), columns (batch, output position); the
     same matrix as ``im2col`` reshaped to (N, g, C/g·∏k, L) and permuted, in one copy."""
     nd = len(ks)
-    if any(padding):
-        pads = []
-        for p in reversed(padding):
-            pads += [p, p]
-        x = F.pad(x, pads)
-    for d in range(nd):
-        x = x.unfold(2 + d, dilation[d] * (ks[d] - 1) + 1, stride[d])
-    if any(dl > 1 for dl in dilation):
-        x = x[(Ellipsis,) + tuple(slice(None, None, dl) for dl in dilation)]
+    x, ls = _windows(x, ks, stride, padding, dilation)
     n, c = x.shape[:2]
-    ls = tuple(x.shape[2:2 + nd])
     x = x.permute(1, *range(2 + nd, 2 + 2 * nd), 0, *range(2, 2 + nd))  # (C, k..., N, L...)
     return x.reshape(g, (c // g) * math.prod(ks), n * math.prod(ls)), ls
 
