@@ -357,3 +357,20 @@ def test_clean_row_test():
         assert _same(KN.contract(a, b, 9, code, 24), KN.contract_reference(a, b, 9, code, 24)), m
     b[0, 0, 0] = np.inf  # one non-finite b: no row is clean
     assert not KN.clean_rows(a, b, 1).any()
+
+
+def test_wide_vectors_marks_the_calling_function():
+    """The kernels' 512-bit request reaches LLVM as the calling function's
+    ``prefer-vector-width`` attribute (a silent no-op would only show as lost speed)."""
+
+    @njit
+    def f(x):
+        RK.wide_vectors()
+        s = 0.0
+        for v in x:
+            s += v
+        return s
+
+    assert f(np.ones(4)) == 4.0
+    ir = f.inspect_llvm(f.signatures[0])
+    assert '"prefer-vector-width"="512"' in ir
