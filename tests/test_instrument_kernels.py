@@ -291,7 +291,7 @@ def test_clean_rows_match_reference():
     for shapes in (((2, 3, 7), (1, 7, 5)), ((1, 2, 6), (3, 6, KN.TILE + 3)), ((1, 4, 1), (1, 1, 9))):
         a, b = data(shapes[0]), data(shapes[1])
         BO = max(a.shape[0], b.shape[0])
-        assert KN.clean_rows(a, b, BO).all()
+        assert KN.clean_rows(a, b, BO, 24).all()
         for m in MODES:
             code = RK.mode_code(m)
             assert _same(KN.contract(a, b, 31, code, 24), KN.contract_reference(a, b, 31, code, 24)), m
@@ -300,6 +300,36 @@ def test_clean_rows_match_reference():
         acc = _clean32_direct(a, b, 8, RK.mode_code(m))
         assert not np.isnan(acc).any()
         assert _same(acc.astype(np.float32), KN.contract_reference(a, b, 8, RK.mode_code(m), 24)[0]), m
+
+
+@pytest.mark.parametrize("t", [16, 11, 8, 2])
+def test_clean_rows_at_virtual_precision_match_reference(t):
+    """Below 24 bits (virtual precision, and bfloat16/float16 products, which run at 8/11
+    bits) clean rows take the vectorised loops too: same bits as the reference, in every
+    mode, including lanes given up on (magnitudes 2**±40 apart make float64 sums inexact;
+    ud also gives up below 2**-126)."""
+    rng = np.random.default_rng(25 + t)
+    a = rng.standard_normal((1, 6, 7))
+    a *= np.exp2(40.0 * rng.choice([-1, 0, 1], a.shape, p=[0.05, 0.9, 0.05]))
+    a = a.astype(np.float32)
+    b = rng.standard_normal((2, 7, 9)).astype(np.float32)
+    clean = KN.clean_rows(a, b, 2, t)
+    assert clean.all()
+    for m in MODES:
+        code = RK.mode_code(m)
+        assert _same(KN.contract(a, b, 41, code, t), KN.contract_reference(a, b, 41, code, t)), m
+
+
+def test_clean_row_growth_bound_depends_on_precision():
+    """The overflow bound counts a growth of 1 + 2**(2-t) per rounding over 2K roundings:
+    a row clean at 24 bits is not at 2 bits when K is large."""
+    a = np.full((1, 1, 400), 2.0**50, np.float32)
+    b = np.full((1, 400, 3), 2.0**50, np.float32)
+    assert KN.clean_rows(a, b, 1, 24).all()
+    assert not KN.clean_rows(a, b, 1, 2).any()
+    for m in ("sr", "ud"):
+        code = RK.mode_code(m)
+        assert _same(KN.contract(a, b, 3, code, 2), KN.contract_reference(a, b, 3, code, 2)), m
 
 
 def test_clean_rows_give_up_on_inexact_sums():
@@ -311,7 +341,7 @@ def test_clean_rows_give_up_on_inexact_sums():
     a *= np.exp2(40.0 * rng.choice([-1, 0, 1], a.shape, p=[0.1, 0.8, 0.1]))
     a = a.astype(np.float32)
     b = rng.standard_normal((1, 6, 16)).astype(np.float32)
-    assert KN.clean_rows(a, b, 1).all()
+    assert KN.clean_rows(a, b, 1, 24).all()
     for m in MODES:
         code = RK.mode_code(m)
         ref = KN.contract_reference(a, b, 77, code, 24)
@@ -329,7 +359,7 @@ def test_clean_rows_ud_gives_up_below_its_range():
     rng = np.random.default_rng(23)
     a = (np.exp2(-51.0) * rng.choice([-1.0, 1.0], (1, 8, 16))).astype(np.float32)
     b = np.full((1, 16, 64), np.exp2(-51.0), np.float32)
-    assert KN.clean_rows(a, b, 1).all()
+    assert KN.clean_rows(a, b, 1, 24).all()
     code = RK.MODE_UD
     acc = _clean32_direct(a, b, 5, code)
     assert np.isnan(acc).any()
@@ -350,13 +380,13 @@ def test_clean_row_test():
     a[0, 4, :] = 0.0
     a[0, 5, 3] = 2.0**118  # K·max|a|·max|b| above 2**120
     b[0, 0, 0] = 4.0
-    clean = KN.clean_rows(a, b, 1)
+    clean = KN.clean_rows(a, b, 1, 24)
     assert clean.tolist() == [True, False, False, False, True, False]
     for m in MODES:
         code = RK.mode_code(m)
         assert _same(KN.contract(a, b, 9, code, 24), KN.contract_reference(a, b, 9, code, 24)), m
     b[0, 0, 0] = np.inf  # one non-finite b: no row is clean
-    assert not KN.clean_rows(a, b, 1).any()
+    assert not KN.clean_rows(a, b, 1, 24).any()
 
 
 def test_wide_vectors_marks_the_calling_function():

@@ -30,6 +30,8 @@ bits (tests compare each with :func:`contract_reference`).
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 from numba import njit, prange, types
@@ -231,18 +233,20 @@ def _b2f32(typingctx, x):
 
 
 # ------------------------------------------------------------ clean rows (no range checks)
-#: A row of a binary32 product at 24 bits is *clean* when every input of the row (and of
-#: ``b``) is finite and either every product is ±0, or every nonzero product has magnitude
-#: >= 2**-102, K <= 2**19 and K·max|a|·max|b| <= 2**120. Then (i) every product is exact in
-#: float64 and lies in binary32's normal range; (ii) with sr, ieee and random every
-#: rounded product and every accumulator is a multiple of 2**-125 (nonzero products are
-#: multiples of ulp(2**-102) = 2**-125, and rounding a multiple of 2**-125 below 2**-101
-#: is exact while the binary32 grid above is made of such multiples), so no nonzero sum
-#: falls below 2**-125: the binary32 normal range; (iii) |acc| <= (1+2**-22)**(2K)·K·
-#: max|a|·max|b| < 2**121 (each rounding grows a magnitude by at most 1+2**-22), far
-#: from overflow. The fast path then needs no range checks; what remains is the exactness
-#: of each float64 sum, checked per term (an inexact lane is poisoned with NaN and
-#: recomputed on the full path), and for ud, which perturbs exact results, the lower
+#: A row of a binary32 product at t <= 24 bits is *clean* when every input of the row (and
+#: of ``b``) is finite and either every product is ±0, or every nonzero product has
+#: magnitude >= 2**-102, K <= 2**19 and K·max|a|·max|b|·(1 + 2**(2-t))**(2K) <= 2**120.
+#: Then (i) every product is exact in float64 and lies in binary32's normal range; (ii)
+#: with sr, ieee and random every rounded product and every accumulator is a multiple of
+#: 2**-125 (nonzero products are at least 2**-102, a point of every t-bit grid; a grid
+#: spacing below 2**-125 only occurs below 2**(t-126), where a multiple of 2**-125 has at
+#: most t significant bits and is left unchanged; coarser grids are made of such
+#: multiples), so no nonzero sum falls below 2**-125: the binary32 normal range; (iii)
+#: every rounding grows a magnitude by at most 1 + 2**(2-t) (ud: a step of one unit after
+#: rounding to nearest), so |acc| stays below 2**120 times that growth over 2K roundings:
+#: far from overflow. The fast path then needs no range checks; what remains is the
+#: exactness of each float64 sum, checked per term (an inexact lane is poisoned with NaN
+#: and recomputed on the full path), and for ud, which perturbs exact results, the lower
 #: range of each sum.
 _CLEAN_MIN = 2.0 ** -102
 _CLEAN_MAX = 2.0 ** 120
@@ -326,6 +330,61 @@ def _clean32(acc, jg, arow, bmat, ukey, base, j0, n, mode):  # pragma: no cover 
         _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM)
 
 
+_UD_MIN_T = 2.0 ** -126
+
+
+@njit(inline="always")
+def _gridt(x, r, mode, t):
+    """Rounding of the exact float64 value ``x`` (binary32 normal range) at ``t`` bits: the
+    rounding core's own integer fast path (``round_bits`` without its overflow check)."""
+    return _bits_f64(K._fast_bits(_f64_bits(x), mode, t, 24, -126, 127, r))
+
+
+@njit(inline="always")
+def _clean_loops_t(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):
+    """:func:`_clean_loops` at a virtual precision t < 24 (same terms, same bits; the add's
+    bits by the rotation itself). ud gives up on sums below 2**-126, where the core
+    leaves its integer fast path."""
+    a0 = np.float64(arow[0])
+    b0 = bmat[0, j0:j0 + n]
+    h0 = _bits(ukey, base)
+    for jj in range(n):
+        z = h0 + jg[jj]
+        r = ((z ^ (z >> _U32)) * _M1)
+        r = r ^ (r >> _U29)
+        acc[jj] = _gridt(a0 * np.float64(b0[jj]), r, mode, t)
+    for k in range(1, arow.size):
+        ak = np.float64(arow[k])
+        bk = bmat[k, j0:j0 + n]
+        hk = _bits(ukey, base + np.uint64(k))
+        for jj in range(n):
+            z = hk + jg[jj]
+            r = ((z ^ (z >> _U32)) * _M1)
+            r = r ^ (r >> _U29)
+            p = _gridt(ak * np.float64(bk[jj]), r, mode, t)
+            c = acc[jj]
+            s = c + p
+            ok = (s - c == p) & (s - p == c)
+            if mode == _UD:
+                ok = ok & ((abs(s) >= _UD_MIN_T) | (s == 0.0))
+            v = _gridt(s, _rot(r), mode, t)
+            acc[jj] = v if ok else np.nan
+
+
+@njit(cache=True)
+def _cleant32(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):  # pragma: no cover
+    """:func:`_clean_loops_t`, one vectorised copy per mode, 512-bit vectors allowed."""
+    _wide_vectors()
+    if mode == _SR:
+        _clean_loops_t(acc, jg, arow, bmat, ukey, base, j0, n, _SR, t)
+    elif mode == _IEEE:
+        _clean_loops_t(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, t)
+    elif mode == _UD:
+        _clean_loops_t(acc, jg, arow, bmat, ukey, base, j0, n, _UD, t)
+    else:
+        _clean_loops_t(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, t)
+
+
 @njit
 def _column32(arow, bmat, ukey, base, j, mode, t):  # pragma: no cover - compiled
     """One output element on the full path (numvar.rounding's scalar functions): the
@@ -359,7 +418,7 @@ def _absbits(x):
 
 
 @njit(inline="always")
-def _is_clean(ahi, alo, bhi, blo, Kd):
+def _is_clean(ahi, alo, bhi, blo, Kd, t):
     """Clean-row test (see above) on (max, min nonzero) magnitude patterns of a and b."""
     if ahi >= _INF32 or bhi >= _INF32:  # inf or NaN
         return False
@@ -367,13 +426,16 @@ def _is_clean(ahi, alo, bhi, blo, Kd):
         return True
     amax, amin = _b2f32(ahi), _b2f32(alo)
     bmax, bmin = _b2f32(bhi), _b2f32(blo)
-    return amin * bmin >= _CLEAN_MIN and Kd <= _CLEAN_KMAX and amax * bmax * Kd <= _CLEAN_MAX
+    if amin * bmin < _CLEAN_MIN or Kd > _CLEAN_KMAX:
+        return False
+    growth = math.exp(2.0 * Kd * math.log1p(2.0 ** (2 - t)))  # inf when huge: not clean
+    return amax * bmax * Kd * growth <= _CLEAN_MAX
 
 
 @njit(cache=True)
-def clean_rows(a, b, BO):  # pragma: no cover - compiled
-    """Which rows ``(bo, i)`` (flattened ``bo·M + i``) of a binary32 product of ``a``
-    (BA, M, K) and ``b`` (BB, K, N) with batch BO are clean (see above)."""
+def clean_rows(a, b, BO, t):  # pragma: no cover - compiled
+    """Which rows ``(bo, i)`` (flattened ``bo·M + i``) of a binary32 product at ``t`` bits
+    of ``a`` (BA, M, K) and ``b`` (BB, K, N) with batch BO are clean (see above)."""
     BA, M, Kd = a.shape
     BB = b.shape[0]
     bst = np.empty((BB, 2), dtype=np.uint32)
@@ -388,7 +450,7 @@ def clean_rows(a, b, BO):  # pragma: no cover - compiled
         for i in range(M):
             sa = ast[bo % BA, i]
             sb = bst[bo % BB]
-            out[bo * M + i] = _is_clean(sa[0], sa[1], sb[0], sb[1], Kd)
+            out[bo * M + i] = _is_clean(sa[0], sa[1], sb[0], sb[1], Kd, t)
     return out
 
 
@@ -454,10 +516,10 @@ def _tile32(o, arow, bmat, ukey, base, N, j0, mode, t, bad):  # pragma: no cover
 
 
 @njit(parallel=True, cache=True)
-def _contract_fast32(a, b, clean, out, key, mode):  # pragma: no cover - compiled
-    """binary32 at 24 bits. Clean rows (see above): vectorised loops without range
-    checks, NaN-poisoned lanes recomputed on the full path. Other rows: the checked fast
-    path per tile, full path for its rejects."""
+def _contract_fast32(a, b, clean, out, key, mode, t):  # pragma: no cover - compiled
+    """binary32 at t <= 24 bits. Clean rows (see above): vectorised loops without range
+    checks, NaN-poisoned lanes recomputed on the full path. Other rows: at 24 bits the
+    checked fast path per tile, full path for its rejects; below, the full path."""
     BO, M, N = out.shape
     Kd = b.shape[1]
     BA = a.shape[0]
@@ -481,16 +543,22 @@ def _contract_fast32(a, b, clean, out, key, mode):  # pragma: no cover - compile
             jg = np.empty(n, dtype=np.uint64)
             for jj in range(n):
                 jg[jj] = np.uint64(j0 + jj) * _G
-            _clean32(acc, jg, arow, b[bb], ukey, base, j0, n, mode)
+            if t == 24:
+                _clean32(acc, jg, arow, b[bb], ukey, base, j0, n, mode)
+            else:
+                _cleant32(acc, jg, arow, b[bb], ukey, base, j0, n, mode, t)
             for jj in range(n):
                 v = acc[jj]
                 if v == v:
                     o[j0 + jj] = np.float32(v)
                 else:
-                    o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, 24)
-        else:
+                    o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t)
+        elif t == 24:
             bad = np.empty(n, dtype=np.bool_)
             _tile32(o[j0:j1], arow, b[bb], ukey, base, N, j0, mode, 24, bad)
+        else:
+            for jj in range(n):
+                o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t)
 
 
 @njit(parallel=True, cache=True)
@@ -651,8 +719,9 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int) -> np.nd
     if out.size:
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
         work = out.size * a.shape[2]
-        if a.dtype == np.float32 and t == 24:
-            launch(work, _contract_fast32, a, b, clean_rows(a, b, BO), out, np.uint64(key), mode)
+        if a.dtype == np.float32 and 1 <= t <= 24:
+            launch(work, _contract_fast32, a, b, clean_rows(a, b, BO, t), out, np.uint64(key),
+                   mode, t)
         else:
             launch(work, _contract_kernel, a, b, out, np.uint64(key), mode, t,
                    a.dtype == np.float32)
