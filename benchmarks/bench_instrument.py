@@ -8,9 +8,12 @@ The ``floor`` column is an identity dispatch mode with the fused transformer fas
 off and attention on its math path: what any tool that sees every op pays before doing
 any work.
 
-    python benchmarks/bench_instrument.py [--repeats 5] [--threads 1] [--profile] [--wide-vectors]
+    python benchmarks/bench_instrument.py [--repeats 5] [--threads 1] [--precision BITS]
+                                          [--profile] [--wide-vectors]
 
-``--threads`` sets both torch's and numba's thread counts (default: 1, a per-core
+``--precision`` runs every instrumented configuration at that virtual precision.
+The ``LeNet b64 bf16`` row is the same LeNet in bfloat16 (its products round at 8 bits),
+against native bfloat16. ``--threads`` sets both torch's and numba's thread counts (default: 1, a per-core
 comparison that stays meaningful on a shared machine). ``--profile`` prints where the
 time goes (cProfile, top entries) for flop SR. ``--wide-vectors`` re-runs the script with
 ``NUMBA_CPU_FEATURES`` set to the host's features minus ``prefer-256-bit``, so that LLVM
@@ -22,6 +25,7 @@ Intel server parts); numvar's hot kernels already ask for them per function
 from __future__ import annotations
 
 import argparse
+import copy
 import cProfile
 import os
 import pstats
@@ -103,6 +107,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--precision", type=int, default=None)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--wide-vectors", action="store_true")
     args = ap.parse_args(argv)
@@ -115,13 +120,16 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)
     torch.manual_seed(0)
+    lenet, img = LeNet().eval(), torch.randn(64, 1, 28, 28)
     work = {
-        "LeNet b64": (LeNet().eval(), torch.randn(64, 1, 28, 28)),
+        "LeNet b64": (lenet, img),
         "encoder b16x32": (Encoder().eval(), torch.randint(0, 100, (16, 32))),
+        "LeNet b64 bf16": (copy.deepcopy(lenet).to(torch.bfloat16), img.to(torch.bfloat16)),
     }
     wide = "prefer-256-bit" in os.environ.get("NUMBA_CPU_FEATURES", "")
     print(f"torch {torch.__version__}, threads {args.threads}, best of {args.repeats}"
-          + (", 512-bit vectors" if wide else ""))
+          + (", 512-bit vectors" if wide else "")
+          + (f", precision {args.precision}" if args.precision else ""))
     header = f"{'workload':16s} {'native ms':>10s} {'floor':>7s} " + " ".join(
         f"{g + ' ' + m:>12s}" for g in GRANULARITIES for m in MODES)
     print(header)
@@ -133,7 +141,7 @@ def main(argv=None) -> None:
             for g in GRANULARITIES:
                 for m in MODES:
                     def run(m=m, g=g):
-                        with fuzzy(mode=m, granularity=g, seed=0):
+                        with fuzzy(mode=m, granularity=g, seed=0, precision=args.precision):
                             model(x)
                     cells.append(_time(run, args.repeats) / native)
         print(f"{name:16s} {native * 1e3:10.2f} {floor:6.1f}x " + " ".join(f"{c:11.1f}x" for c in cells))

@@ -311,13 +311,32 @@ def test_clean_rows_at_virtual_precision_match_reference(t):
     rng = np.random.default_rng(25 + t)
     a = rng.standard_normal((1, 6, 7))
     a *= np.exp2(40.0 * rng.choice([-1, 0, 1], a.shape, p=[0.05, 0.9, 0.05]))
+    a[rng.random(a.shape) < 0.15] = 0.0  # zero products (ReLU outputs)
+    a[rng.random(a.shape) < 0.05] = -0.0
     a = a.astype(np.float32)
     b = rng.standard_normal((2, 7, 9)).astype(np.float32)
+    b[:, 3, :] = 0.0
     clean = KN.clean_rows(a, b, 2, t)
     assert clean.all()
     for m in MODES:
         code = RK.mode_code(m)
         assert _same(KN.contract(a, b, 41, code, t), KN.contract_reference(a, b, 41, code, t)), m
+
+
+def test_virtual_precision_loops_keep_zeros_on_the_fast_path():
+    """Zero products and sums (ReLU outputs, zero weights) stay on the fast loops at t < 24
+    in every mode (ud leaves ±0 unchanged): no lane is given up on ordinary data."""
+    rng = np.random.default_rng(29)
+    a = rng.standard_normal((6, 9)).astype(np.float32)
+    a[rng.random(a.shape) < 0.3] = 0.0
+    b = rng.standard_normal((9, 16)).astype(np.float32)
+    b[2] = 0.0
+    jg = np.arange(16, dtype=np.uint64) * np.uint64(RK.GAMMA)
+    acc = np.empty(16)
+    for m in MODES:
+        for i in range(6):
+            KN._cleant32(acc, jg, a[i], b, np.uint64(3), np.uint64(i * 9), 0, 16, RK.mode_code(m), 8)
+            assert not np.isnan(acc).any(), (m, i)
 
 
 def test_clean_row_growth_bound_depends_on_precision():

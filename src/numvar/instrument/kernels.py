@@ -335,9 +335,20 @@ _UD_MIN_T = 2.0 ** -126
 
 @njit(inline="always")
 def _gridt(x, r, mode, t):
-    """Rounding of the exact float64 value ``x`` (binary32 normal range) at ``t`` bits: the
-    rounding core's own integer fast path (``round_bits`` without its overflow check)."""
-    return _bits_f64(K._fast_bits(_f64_bits(x), mode, t, 24, -126, 127, r))
+    """Rounding at ``t`` < 24 bits of the exact float64 value ``x``, zero or in binary32's
+    normal range with no overflow: the rounding core's integer fast path (``_fast_bits``,
+    whose ud step is written here without branches: below 24 bits it has no special
+    case), and zero kept (the core leaves ±0 unchanged in every mode)."""
+    b = _f64_bits(x)
+    if mode == _UD:
+        nb = np.uint64(53 - t)
+        one = np.uint64(1) << nb
+        mask = one - np.uint64(1)
+        lsb = (b >> nb) & np.uint64(1) if t > 1 else np.uint64(1)
+        y = (b + ((one >> np.uint64(1)) - np.uint64(1)) + lsb) & ~mask
+        y = y + one if (r >> _U63) == np.uint64(1) else y - one
+        return _bits_f64(b if x == 0.0 else y)
+    return _bits_f64(K._fast_bits(b, mode, t, 24, -126, 127, r))
 
 
 @njit(inline="always")
