@@ -21,11 +21,12 @@ Both compute binary32 arrays with binary32 roundings and binary64 arrays with bi
 roundings, at ``t`` significand bits (24 / 53 for the formats' own precision), using the
 scalar functions of :mod:`numvar.rounding.kernels`.
 
-Speed (binary32 at 24 bits): rows whose inputs rule out underflow and overflow up front
-("clean" rows, the usual case) run vectorised loops with no range checks and 512-bit
-vectors where the CPU has them; other rows run loops that check every term. Lanes a fast
-loop cannot round exactly are redone on the scalar full path. Every path gives the same
-bits (tests compare each with :func:`contract_reference`).
+Speed (binary32, any t <= 24): rows whose inputs rule out underflow and overflow up
+front ("clean" rows, the usual case) run vectorised loops with no range checks and
+512-bit vectors where the CPU has them; other rows run loops that check every term (at
+24 bits) or the scalar full path (below). Lanes a fast loop cannot round exactly are
+redone on the scalar full path. Every path gives the same bits (tests compare each with
+:func:`contract_reference`). binary64 products take the scalar kernel.
 """
 
 from __future__ import annotations
