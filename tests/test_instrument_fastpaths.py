@@ -174,3 +174,19 @@ def test_exact_impls_equal_the_ops():
               torch.arange(6).reshape(2, 3)):
         for v in (-math.inf, math.inf, 0.0, 1, math.nan):
             assert _same(eq(t, v), aten.eq.Scalar(t, v)), (t.shape, v)
+
+
+def test_alpha_scaling_of_add_sub_rsub_is_rounded_first():
+    """add/sub/rsub with alpha: RND(a ∘ RND(alpha·b)) (rsub: RND(b − RND(alpha·a))), with
+    ieee every rounding is binary32 round-to-nearest of the float64 value."""
+    from numvar.instrument import fuzzy
+
+    a, b = _gen(50, seed=3), _gen(50, seed=4)
+    r32 = lambda t: t.to(torch.float32)  # noqa: E731
+    d = lambda t: t.to(torch.float64)  # noqa: E731
+    with fuzzy(mode="ieee", seed=0):
+        got = (torch.add(a, b, alpha=3.0), torch.sub(a, b, alpha=3.0), torch.rsub(a, b, alpha=3.0))
+    want = (r32(d(a) + d(r32(d(b) * 3.0))), r32(d(a) - d(r32(d(b) * 3.0))),
+            r32(d(b) - d(r32(d(a) * 3.0))))
+    for g, w in zip(got, want):
+        assert _same(g, w)

@@ -228,37 +228,33 @@ def _float_result(*xs) -> bool:
     return result_dtype(*xs) in FLOATS
 
 
-@register("aten.add", "prims.add", how="elementwise")
-def _add(ctx, func, args, kwargs):
+def _with_alpha(ctx, args, kwargs, op, reverse: bool = False):
+    """``a op alpha·b`` (``reverse``: ``b op alpha·a``, as rsub), the scaling rounded
+    first and skipped when alpha is 1; EXACT for non-float results."""
     a, b = args[0], args[1]
     if not _float_result(a, b):
         return EXACT
+    if reverse:
+        a, b = b, a
     alpha = _get(args, kwargs, 2, "alpha", 1)
     if alpha != 1:
         b = ctx.mul(b, alpha)
-    return ctx.add(a, b)
+    return op(a, b)
+
+
+@register("aten.add", "prims.add", how="elementwise")
+def _add(ctx, func, args, kwargs):
+    return _with_alpha(ctx, args, kwargs, ctx.add)
 
 
 @register("aten.sub", "prims.sub", how="elementwise")
 def _sub(ctx, func, args, kwargs):
-    a, b = args[0], args[1]
-    if not _float_result(a, b):
-        return EXACT
-    alpha = _get(args, kwargs, 2, "alpha", 1)
-    if alpha != 1:
-        b = ctx.mul(b, alpha)
-    return ctx.sub(a, b)
+    return _with_alpha(ctx, args, kwargs, ctx.sub)
 
 
 @register("aten.rsub", how="elementwise")
 def _rsub(ctx, func, args, kwargs):
-    a, b = args[0], args[1]
-    if not _float_result(a, b):
-        return EXACT
-    alpha = _get(args, kwargs, 2, "alpha", 1)
-    if alpha != 1:
-        a = ctx.mul(a, alpha)
-    return ctx.sub(b, a)
+    return _with_alpha(ctx, args, kwargs, ctx.sub, reverse=True)
 
 
 @register("aten.mul", "prims.mul", how="elementwise")
