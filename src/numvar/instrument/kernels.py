@@ -281,15 +281,27 @@ _ONE = np.uint64(1)
 
 
 @njit(inline="always")
-def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode):
-    """Every k-step of one clean row tile into ``acc`` (float64, binary32 values). A lane
-    whose float64 sum is inexact (or, for ud, below 2**-125 and nonzero) becomes NaN and
-    stays NaN (the inputs are finite, so NaN marks exactly those lanes).
+def _round_term(x, r, mode, t, add):
+    """The clean loops' rounding of a term's product (``add`` False) or sum at ``t`` bits,
+    with the bits of :func:`_term` (``add``: of :func:`_rot`). At 24 bits the add's bits
+    are taken from ``r`` by shifts (``(~rot(r)) >> 35 = ((~r) >> 6) & (2**29 - 1)``, top
+    bit of ``rot(r)`` = bit 34 of ``r``): LLVM turns the rotation into a second 64-bit
+    multiply."""
+    if t == 24:
+        if add:
+            return _grid32(x, ((~r) >> _U6) & _LOW29, ((r >> _U34) & _ONE) == _ONE, mode)
+        return _grid32(x, (~r) >> _U35, (r >> _U63) == _ONE, mode)
+    return _gridt(x, _rot(r) if add else r, mode, t)
 
-    Same bits as :func:`_term`/:func:`_rot`, written so that LLVM emits one 64-bit
-    multiply per term: ``jg[jj] = (j0 + jj)·γ`` is precomputed, and the add's bits are
-    taken from ``r`` by shifts (``(~rot(r)) >> 35 = ((~r) >> 6) & (2**29 - 1)``, top bit
-    of ``rot(r)`` = bit 34 of ``r``) instead of a rotation LLVM turns into a multiply."""
+
+@njit(inline="always")
+def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):
+    """Every k-step of one clean row tile into ``acc`` (float64, binary32 values at ``t``
+    bits). A lane whose float64 sum is inexact (or, for ud, below its fast step's range
+    and nonzero) becomes NaN and stays NaN (the inputs are finite, so NaN marks exactly
+    those lanes). Same bits as :func:`_term`/:func:`_rot`, one 64-bit multiply per term
+    (``jg[jj] = (j0 + jj)·γ`` is precomputed)."""
+    ud_min = _UD_MIN if t == 24 else _UD_MIN_T
     a0 = np.float64(arow[0])
     b0 = bmat[0, j0:j0 + n]  # row slices indexed from 0: this form vectorises best
     h0 = _bits(ukey, base)
@@ -297,7 +309,7 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode):
         z = h0 + jg[jj]
         r = ((z ^ (z >> _U32)) * _M1)
         r = r ^ (r >> _U29)
-        acc[jj] = _grid32(a0 * np.float64(b0[jj]), (~r) >> _U35, (r >> _U63) == _ONE, mode)
+        acc[jj] = _round_term(a0 * np.float64(b0[jj]), r, mode, t, False)
     for k in range(1, arow.size):
         ak = np.float64(arow[k])
         bk = bmat[k, j0:j0 + n]
@@ -306,29 +318,29 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode):
             z = hk + jg[jj]
             r = ((z ^ (z >> _U32)) * _M1)
             r = r ^ (r >> _U29)
-            p = _grid32(ak * np.float64(bk[jj]), (~r) >> _U35, (r >> _U63) == _ONE, mode)
+            p = _round_term(ak * np.float64(bk[jj]), r, mode, t, False)
             c = acc[jj]
             s = c + p
             ok = (s - c == p) & (s - p == c)
             if mode == _UD:
-                ok = ok & ((abs(s) >= _UD_MIN) | (s == 0.0))
-            v = _grid32(s, ((~r) >> _U6) & _LOW29, ((r >> _U34) & _ONE) == _ONE, mode)
+                ok = ok & ((abs(s) >= ud_min) | (s == 0.0))
+            v = _round_term(s, r, mode, t, True)
             acc[jj] = v if ok else np.nan
 
 
 @njit(cache=True)
 def _clean32(acc, jg, arow, bmat, ukey, base, j0, n, mode):  # pragma: no cover - compiled
-    """:func:`_clean_loops` with the mode folded into a constant (one vectorised copy per
-    mode) and 512-bit vectors allowed."""
+    """:func:`_clean_loops` at 24 bits with the mode folded into a constant (one
+    vectorised copy per mode) and 512-bit vectors allowed."""
     _wide_vectors()
     if mode == _SR:
-        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR)
+        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR, 24)
     elif mode == _IEEE:
-        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE)
+        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, 24)
     elif mode == _UD:
-        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _UD)
+        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _UD, 24)
     else:
-        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM)
+        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, 24)
 
 
 _UD_MIN_T = 2.0 ** -126
@@ -352,49 +364,20 @@ def _gridt(x, r, mode, t):
     return _bits_f64(K._fast_bits(b, mode, t, 24, -126, 127, r))
 
 
-@njit(inline="always")
-def _clean_loops_t(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):
-    """:func:`_clean_loops` at a virtual precision t < 24 (same terms, same bits; the add's
-    bits by the rotation itself). ud gives up on sums below 2**-126, where the core
-    leaves its integer fast path."""
-    a0 = np.float64(arow[0])
-    b0 = bmat[0, j0:j0 + n]
-    h0 = _bits(ukey, base)
-    for jj in range(n):
-        z = h0 + jg[jj]
-        r = ((z ^ (z >> _U32)) * _M1)
-        r = r ^ (r >> _U29)
-        acc[jj] = _gridt(a0 * np.float64(b0[jj]), r, mode, t)
-    for k in range(1, arow.size):
-        ak = np.float64(arow[k])
-        bk = bmat[k, j0:j0 + n]
-        hk = _bits(ukey, base + np.uint64(k))
-        for jj in range(n):
-            z = hk + jg[jj]
-            r = ((z ^ (z >> _U32)) * _M1)
-            r = r ^ (r >> _U29)
-            p = _gridt(ak * np.float64(bk[jj]), r, mode, t)
-            c = acc[jj]
-            s = c + p
-            ok = (s - c == p) & (s - p == c)
-            if mode == _UD:
-                ok = ok & ((abs(s) >= _UD_MIN_T) | (s == 0.0))
-            v = _gridt(s, _rot(r), mode, t)
-            acc[jj] = v if ok else np.nan
-
-
 @njit(cache=True)
 def _cleant32(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):  # pragma: no cover
-    """:func:`_clean_loops_t`, one vectorised copy per mode, 512-bit vectors allowed."""
+    """:func:`_clean_loops` at ``t`` < 24 bits, one vectorised copy per mode, 512-bit
+    vectors allowed (ud gives up on sums below 2**-126, where the core's integer fast
+    path ends)."""
     _wide_vectors()
     if mode == _SR:
-        _clean_loops_t(acc, jg, arow, bmat, ukey, base, j0, n, _SR, t)
+        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR, t)
     elif mode == _IEEE:
-        _clean_loops_t(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, t)
+        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, t)
     elif mode == _UD:
-        _clean_loops_t(acc, jg, arow, bmat, ukey, base, j0, n, _UD, t)
+        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _UD, t)
     else:
-        _clean_loops_t(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, t)
+        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, t)
 
 
 @njit
