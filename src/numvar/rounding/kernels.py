@@ -759,8 +759,6 @@ _EMIN32B = np.uint64(1023 - 126)
 _EMAX32B = np.uint64(1023 + 127)
 _NLOW29 = np.uint64(~((1 << 29) - 1) & ((1 << 64) - 1))
 _ULP32B = np.uint64(1 << 29)
-
-
 _SIGN = np.uint64(1 << 63)
 _EXPBITS = np.uint64(0x7FF << 52)
 _U23E = np.uint64(23 << 52)
