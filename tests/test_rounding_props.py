@@ -134,3 +134,91 @@ def test_virtual_precision_grid(dtype):
         R.round(x, dtype=dtype, mode="sr", stream=s, precision=p + 1)
     with pytest.raises(RoundingError, match="precision"):
         R.round(x, dtype=dtype, mode="sr", stream=s, precision=0)
+
+
+# --------------------------------------------------------------- the up-probability
+# SR must return the upper neighbour b of the exact x (a <= x <= b) with probability
+# p = (x - a)/(b - a), random rounding with probability 1/2 (x inexact), and UD must step
+# up from the round-to-nearest result with probability 1/2. Each value is replicated N
+# times; element j draws its own 64 random bits, so the number k of upper results is
+# Binomial(N, p). We accept |k - N p| <= Z sqrt(N p (1 - p)) + 1 (the +1 covers the
+# discreteness of k): by the normal approximation a correct kernel fails one check with
+# probability about 2e-9 at Z = 6, and the seeds are fixed (hypothesis derandomized), so
+# the test is deterministic. A kernel that returned b with probability 1 - p fails as soon
+# as |1 - 2p| N > 2 (Z sqrt(N p (1-p)) + 1), i.e. for |p - 1/2| > 0.05 at N = 4000; the
+# fixed points below have p = 1/4 and 3/4, so that mutation is always caught.
+N_REP = 4000
+Z = 6.0
+
+
+def _up_probability(x, dtype, t):
+    """(a, u, p) for exact x > 0 (Fraction or Sqrt): p = (x - a)/u as a float."""
+    p, emin, _ = FMTS[FMT[dtype]]
+    a, u = neighbours(x, t, p, emin)
+    if isinstance(x, Sqrt):  # (sqrt(x.a) - a) / u to 2^-64 via an integer square root
+        s = Fraction(2) ** 64 / u
+        return a, u, float(Fraction(math.isqrt(math.floor(x.a * s * s)) - a * s, 2 ** 64))
+    return a, u, float((x - a) / u)
+
+
+def _check_binomial(k, n, p, what):
+    sd = math.sqrt(n * p * (1 - p))
+    assert abs(k - n * p) <= Z * sd + 1, (what, k, n, p)
+
+
+def _check_probabilities(op, dtype, vals, t, seed):
+    args = [torch.tensor([v[i] for v in vals], dtype=torch.float64).to(dtype)
+            .repeat_interleave(N_REP) for i in range(len(vals[0]))]
+    fn = getattr(R, op)
+    rn = fn(*args, mode="ieee", stream=R.Stream(0), precision=t).double()
+    for backend in ("numba", "torch"):
+        for mode in ("sr", "random", "ud"):
+            got = fn(*args, mode=mode, stream=R.Stream(seed), precision=t,
+                     backend=backend).double()
+            for i, v in enumerate(vals):
+                x = exact(op, tuple(float(c) for c in (a[i * N_REP] for a in args)))
+                if x is None or (not isinstance(x, Sqrt) and x == 0):
+                    continue
+                g = got[i * N_REP:(i + 1) * N_REP]
+                r0 = float(rn[i * N_REP])
+                if not math.isfinite(r0) or not torch.isfinite(g).all():
+                    continue  # overflow: covered by test_result_is_a_neighbour
+                what = (op, dtype, t, mode, backend, v)
+                if mode == "ud":
+                    if r0 == 0.0:
+                        continue
+                    k = int((g.abs() > abs(r0)).sum())
+                    _check_binomial(k, N_REP, 0.5, what)
+                    continue
+                ax = x if isinstance(x, Sqrt) else abs(x)
+                a, u, p = _up_probability(ax, dtype, t)
+                k = int((g.abs() > float(a)).sum()) if a != 0 else int((g != 0).sum())
+                if p == 0.0:  # exact: never moved
+                    assert k == 0, what
+                    continue
+                _check_binomial(k, N_REP, 0.5 if mode == "random" else p, what)
+
+
+@pytest.mark.parametrize("dtype", list(FMT))
+@pytest.mark.parametrize("op", OPS)
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_up_probability_is_the_distance(dtype, op, data):
+    k = 1 if op == "sqrt" else 3 if op == "fma" else 2
+    vals = [tuple(data.draw(floats_of(dtype)) for _ in range(k)) for _ in range(3)]
+    if op == "sqrt":
+        vals = [tuple(abs(c) for c in v) for v in vals]
+    p = FMTS[FMT[dtype]][0]
+    t = data.draw(st.sampled_from([p, p, max(1, p // 2), p - 1]))
+    _check_probabilities(op, dtype, vals, t, seed=data.draw(st.integers(0, 2 ** 20)))
+
+
+@pytest.mark.parametrize("dtype", list(FMT))
+def test_up_probability_fixed_points(dtype):
+    """x = 1 + 2^-(t+1) and 1 + 3 * 2^-(t+1) lie 1/4 and 3/4 of the way from 1 to the next
+    t-bit float: SR must go up with those probabilities (not 3/4 and 1/4)."""
+    p = FMTS[FMT[dtype]][0]
+    for t in (p, max(2, p // 2)):
+        h = 2.0 ** -(t + 1)
+        _check_probabilities("add", dtype, [(1.0, h), (1.0, 3 * h), (-2.0, -6 * h)], t, seed=5)
