@@ -139,3 +139,78 @@ def test_foreach_adam_is_instrumented_per_tensor():
     assert any(n.startswith("aten._foreach_addcdiv_") for n in rep.decomposed)
     assert "aten.addcdiv.default" in rep.instrumented and "aten.lerp.Scalar" in rep.instrumented
     assert torch.allclose(res[True], res[False], atol=1e-5)
+
+
+# ------------------------------------------------- size of the perturbation, per mode
+def _running_bound(model, x, u):
+    """Rigorous bound on |ŷ - y| per logit of LeNet's forward (eval) when every product
+    and every add of the convolutions and linear layers errs by at most u relative
+    (Higham's gamma_{K+1} for a K-term dot product plus the bias), and the errors of the
+    inputs propagate through |W| (ReLU and max-pooling are 1-Lipschitz). Float64."""
+    def gamma(n):
+        assert n * u < 0.5
+        return n * u / (1 - n * u)
+
+    def layer(fn, w, b, h, e, k):
+        val = fn(h, w, b)
+        mag = fn(h.abs() + e, w.abs(), b.abs())
+        return val, fn(e, w.abs(), None) + gamma(k + 1) * mag
+
+    m = {k: v.detach().double() for k, v in model.state_dict().items()}
+    h, e = x.double(), torch.zeros_like(x, dtype=torch.float64)
+    h, e = layer(lambda a, w, b: F.conv2d(a, w, b, padding=2), m["c1.weight"], m["c1.bias"],
+                 h, e, 25)
+    h, e = F.max_pool2d(F.relu(h), 2), F.max_pool2d(e, 2)
+    h, e = layer(F.conv2d, m["c2.weight"], m["c2.bias"], h, e, 150)
+    h, e = F.max_pool2d(F.relu(h), 2).flatten(1), F.max_pool2d(e, 2).flatten(1)
+    for name, k in (("f1", 400), ("f2", 120)):
+        h, e = layer(F.linear, m[f"{name}.weight"], m[f"{name}.bias"], h, e, k)
+        h = F.relu(h)
+    h, e = layer(F.linear, m["f3.weight"], m["f3.bias"], h, e, 84)
+    return h, e
+
+
+@pytest.mark.parametrize("mode", ["sr", "ud", "random"])
+def test_lenet_perturbation_size_matches_the_mode(mode):
+    """At t bits, the logits move by an amount of order 2^-t:
+    - above: never more than the rigorous running bound with u = 2^(2-t) (an SR, random
+      or UD rounding errs by < 1.5 ulp <= 2^(2-t) relative; at t = 8 this worst-case
+      bound exceeds 1 for the 400-term layer, so it is checked at t = 24 and 16), plus
+      native's own bound (u = 2^-24);
+    - below: two seeds give different logits. Each logit is the sum of >= 84 products
+      and adds, each an independent random rounding of an inexact value, so the
+      difference between seeds is a multiple of the logit's ulp with a spread of
+      several ulps (sigma >= 1.6 ulp): it is 0 with probability about
+      1 / (sigma sqrt(2 pi)) <= 0.25, and more than half of 30 logits equal has
+      probability < 1e-4 (binomial tail). The mean spread is at least 2^-t / 16 of the
+      logits' scale S = |W3| |h| + |b3| (each of those roundings has a spread of order
+      2^-t of its partial sum; the factor 16 covers partial sums smaller than S).
+    - and of order 2^-t: the worst-case bound above is ~10^5 times the actual error,
+      so the mean spread is also bounded above statistically: independent zero-mean
+      (SR) or bounded-mean (UD, random) errors of the ~780 roundings on a logit's
+      deepest chain accumulate as sqrt(n) u S (Connolly, Higham & Mary, 2021), and the
+      layer gains are <= 2 here: sqrt(780) * 2 ~ 56 <= 64, so spread / S <= 64 * 2^-t.
+      Measured: 1.6 to 6 times 2^-t for all three modes and t in {8, 16, 24}.
+    A mode whose roundings were no-ops, or were applied at the wrong precision, fails."""
+    torch.manual_seed(1)
+    model = LeNet().eval()
+    x, _ = _data("lenet")
+    with torch.no_grad():
+        native = model(x).double()
+        _, native_bound = _running_bound(model, x, 2.0 ** -24)
+        h = model.f2(F.relu(model.f1(
+            F.max_pool2d(F.relu(model.c2(F.max_pool2d(F.relu(model.c1(x)), 2))), 2)
+            .flatten(1)))).relu().double()
+        scale = h @ model.f3.weight.double().abs().T + model.f3.bias.double().abs()
+        for t in (24, 16, 8):
+            outs = []
+            for seed in (1, 2):
+                with fuzzy(mode=mode, seed=seed, precision=None if t == 24 else t):
+                    outs.append(model(x).double())
+            if t >= 16:
+                _, bound = _running_bound(model, x, 2.0 ** (2 - t))
+                for o in outs:
+                    assert ((o - native).abs() <= bound + native_bound).all(), (mode, t)
+            spread = (outs[0] - outs[1]).abs()
+            assert (spread > 0).float().mean() > 0.5, (mode, t)
+            assert 2.0 ** -t / 16 <= (spread / scale).mean() <= 64 * 2.0 ** -t, (mode, t)
