@@ -214,3 +214,26 @@ def test_lenet_perturbation_size_matches_the_mode(mode):
             spread = (outs[0] - outs[1]).abs()
             assert (spread > 0).float().mean() > 0.5, (mode, t)
             assert 2.0 ** -t / 16 <= (spread / scale).mean() <= 64 * 2.0 ** -t, (mode, t)
+
+
+@pytest.mark.parametrize("mode", ["sr", "ud", "random"])
+def test_encoder_perturbation_is_of_order_2_to_minus_t(mode):
+    """The transformer encoder (layer norms, softmax, GELU, attention) under the same
+    two-sided order check as LeNet's spread (see above): 2^-t / 16 <= mean spread / S
+    <= 64 * 2^-t with S = |W_head| |h| + |b_head|. With 9 logits and P(equal) <= 0.25 per
+    logit, at least 3 must differ between seeds (binomial tail 1.3e-3; fixed seeds).
+    Measured: 0.7 to 3.1 times 2^-t."""
+    torch.manual_seed(1)
+    model = Encoder().eval()
+    x, _ = _data("encoder")
+    with torch.no_grad():
+        h = model.enc(model.emb(x)).mean(1).double()
+        scale = h.abs() @ model.head.weight.double().abs().T + model.head.bias.double().abs()
+        for t in (24, 16, 8):
+            outs = []
+            for seed in (1, 2):
+                with fuzzy(mode=mode, seed=seed, precision=None if t == 24 else t):
+                    outs.append(model(x).double())
+            spread = (outs[0] - outs[1]).abs()
+            assert (spread > 0).sum() >= 3, (mode, t)
+            assert 2.0 ** -t / 16 <= (spread / scale).mean() <= 64 * 2.0 ** -t, (mode, t)
