@@ -1,0 +1,250 @@
+"""The Triton flop kernels, run by Triton's interpreter on the CPU (``TRITON_INTERPRET=1``),
+against the numba kernels and the pure-Python references, bit for bit.
+
+Every mode, binary32 at its own precision and at bf16's / fp16's / a virtual precision,
+binary64 at its own and a virtual precision; rows in binary32's normal range (the
+integer fast path) and rows with subnormal, near-overflow, zero and infinite values (the
+general algorithm, and its block-uniform branch). Tiny shapes: the interpreter runs each
+block operation through numpy.
+"""
+
+import importlib
+import os
+import subprocess
+import sys
+
+import numba
+import numpy as np
+import pytest
+import torch
+
+torch.set_num_threads(1)
+numba.set_num_threads(1)
+
+_prev = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"  # before triton decorates the kernels
+try:
+    from numvar.instrument import triton_kernels as TK
+
+    if not TK.interpreted() or type(TK._scan_kernel).__name__ != "InterpretedFunction":
+        TK = importlib.reload(TK)
+finally:
+    if _prev is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _prev
+
+from numvar.errors import ConfigError  # noqa: E402
+from numvar.instrument import flop, fuzzy  # noqa: E402
+from numvar.instrument import kernels as KN  # noqa: E402
+from numvar.rounding import kernels as RK  # noqa: E402
+
+from _bitwise import same  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    """Triton reads TRITON_INTERPRET when it decorates the kernels and again at launch."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+#: numpy's warnings inside the interpreter (inf·0, overflow) are the IEEE cases under test
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+
+MODES = (RK.MODE_IEEE, RK.MODE_SR, RK.MODE_UD, RK.MODE_RANDOM)
+#: (dtype, t): binary32 at 24, 8 (bf16), 11 (fp16) and 5 bits; binary64 at 53 and 30
+PRECISIONS = ((np.float32, 24), (np.float32, 8), (np.float32, 11), (np.float32, 5),
+              (np.float64, 53), (np.float64, 30))
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same shape and dtype, identical bits; NaNs equal NaNs (payloads and the sign of a
+    NaN are not compared: IEEE 754 gives them no meaning)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    na, nb = np.isnan(a), np.isnan(b)
+    it = np.uint32 if a.dtype == np.float32 else np.uint64
+    return np.array_equal(na, nb) and np.array_equal(a.view(it)[~na], b.view(it)[~nb])
+
+
+def _operands(dt, seed: int):
+    """a (2, 3, 4) and b (1, 4, 5) whose rows cover both paths of the kernels: row 0 of
+    each batch plain normal values (integer fast path throughout), row 1 scaled towards
+    the subnormal range, row 2 towards overflow, with zeros, a signed zero and (batch 1)
+    an infinity."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((2, 3, 4))
+    b = rng.standard_normal((1, 4, 5))
+    if dt == np.float32:
+        a[:, 1] *= 2.0 ** -130  # products and partial sums below 2**-126: subnormal grid
+        a[:, 2] = 1.5 * 2.0 ** 126  # column 0 sums past 2**128: overflow to inf
+    else:
+        a[:, 1] *= 2.0 ** -540  # TwoProduct outside [2**-480, 2**480]: scaled path
+        a[0, 1] *= 2.0 ** -530  # products and sums on binary64's subnormal grid
+        a[:, 2] = 1.5 * 2.0 ** 1022  # column 0: a finite sum past 2**1024 (k = -1)
+    b[0, :, 0] = 1.0
+    a[0, 0, 1] = 0.0
+    b[0, 2, 3] = -0.0
+    a[1, 0, 2] = np.inf
+    return a.astype(dt), b.astype(dt)
+
+
+@pytest.mark.parametrize("dt,t", PRECISIONS)
+@pytest.mark.parametrize("mode", MODES)
+def test_contract_matches_numba_and_reference(dt, t, mode):
+    a, b = _operands(dt, 100 + mode)
+    key = 0x9E3779B97F4A7C15 + 17 * mode  # a key above 2**63: the uint64 argument path
+    got = TK.contract(torch.from_numpy(a), torch.from_numpy(b), key, mode, t).numpy()
+    want = KN.contract(a, b, key, mode, t)
+    assert _bits_equal(got, want)
+    assert _bits_equal(got, KN.contract_reference(a, b, key, mode, t))
+    # every path was taken: finite results in the plain rows, subnormal and infinite ones
+    tiny = np.finfo(dt).tiny
+    assert np.isfinite(got[0, 0]).all()
+    assert ((np.abs(got[:, 1]) < tiny) & (got[:, 1] != 0)).any()
+    assert np.isinf(got[:, 2]).any()
+
+
+@pytest.mark.parametrize("dt,t", PRECISIONS)
+@pytest.mark.parametrize("mode", MODES)
+def test_scan_matches_numba_and_reference(dt, t, mode):
+    rng = np.random.default_rng(200 + mode)
+    x = rng.standard_normal((5, 3))
+    if dt == np.float32:
+        x[:, 1] *= 2.0 ** -128  # subnormal partial sums and products
+        x[:, 2] *= 2.0 ** 126
+    else:
+        x[:, 1] *= 2.0 ** -1030
+        x[:, 2] *= 2.0 ** 1022
+    x[2, 0] = 0.0
+    x = x.astype(dt)
+    key = 12345 + mode  # a key below 2**63: the int64 argument path
+    xt = torch.from_numpy(x)
+    for mul, cumulative in ((False, True), (True, False)):
+        got = TK.scan(xt, key, mode, t, mul=mul, cumulative=cumulative).numpy()
+        want = KN.scan(x, key, mode, t, mul=mul, cumulative=cumulative)
+        assert _bits_equal(got, want), (mul, cumulative)
+        ref = KN.scan_reference(x, key, mode, t, mul=mul, cumulative=cumulative)
+        assert _bits_equal(got, ref), (mul, cumulative)
+
+
+def test_tiles_and_batches():
+    """Several programs per output matrix, partial tiles, broadcast batches (BA = 1, BB
+    dividing the batch) and K = 1: the same bits as numba's."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((1, 19, 1)).astype(np.float32)
+    b = rng.standard_normal((2, 1, 18)).astype(np.float32)
+    got = TK.contract(torch.from_numpy(a), torch.from_numpy(b), 5, RK.MODE_SR, 24).numpy()
+    assert _bits_equal(got, KN.contract(a, b, 5, RK.MODE_SR, 24))
+    x = rng.standard_normal((2, TK.BLOCK_SCAN + 3)).astype(np.float32)
+    got = TK.scan(torch.from_numpy(x), 6, RK.MODE_SR, 24).numpy()
+    assert _bits_equal(got, KN.scan(x, 6, RK.MODE_SR, 24))
+
+
+def test_bad_inputs():
+    f = torch.ones(2, 2, 2)
+    with pytest.raises(TypeError):
+        TK.contract(f.half(), f.half(), 0, 1, 11)
+    with pytest.raises(TypeError):
+        TK.contract(f, f.double(), 0, 1, 24)
+    with pytest.raises(ValueError):
+        TK.contract(f, torch.ones(2, 3, 2), 0, 1, 24)
+    with pytest.raises(ValueError):
+        TK.contract(torch.ones(2, 2, 2), torch.ones(3, 2, 2), 0, 1, 24)
+    with pytest.raises(ValueError):
+        TK.contract(f, f, 0, 1, 25)
+    with pytest.raises(ValueError):
+        TK.scan(torch.ones(3), 0, 1, 24)
+
+
+# ------------------------------------------------------------- backend selection (flop)
+def test_backend_choice(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv(flop.FLOP_BACKEND_ENV, raising=False)
+    assert flop.flop_backend(cpu) == "numba"
+    assert flop.flop_backend(cuda) == "triton"  # triton is installed here
+    monkeypatch.setenv(flop.FLOP_BACKEND_ENV, "numba")
+    assert flop.flop_backend(cuda) == "numba"
+    monkeypatch.setenv(flop.FLOP_BACKEND_ENV, "cuda")
+    with pytest.raises(ConfigError, match="NUMVAR_FLOP_BACKEND"):
+        flop.flop_backend(cpu)
+    monkeypatch.setenv(flop.FLOP_BACKEND_ENV, "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match="TRITON_INTERPRET"):
+        flop.flop_backend(cpu)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert flop.flop_backend(cpu) == "triton"
+
+
+def _linear_step(seed: int, mode: str, dtype=torch.float32):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(5, 3).to(dtype)
+    x = torch.randn(2, 5, dtype=dtype)
+    with fuzzy(mode=mode, granularity="flop", seed=seed):
+        y = lin(x)
+        y.square().sum().backward()
+    return y.detach(), lin.weight.grad, lin.bias.grad
+
+
+@pytest.mark.parametrize("mode", ["sr", "ud"])
+def test_fuzzy_linear_forward_backward_same_bits(mode, monkeypatch):
+    """A fuzzy Linear's output and gradients (addmm, mm, sum.dim_IntList through the
+    flop kernels) with NUMVAR_FLOP_BACKEND=triton equal numba's bit for bit."""
+    monkeypatch.delenv(flop.FLOP_BACKEND_ENV, raising=False)
+    want = _linear_step(7, mode)
+    monkeypatch.setenv(flop.FLOP_BACKEND_ENV, "triton")
+    got = _linear_step(7, mode)
+    for g, w in zip(got, want):
+        assert same(g, w)
+    assert not same(got[0], _linear_step(8, mode)[0])  # the seed matters
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_dtypes_through_flop(dtype, monkeypatch):
+    """bf16/fp16 operands of flop.bmm and flop.reduce (binary32 kernels at 8/11 bits, cast
+    at the end) give numba's bits on the Triton backend."""
+    from numvar.instrument._core import Ctx
+    from numvar.rounding import Stream
+
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(1, 3, 4, generator=g).to(dtype)
+    b = torch.randn(1, 4, 2, generator=g).to(dtype)
+
+    def run():
+        ctx = Ctx("sr", "flop", None, Stream(3))
+        return flop.bmm(a, b, ctx), flop.reduce(a, [2], ctx), flop.scan(a, 1, ctx)
+
+    monkeypatch.delenv(flop.FLOP_BACKEND_ENV, raising=False)
+    want = run()
+    monkeypatch.setenv(flop.FLOP_BACKEND_ENV, "triton")
+    got = run()
+    for g_, w in zip(got, want):
+        assert g_.dtype == dtype and same(g_, w)
+
+
+def test_cpu_only_install_runs_without_triton():
+    """An install without triton (simulated: importing it fails) runs a flop forward and
+    backward on CPU tensors, and numvar never loads its Triton module. (torch itself may
+    import an installed triton package: torch._dynamo probes for it.)"""
+    code = (
+        "import importlib.abc, sys\n"
+        "class NoTriton(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'triton' or name.startswith('triton.'):\n"
+        "            raise ImportError('no triton on this install')\n"
+        "sys.meta_path.insert(0, NoTriton())\n"
+        "import torch, numvar\n"
+        "lin = torch.nn.Linear(3, 2)\n"
+        "with numvar.fuzzy(mode='sr', granularity='flop', seed=1):\n"
+        "    lin(torch.ones(2, 3)).sum().backward()\n"
+        "assert lin.weight.grad is not None\n"
+        "assert 'triton' not in sys.modules\n"
+        "assert 'numvar.instrument.triton_kernels' not in sys.modules\n"
+    )
+    env = {k: v for k, v in os.environ.items()
+           if k not in (flop.FLOP_BACKEND_ENV, "TRITON_INTERPRET")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    env["OMP_NUM_THREADS"] = env["NUMBA_NUM_THREADS"] = "1"
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
