@@ -40,6 +40,7 @@ from numvar.instrument import kernels as KN  # noqa: E402
 from numvar.rounding import kernels as RK  # noqa: E402
 
 from _bitwise import same  # noqa: E402
+from _flop_cases import MODES, PRECISIONS, bits_equal, operands, scan_input  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -51,53 +52,17 @@ def _interpreter(monkeypatch):
 #: numpy's warnings inside the interpreter (inf·0, overflow) are the IEEE cases under test
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
-MODES = (RK.MODE_IEEE, RK.MODE_SR, RK.MODE_UD, RK.MODE_RANDOM)
-#: (dtype, t): binary32 at 24, 8 (bf16), 11 (fp16) and 5 bits; binary64 at 53 and 30
-PRECISIONS = ((np.float32, 24), (np.float32, 8), (np.float32, 11), (np.float32, 5),
-              (np.float64, 53), (np.float64, 30))
-
-
-def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Same shape and dtype, identical bits; NaNs equal NaNs (payloads and the sign of a
-    NaN are not compared: IEEE 754 gives them no meaning)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    na, nb = np.isnan(a), np.isnan(b)
-    it = np.uint32 if a.dtype == np.float32 else np.uint64
-    return np.array_equal(na, nb) and np.array_equal(a.view(it)[~na], b.view(it)[~nb])
-
-
-def _operands(dt, seed: int):
-    """a (2, 3, 4) and b (1, 4, 5) whose rows cover both paths of the kernels: row 0 of
-    each batch plain normal values (integer fast path throughout), row 1 scaled towards
-    the subnormal range, row 2 towards overflow, with zeros, a signed zero and (batch 1)
-    an infinity."""
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((2, 3, 4))
-    b = rng.standard_normal((1, 4, 5))
-    if dt == np.float32:
-        a[:, 1] *= 2.0 ** -130  # products and partial sums below 2**-126: subnormal grid
-        a[:, 2] = 1.5 * 2.0 ** 126  # column 0 sums past 2**128: overflow to inf
-    else:
-        a[:, 1] *= 2.0 ** -540  # TwoProduct outside [2**-480, 2**480]: scaled path
-        a[0, 1] *= 2.0 ** -530  # products and sums on binary64's subnormal grid
-        a[:, 2] = 1.5 * 2.0 ** 1022  # column 0: a finite sum past 2**1024 (k = -1)
-    b[0, :, 0] = 1.0
-    a[0, 0, 1] = 0.0
-    b[0, 2, 3] = -0.0
-    a[1, 0, 2] = np.inf
-    return a.astype(dt), b.astype(dt)
 
 
 @pytest.mark.parametrize("dt,t", PRECISIONS)
 @pytest.mark.parametrize("mode", MODES)
 def test_contract_matches_numba_and_reference(dt, t, mode):
-    a, b = _operands(dt, 100 + mode)
+    a, b = operands(dt, 100 + mode)
     key = 0x9E3779B97F4A7C15 + 17 * mode  # a key above 2**63: the uint64 argument path
     got = TK.contract(torch.from_numpy(a), torch.from_numpy(b), key, mode, t).numpy()
     want = KN.contract(a, b, key, mode, t)
-    assert _bits_equal(got, want)
-    assert _bits_equal(got, KN.contract_reference(a, b, key, mode, t))
+    assert bits_equal(got, want)
+    assert bits_equal(got, KN.contract_reference(a, b, key, mode, t))
     # every path was taken: finite results in the plain rows, subnormal and infinite ones
     tiny = np.finfo(dt).tiny
     assert np.isfinite(got[0, 0]).all()
@@ -108,24 +73,15 @@ def test_contract_matches_numba_and_reference(dt, t, mode):
 @pytest.mark.parametrize("dt,t", PRECISIONS)
 @pytest.mark.parametrize("mode", MODES)
 def test_scan_matches_numba_and_reference(dt, t, mode):
-    rng = np.random.default_rng(200 + mode)
-    x = rng.standard_normal((5, 3))
-    if dt == np.float32:
-        x[:, 1] *= 2.0 ** -128  # subnormal partial sums and products
-        x[:, 2] *= 2.0 ** 126
-    else:
-        x[:, 1] *= 2.0 ** -1030
-        x[:, 2] *= 2.0 ** 1022
-    x[2, 0] = 0.0
-    x = x.astype(dt)
+    x = scan_input(dt, 200 + mode)
     key = 12345 + mode  # a key below 2**63: the int64 argument path
     xt = torch.from_numpy(x)
     for mul, cumulative in ((False, True), (True, False)):
         got = TK.scan(xt, key, mode, t, mul=mul, cumulative=cumulative).numpy()
         want = KN.scan(x, key, mode, t, mul=mul, cumulative=cumulative)
-        assert _bits_equal(got, want), (mul, cumulative)
+        assert bits_equal(got, want), (mul, cumulative)
         ref = KN.scan_reference(x, key, mode, t, mul=mul, cumulative=cumulative)
-        assert _bits_equal(got, ref), (mul, cumulative)
+        assert bits_equal(got, ref), (mul, cumulative)
 
 
 def test_tiles_and_batches():
@@ -135,10 +91,10 @@ def test_tiles_and_batches():
     a = rng.standard_normal((1, 19, 1)).astype(np.float32)
     b = rng.standard_normal((2, 1, 18)).astype(np.float32)
     got = TK.contract(torch.from_numpy(a), torch.from_numpy(b), 5, RK.MODE_SR, 24).numpy()
-    assert _bits_equal(got, KN.contract(a, b, 5, RK.MODE_SR, 24))
+    assert bits_equal(got, KN.contract(a, b, 5, RK.MODE_SR, 24))
     x = rng.standard_normal((2, TK.BLOCK_SCAN + 3)).astype(np.float32)
     got = TK.scan(torch.from_numpy(x), 6, RK.MODE_SR, 24).numpy()
-    assert _bits_equal(got, KN.scan(x, 6, RK.MODE_SR, 24))
+    assert bits_equal(got, KN.scan(x, 6, RK.MODE_SR, 24))
 
 
 def test_bad_inputs():

@@ -308,22 +308,60 @@ def _fast_bits(b, r, MODE: tl.constexpr, T: tl.constexpr, P: tl.constexpr,
 
 
 @triton.jit
-def _round_narrow(hi, lo, r, MODE: tl.constexpr, T: tl.constexpr):
-    """binary32 rounding at T bits of the exact value hi + lo (hi = RN64(hi + lo)):
-    ``numvar.rounding.kernels.round_narrow`` with (p, emin, emax) = (24, -126, 127).
-    The integer fast path for every element; the general algorithm, for the whole
-    block, only when some element is outside the fast path's domain."""
+def _narrow_fast(hi, lo, r, MODE: tl.constexpr, T: tl.constexpr):
+    """The integer fast path of ``numvar.rounding.kernels.round_narrow`` (binary32 at T
+    bits of the exact value hi + lo, hi = RN64(hi + lo)): (value, ok); ``ok`` is False
+    where the general algorithm is needed (lo != 0, exponent outside binary32's normal
+    range). ±0, ±inf and NaN are returned as they are (ok)."""
     b = _b(hi)
     be = (b >> 52) & 0x7FF
-    special = (hi == 0) | (be == 0x7FF)  # ±0, ±inf, NaN: returned as they are
-    fast_ok = special | ((lo == 0) & (be >= 1023 - 126) & (be <= 1023 + 127))
+    special = (hi == 0) | (be == 0x7FF)
+    ok = special | ((lo == 0) & (be >= 1023 - 126) & (be <= 1023 + 127))
     fb = _fast_bits(b, r, MODE, T, 24, -126, 127)
     ovf = ((fb >> 52) & 0x7FF) > 1023 + 127
     res = tl.where(special, hi, tl.where(ovf, tl.where(hi < 0, -_INF, _INF), _f(fb)))
-    if tl.max(not_(fast_ok).to(tl.int32)) != 0:
-        slow = _round_core(hi, lo, b * 0, r, MODE, T, 24, -126, 127)
-        res = tl.where(fast_ok, res, slow)
+    return res, ok
+
+
+@triton.jit
+def _narrow_full(hi, lo, r, MODE: tl.constexpr, T: tl.constexpr):
+    """``numvar.rounding.kernels.round_narrow`` with (p, emin, emax) = (24, -126, 127),
+    every element (the fast path where it applies, else the general algorithm)."""
+    res, ok = _narrow_fast(hi, lo, r, MODE, T)
+    return tl.where(ok, res, _round_core(hi, lo, _b(hi) * 0, r, MODE, T, 24, -126, 127))
+
+
+@triton.jit
+def _any_bad(ok):
+    """Whether some element of the block has ``ok`` False (one block-uniform value)."""
+    return tl.max(not_(ok).to(tl.int32)) != 0
+
+
+@triton.jit
+def _round_narrow(hi, lo, r, MODE: tl.constexpr, T: tl.constexpr):
+    """:func:`_narrow_full`, with the general algorithm run (for the whole block) only
+    when some element of the block needs it."""
+    res, ok = _narrow_fast(hi, lo, r, MODE, T)
+    if _any_bad(ok):
+        res = _narrow_full(hi, lo, r, MODE, T)
     return res
+
+
+@triton.jit
+def _step_narrow(acc, a, b, r, MODE: tl.constexpr, T: tl.constexpr):
+    """One k-step of a binary32 contraction, ``RND(acc + RND(a·b))`` (the add with the
+    bits ``rot(r)``), with one block-uniform test: the fast path for both roundings; if
+    either rejects an element of the block, both are redone on the full path (the
+    ``_step32`` scheme of the numba kernels)."""
+    x = a * b  # exact
+    p, okp = _narrow_fast(x, x * 0.0, r, MODE, T)
+    s, e = _two_sum(acc, p)
+    v, oks = _narrow_fast(s, e, _rot(r), MODE, T)
+    if _any_bad(okp & oks):
+        p = _narrow_full(x, x * 0.0, r, MODE, T)
+        s, e = _two_sum(acc, p)
+        v = _narrow_full(s, e, _rot(r), MODE, T)
+    return v
 
 
 @triton.jit
@@ -393,6 +431,16 @@ def _mul(a, b, r, MODE: tl.constexpr, T: tl.constexpr, WIDE: tl.constexpr):
     return res
 
 
+@triton.jit
+def _step(acc, a, b, r, MODE: tl.constexpr, T: tl.constexpr, WIDE: tl.constexpr):
+    """``RND(acc + RND(a·b))``: the product with the bits ``r``, the add with ``rot(r)``."""
+    if WIDE:
+        res = _add_wide(acc, _mul_wide(a, b, r, MODE, T), _rot(r), MODE, T)
+    else:
+        res = _step_narrow(acc, a, b, r, MODE, T)
+    return res
+
+
 # ----------------------------------------------------------------------------- kernels
 @triton.jit(do_not_specialize=["BA", "BB", "M", "N", "K", "key"])
 def _contract_kernel(a_ptr, b_ptr, out_ptr, BA, BB, M, N, K, key, MODE: tl.constexpr,
@@ -428,8 +476,7 @@ def _contract_kernel(a_ptr, b_ptr, out_ptr, BA, BB, M, N, K, key, MODE: tl.const
         av = tl.load(a_ptrs, mask=mi, other=0.0).to(tl.float64)
         bv = tl.load(b_ptrs, mask=mj, other=0.0).to(tl.float64)
         r = _term(_bits64(ukey, line)[:, None], jg[None, :])
-        p = _mul(av[:, None], bv[None, :], r, MODE, T, WIDE)
-        acc = _add(acc, p, _rot(r), MODE, T, WIDE)
+        acc = _step(acc, av[:, None], bv[None, :], r, MODE, T, WIDE)
     optr = out_ptr + (bo64 * M + i64)[:, None] * N + j64[None, :]
     tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=mi[:, None] & mj[None, :])
 
