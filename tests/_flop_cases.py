@@ -22,24 +22,26 @@ def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def operands(dt, seed: int):
-    """a (2, 3, 4) and b (1, 4, 5) whose rows cover both paths of the kernels: row 0 of
-    each batch plain normal values (integer fast path throughout), row 1 scaled towards
-    the subnormal range, row 2 towards overflow, with zeros, a signed zero and (batch 1)
-    an infinity."""
+    """a (1, 5, 4) and b (1, 4, 5) whose rows cover both paths of the kernels (one tile:
+    the interpreter's cost is per program): row 0 plain normal values (the integer fast
+    path), row 1 scaled towards the subnormal range, row 2 towards overflow, row 3 with a
+    zero and an infinity, row 4 binary32 sums inexact in float64 (magnitudes 2**±60) or
+    binary64 products outside TwoProduct's safe range; b holds a signed zero."""
     rng = np.random.default_rng(seed)
-    a = rng.standard_normal((2, 3, 4))
+    a = rng.standard_normal((1, 5, 4))
     b = rng.standard_normal((1, 4, 5))
     if dt == np.float32:
         a[:, 1] *= 2.0 ** -130  # products and partial sums below 2**-126: subnormal grid
         a[:, 2] = 1.5 * 2.0 ** 126  # column 0 sums past 2**128: overflow to inf
+        a[:, 4] *= 2.0 ** np.array([60, -60, 0, 30])  # TwoSum residuals != 0
     else:
-        a[:, 1] *= 2.0 ** -540  # TwoProduct outside [2**-480, 2**480]: scaled path
-        a[0, 1] *= 2.0 ** -530  # products and sums on binary64's subnormal grid
+        a[:, 1] *= 2.0 ** -1070  # products and sums on binary64's subnormal grid
         a[:, 2] = 1.5 * 2.0 ** 1022  # column 0: a finite sum past 2**1024 (k = -1)
+        a[:, 4] *= 2.0 ** -540  # TwoProduct outside [2**-480, 2**480]: scaled path
     b[0, :, 0] = 1.0
-    a[0, 0, 1] = 0.0
+    a[0, 3, 1] = 0.0
     b[0, 2, 3] = -0.0
-    a[1, 0, 2] = np.inf
+    a[0, 3, 2] = np.inf
     return a.astype(dt), b.astype(dt)
 
 
