@@ -205,3 +205,38 @@ def test_cpu_only_install_runs_without_triton():
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_compiles_for_a_gpu_without_fma_contraction():
+    """The interpreter cannot show what the GPU compiler does; compiling for sm_90 needs no
+    GPU. The SR binary32 contraction kernel compiles to PTX with no fused multiply-add
+    (the error-free transformations need separately rounded products and sums) and with
+    correctly rounded float64 division; the same kernel with Triton's default fp fusion
+    does contain FMAs, so the check is not vacuous. (Subprocess: the kernels must be
+    decorated without TRITON_INTERPRET.)"""
+    code = (
+        "import re, triton\n"
+        "from triton.backends.compiler import GPUTarget\n"
+        "from triton.compiler import ASTSource\n"
+        "from numvar.instrument import triton_kernels as TK\n"
+        "sig = {'a_ptr': '*fp32', 'b_ptr': '*fp32', 'out_ptr': '*fp32', 'BA': 'i32',\n"
+        "       'BB': 'i32', 'M': 'i32', 'N': 'i32', 'K': 'i32', 'key': 'u64',\n"
+        "       'MODE': 'constexpr', 'T': 'constexpr', 'WIDE': 'constexpr',\n"
+        "       'BM': 'constexpr', 'BN': 'constexpr'}\n"
+        "cst = {'MODE': 1, 'T': 24, 'WIDE': False, 'BM': TK.BLOCK_M, 'BN': TK.BLOCK_N}\n"
+        "for fusion in (False, True):\n"
+        "    k = triton.compile(ASTSource(fn=TK._contract_kernel, signature=sig,\n"
+        "                                 constexprs=cst), target=GPUTarget('cuda', 90, 32),\n"
+        "                       options={'enable_fp_fusion': fusion})\n"
+        "    ptx = k.asm['ptx']\n"
+        "    print(fusion, len(re.findall(r'\\bfma\\.', ptx)),\n"
+        "          sorted(set(re.findall(r'\\bdiv\\.[a-z]+\\.f64', ptx))))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.split("\n")
+    assert lines[0] == "False 0 ['div.rn.f64']", lines
+    assert lines[1].startswith("True ") and int(lines[1].split()[1]) > 0, lines
