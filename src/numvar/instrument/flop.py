@@ -33,6 +33,7 @@ and back.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -54,6 +55,7 @@ FLOP_BACKENDS = ("auto", "numba", "triton")
 _triton_missing_logged = False
 
 
+@functools.lru_cache(maxsize=None)
 def _triton_available() -> bool:
     import importlib.util
 
