@@ -133,6 +133,20 @@ def test_backend_choice(monkeypatch):
     assert flop.flop_backend(cpu) == "triton"
 
 
+def _count_calls(monkeypatch) -> dict:
+    """Count the Triton kernel calls (so a test knows the flop path went through them)."""
+    calls = {"contract": 0, "scan": 0}
+    for name in calls:
+        fn = getattr(TK, name)
+
+        def counted(*args, _fn=fn, _name=name, **kwargs):
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(TK, name, counted)
+    return calls
+
+
 def _linear_step(seed: int, mode: str, dtype=torch.float32):
     torch.manual_seed(0)
     lin = torch.nn.Linear(5, 3).to(dtype)
@@ -150,10 +164,36 @@ def test_fuzzy_linear_forward_backward_same_bits(mode, monkeypatch):
     monkeypatch.delenv(flop.FLOP_BACKEND_ENV, raising=False)
     want = _linear_step(7, mode)
     monkeypatch.setenv(flop.FLOP_BACKEND_ENV, "triton")
+    calls = _count_calls(monkeypatch)
     got = _linear_step(7, mode)
     for g, w in zip(got, want):
         assert same(g, w)
+    assert calls["contract"] == 2 and calls["scan"] >= 2  # addmm, mm (grad W); sums
     assert not same(got[0], _linear_step(8, mode)[0])  # the seed matters
+
+
+def _conv_step(seed: int):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(2, 2, 3, padding=1, groups=2)
+    x = torch.randn(1, 2, 3, 3, requires_grad=True)
+    with fuzzy(mode="sr", granularity="flop", seed=seed):
+        y = conv(x)
+        y.square().sum().backward()
+    return y.detach(), x.grad, conv.weight.grad, conv.bias.grad
+
+
+def test_fuzzy_conv_forward_backward_same_bits(monkeypatch):
+    """Grouped, padded convolution: forward (im2col product), and backward (grad_input as
+    a transposed convolution, grad_weight, grad_bias) through the Triton kernels equal
+    numba's bit for bit."""
+    monkeypatch.delenv(flop.FLOP_BACKEND_ENV, raising=False)
+    want = _conv_step(2)
+    monkeypatch.setenv(flop.FLOP_BACKEND_ENV, "triton")
+    calls = _count_calls(monkeypatch)
+    got = _conv_step(2)
+    for g, w in zip(got, want):
+        assert same(g, w)
+    assert calls == {"contract": 3, "scan": 2}  # fwd, grad_input, grad_weight; sums
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
