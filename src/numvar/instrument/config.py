@@ -14,6 +14,10 @@ variable               value
 ``NUMVAR_INCLUDE``     comma-separated globs, or op kinds of :data:`OP_KINDS` (``matmul``)
 ``NUMVAR_MODULES``     comma-separated globs over ``named_modules()`` paths
 =====================  ============================================================
+
+``NUMVAR_FLOP_BACKEND`` (``auto`` | ``numba`` | ``triton``) is not part of a
+realization's configuration: it picks the backend of the flop kernels, with the same bits
+either way (:func:`numvar.instrument.flop.flop_backend`).
 """
 
 from __future__ import annotations

@@ -22,20 +22,108 @@ Orders (every product and every add rounded):
 
 bfloat16 and float16 run in the binary32 kernels at 8 and 11 significand bits and are
 cast at the end (exact except below the narrow format's normal range, and for float16
-above its range). Tensors on other devices go through the CPU kernels.
+above its range).
+
+Backends (:func:`flop_backend`): the numba kernels of :mod:`numvar.instrument.kernels`
+for CPU tensors, the Triton kernels of :mod:`numvar.instrument.triton_kernels` for CUDA
+tensors (same order, same random bits, same results); ``NUMVAR_FLOP_BACKEND`` overrides
+the choice. Tensors the numba backend serves on another device are copied to the CPU
+and back.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
+import os
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from . import kernels as KN
 from . import pointwise as PW
 from ._core import Ctx
+
+_log = logging.getLogger(__name__)
+
+#: environment variable choosing the backend of the flop kernels, and its values
+FLOP_BACKEND_ENV = "NUMVAR_FLOP_BACKEND"
+FLOP_BACKENDS = ("auto", "numba", "triton")
+_triton_missing_logged = False
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+def flop_backend(device: torch.device) -> str:
+    """The backend (``"numba"`` or ``"triton"``) of the flop kernels for tensors on
+    ``device``, from ``NUMVAR_FLOP_BACKEND``:
+
+    * ``auto`` (default, or unset): ``triton`` for CUDA tensors, ``numba`` otherwise; a
+      CUDA tensor takes ``numba`` (through the CPU) when triton is not installed (logged
+      once);
+    * ``numba``: always the CPU numba kernels (device tensors are copied to the CPU and
+      back);
+    * ``triton``: always the Triton kernels; CPU tensors need Triton's interpreter
+      (``TRITON_INTERPRET=1``, slow: meant for tests).
+
+    Both backends give the same bits for the same seed. A bad value, or ``triton``
+    where it cannot run, raises :class:`numvar.errors.ConfigError`.
+    """
+    global _triton_missing_logged
+    v = os.environ.get(FLOP_BACKEND_ENV, "").strip().lower() or "auto"
+    if v not in FLOP_BACKENDS:
+        raise ConfigError(f"{FLOP_BACKEND_ENV} must be one of {', '.join(FLOP_BACKENDS)}; "
+                          f"got {v!r}")
+    if v == "numba":
+        return v
+    cuda = device.type == "cuda"
+    if v == "auto":
+        if not cuda:
+            return "numba"
+        if _triton_available():
+            return "triton"
+        if not _triton_missing_logged:
+            _log.warning("triton is not installed: flop kernels of CUDA tensors run on the "
+                         "CPU (pip install 'numvar[gpu]')")
+            _triton_missing_logged = True
+        return "numba"
+    if not _triton_available():
+        raise ConfigError(f"{FLOP_BACKEND_ENV}=triton needs triton: pip install 'numvar[gpu]'")
+    if not cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ConfigError(f"{FLOP_BACKEND_ENV}=triton on {device.type} tensors needs "
+                          "Triton's interpreter (TRITON_INTERPRET=1, set before triton is "
+                          "imported)")
+    return v
+
+
+def _contract(a: torch.Tensor, b: torch.Tensor, key: int, ctx: Ctx, t: int,
+              kd: torch.dtype) -> torch.Tensor:
+    """The flop contraction kernel of :func:`flop_backend` on carriers of dtype ``kd``;
+    the result on ``a``'s device, dtype ``kd``."""
+    if flop_backend(a.device) == "triton":
+        from . import triton_kernels as TK
+
+        return TK.contract(a.detach().to(kd), b.detach().to(kd), key, ctx.code, t)
+    return _back(KN.contract(_np(a, kd), _np(b, kd), key, ctx.code, t), kd, a.device)
+
+
+def _scan(x: torch.Tensor, key: int, ctx: Ctx, t: int, kd: torch.dtype, *, mul: bool,
+          cumulative: bool = False) -> torch.Tensor:
+    """The flop scan kernel of :func:`flop_backend` (see :func:`_contract`)."""
+    if flop_backend(x.device) == "triton":
+        from . import triton_kernels as TK
+
+        return TK.scan(x.detach().to(kd), key, ctx.code, t, mul=mul, cumulative=cumulative)
+    return _back(KN.scan(_np(x, kd), key, ctx.code, t, mul=mul, cumulative=cumulative), kd,
+                 x.device)
 
 
 def _kdtype(dtype: torch.dtype) -> torch.dtype:
@@ -64,8 +152,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, ctx: Ctx, dtype: torch.dtype | None = 
         return torch.zeros(BO, M, N, dtype=dtype, device=device)
     kd = _kdtype(dtype)
     key = ctx.stream.next_key()
-    out = KN.contract(_np(a, kd), _np(b, kd), key, ctx.code, ctx.bits(dtype))
-    return _back(out, dtype, device)
+    return _contract(a, b, key, ctx, ctx.bits(dtype), kd).to(dtype)
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, ctx: Ctx) -> torch.Tensor:
@@ -263,7 +350,8 @@ def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool =
     elif k == 1:
         res = x.reshape(out_shape).clone()
     elif (dtype is torch.float32 and ctx._t32 and x.is_cpu and m >= PW.ROW_M_MIN
-          and k <= PW.ROW_K_MAX and dims[0] == x.dim() - len(dims) and x.is_contiguous()):
+          and k <= PW.ROW_K_MAX and dims[0] == x.dim() - len(dims) and x.is_contiguous()
+          and flop_backend(x.device) == "numba"):
         # trailing dims of a contiguous tensor: the rows of x viewed as (m, k), without
         # the transposed copy (same order and bits as the scan below)
         key = ctx.stream.next_key()
@@ -273,8 +361,7 @@ def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool =
         xp = x.permute(*dims, *kept).reshape(k, m)
         kd = _kdtype(dtype)
         key = ctx.stream.next_key()
-        arr = KN.scan(_np(xp, kd), key, ctx.code, ctx.bits(dtype), mul=mul)
-        res = _back(arr, dtype, x.device).reshape(out_shape)
+        res = _scan(xp, key, ctx, ctx.bits(dtype), kd, mul=mul).to(dtype).reshape(out_shape)
     return res.reshape(kshape) if keepdim else res
 
 
@@ -294,9 +381,8 @@ def scan(x: torch.Tensor, dim: int, ctx: Ctx, *, mul: bool = False,
     rest = xm.shape[1:]
     kd = _kdtype(dtype)
     key = ctx.stream.next_key()
-    arr = KN.scan(_np(xm.reshape(k, -1), kd), key, ctx.code, ctx.bits(dtype), mul=mul,
-                  cumulative=True)
-    return _back(arr, dtype, x.device).reshape(k, *rest).movedim(0, d).contiguous()
+    res = _scan(xm.reshape(k, -1), key, ctx, ctx.bits(dtype), kd, mul=mul, cumulative=True)
+    return res.to(dtype).reshape(k, *rest).movedim(0, d).contiguous()
 
 
 def mean(x, dim, ctx: Ctx, *, keepdim=False, dtype=None):

@@ -350,7 +350,8 @@ def _lerp(ctx, func, args, kwargs):
     if not isinstance(w, torch.Tensor):
         if abs(w) < 0.5:
             return ctx.add(a, ctx.mul(w, d))
-        return ctx.sub(b, ctx.mul(d, ctx.sub(1.0, torch.tensor(w, dtype=d.dtype))))
+        one_minus_w = ctx.sub(1.0, torch.tensor(w, dtype=d.dtype, device=d.device))
+        return ctx.sub(b, ctx.mul(d, one_minus_w))
     lo = ctx.add(a, ctx.mul(w, d))
     hi = ctx.sub(b, ctx.mul(d, ctx.sub(1.0, w.to(d.dtype))))
     return torch.where(w.abs() < 0.5, lo, hi)
