@@ -809,8 +809,10 @@ def _movement(nat, pert, ref, tau: float, median: bool) -> tuple[float, int]:
 
 
 def _arithmetic(report) -> list[str]:
-    """Ops of a fuzzy report that did float arithmetic (instrumented or escaped)."""
-    return sorted(set(report.instrumented) | set(report.native))
+    """Ops of a fuzzy report that may do float arithmetic: instrumented, run natively for
+    want of a handler, or left native on request (``exclude``, ``modules``)."""
+    return sorted(set(report.instrumented) | set(report.native) | set(report.excluded)
+                  | set(report.outside_modules))
 
 
 def _non_pointwise(names: list[str]) -> list[str]:
@@ -975,34 +977,47 @@ def _probe_backward(mod, mod64, path, args, kwargs, precision, seed, fuzzy_kwarg
 THREAD_MODELS = ("resnet_basic", "bert")
 
 
-def thread_check(names=THREAD_MODELS, size: str = "bench", regime: str = "no_grad",
-                 threads=(1, 2)) -> dict[str, dict]:
+def thread_check(names=THREAD_MODELS, size: str = "test", regimes=("no_grad", "sgd"),
+                 threads=(1, 2), min_work: int | None = 0) -> dict[str, dict]:
     """Run each entry under ``fuzzy(mode="sr", granularity="flop", seed=0)`` once per
-    thread count (torch's and numba's set alike, restored after) and compare the results
-    bit for bit. Returns, per entry, ``differ`` (result keys whose bits differ between
-    thread counts), ``work_max`` (the largest contraction call, in terms: the kernels
-    use several threads only from ``numvar.instrument.kernels.PARALLEL_MIN_WORK`` on)
-    and ``threads`` (the counts actually in effect)."""
+    thread count (torch's and numba's set alike, restored after), in each of ``regimes``,
+    and compare the results bit for bit.
+
+    ``min_work`` replaces ``numvar.instrument.kernels.PARALLEL_MIN_WORK`` (the work below
+    which a parallel kernel runs on one thread) for the duration: 0, the default, sends
+    every kernel call of the tiny test models down the parallel path; None keeps it.
+    Returns, per entry, ``differ`` (``regime:key`` of results whose bits differ between
+    thread counts), ``work_max`` (the largest contraction call, in terms), ``min_work``
+    (the threshold in effect) and ``threads`` (the (torch, numba) counts in effect)."""
     import numba
 
-    old = torch.get_num_threads(), numba.get_num_threads()
+    from ..instrument import kernels as KN
+
+    old = torch.get_num_threads(), numba.get_num_threads(), KN.PARALLEL_MIN_WORK
     out = {}
     try:
+        if min_work is not None:
+            KN.PARALLEL_MIN_WORK = min_work
         for name in names:
             built = build(name, size)
-            results, used, work = [], [], 0
-            for t in threads:
-                torch.set_num_threads(t)
-                numba.set_num_threads(t)
-                used.append((torch.get_num_threads(), numba.get_num_threads()))
-                with count_contractions() as cc:
-                    results.append(run(built, regime, fuzzy_block(mode="sr", seed=0)))
-                work = max(work, cc.work_max)
-            differ = sorted({k for r in results[1:] for k in bitwise_equal(results[0], r)})
-            out[name] = {"differ": differ, "work_max": work, "threads": used}
+            differ, used, work = set(), [], 0
+            for regime in regimes:
+                results = []
+                for t in threads:
+                    torch.set_num_threads(t)
+                    numba.set_num_threads(t)
+                    used.append((torch.get_num_threads(), numba.get_num_threads()))
+                    with count_contractions() as cc:
+                        results.append(run(built, regime, fuzzy_block(mode="sr", seed=0)))
+                    work = max(work, cc.work_max)
+                differ |= {f"{regime}:{k}" for r in results[1:]
+                           for k in bitwise_equal(results[0], r)}
+            out[name] = {"differ": sorted(differ), "work_max": work,
+                         "min_work": KN.PARALLEL_MIN_WORK, "threads": sorted(set(used))}
     finally:
         torch.set_num_threads(old[0])
         numba.set_num_threads(old[1])
+        KN.PARALLEL_MIN_WORK = old[2]
     return out
 
 
