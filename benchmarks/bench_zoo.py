@@ -11,8 +11,9 @@ numba's thread counts set alike), in one run. Per model, five numbers:
 - **contraction**: the model's rounded contraction terms (matmul and convolution terms
   the flop kernels compute, counted with :func:`numvar.workloads.zoo.count_contractions`
   in one flop SR forward) divided by the SR contraction kernel's rate measured in this
-  run at the same thread count (``kernels.contract`` on 256×256×256 binary32): the time
-  the arithmetic alone needs at the kernel's speed;
+  run at the same thread count and in the same kernel dtype (``kernels.contract`` on
+  256×256×256, binary32 and binary64): the time the arithmetic alone needs at the
+  kernel's speed;
 - **op SR** and **flop SR**: the forward under ``numvar.fuzzy(mode="sr", granularity=...)``.
 
 Floor, contraction, op and flop are ratios to native. The goals of the speed issue are
@@ -53,14 +54,18 @@ BEGIN, END = "<!-- bench_zoo:begin -->", "<!-- bench_zoo:end -->"
 VARIANTS = ("native", "floor", "op SR", "flop SR")
 
 
-def kernel_rate(repeats: int, n: int = 256) -> float:
-    """Terms per second of the SR contraction kernel on an n×n×n binary32 product."""
+KERNEL_DTYPES = {"float32": 24, "float64": 53}  # kernel dtype -> significand bits
+
+
+def kernel_rate(repeats: int, dtype: str = "float32", n: int = 256) -> float:
+    """Terms per second of the SR contraction kernel on an n×n×n product in ``dtype``
+    (the float32 kernel also serves bfloat16/float16 models)."""
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((1, n, n), dtype=np.float32)
-    b = rng.standard_normal((1, n, n), dtype=np.float32)
-    code = RK.mode_code("sr")
-    KN.contract(a, b, 1, code, 24)  # compile / warm
-    best = min(_timed(lambda: KN.contract(a, b, 1, code, 24)) for _ in range(repeats))
+    a = rng.standard_normal((1, n, n)).astype(dtype)
+    b = rng.standard_normal((1, n, n)).astype(dtype)
+    code, t = RK.mode_code("sr"), KERNEL_DTYPES[dtype]
+    KN.contract(a, b, 1, code, t)  # compile / warm
+    best = min(_timed(lambda: KN.contract(a, b, 1, code, t)) for _ in range(repeats))
     return n ** 3 / best
 
 
@@ -103,11 +108,16 @@ def measure(built: zoo.Built, repeats: int) -> dict[str, float]:
     return best
 
 
-def contraction_terms(built: zoo.Built) -> int:
+def contraction_terms(built: zoo.Built) -> dict[str, int]:
+    """The contraction terms of one flop SR forward, per kernel dtype."""
     with torch.no_grad(), zoo.count_contractions() as cc:
         with fuzzy(mode="sr", granularity="flop", seed=0):
             built.model.eval()(*built.inputs)
-    return cc.terms
+    return dict(cc.terms_by_dtype)
+
+
+def contraction_time(terms: dict[str, int], rates: dict[str, float]) -> float:
+    return sum(n / rates[d] for d, n in terms.items())
 
 
 def _machine(threads) -> list[str]:
@@ -132,8 +142,10 @@ def render(rows, rates, args, machine) -> str:
              f"{args.repeats} interleaved rounds after a warm-up, ratios to native in the same "
              "run. floor: a do-nothing dispatch mode on numvar's code path; contraction: the "
              "model's rounded contraction terms ÷ the SR contraction kernel's rate measured in "
-             "this run (" + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {r / 1e9:.2f} G terms/s"
-                                      for t, r in rates.items()) + "). Goals (1 thread): flop "
+             "this run (G terms/s, " + "; ".join(
+                 f"{t} thread{'s' if t > 1 else ''}: " + ", ".join(
+                     f"{d} {r / 1e9:.2f}" for d, r in rs.items()) for t, rs in rates.items())
+             + "). Goals (1 thread): flop "
              "SR ≤ floor + contraction + 5, op SR ≤ floor + 2.", ""]
     lines += [f"- {m}" for m in machine if m] + [""]
     lines += ["| model | threads | native ms | floor | contraction | op SR | flop SR | "
@@ -192,8 +204,9 @@ def main(argv=None) -> None:
     for t in threads:
         torch.set_num_threads(t)
         numba.set_num_threads(t)
-        rates[t] = kernel_rate(args.repeats)
-        print(f"threads {t}: SR contraction kernel {rates[t] / 1e9:.2f} G terms/s", flush=True)
+        rates[t] = {d: kernel_rate(args.repeats, d) for d in KERNEL_DTYPES}
+        print(f"threads {t}: SR contraction kernel " + ", ".join(
+            f"{d} {r / 1e9:.2f}" for d, r in rates[t].items()) + " G terms/s", flush=True)
         for n in names:
             if isinstance(terms[n], Exception):
                 rows.append({"model": n, "threads": t, "error": type(terms[n]).__name__})
@@ -203,10 +216,11 @@ def main(argv=None) -> None:
             except Exception as e:  # noqa: BLE001
                 rows.append({"model": n, "threads": t, "error": f"{type(e).__name__}: {e}"[:60]})
                 continue
-            rows.append({"model": n, "threads": t, **best, "contraction": terms[n] / rates[t]})
+            ctime = contraction_time(terms[n], rates[t])
+            rows.append({"model": n, "threads": t, **best, "contraction": ctime})
             nat = best["native"]
             print(f"  {n:22s} native {nat * 1e3:8.2f} ms  floor {best['floor'] / nat:5.1f}x  "
-                  f"contraction {terms[n] / rates[t] / nat:5.1f}x  op {best['op SR'] / nat:5.1f}x  "
+                  f"contraction {ctime / nat:5.1f}x  op {best['op SR'] / nat:5.1f}x  "
                   f"flop {best['flop SR'] / nat:5.1f}x", flush=True)
     rows.sort(key=lambda r: (names.index(r["model"]), r["threads"]))
     section = render(rows, rates, args, machine)

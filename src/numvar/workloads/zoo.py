@@ -548,11 +548,13 @@ def format_escapes(esc: dict[str, int]) -> str:
 @dataclass
 class Contractions:
     """What the flop kernels computed in a block: ``terms`` of contractions (matmul,
-    convolution: Σ batch·M·N·K, each a rounded product and a rounded add), the largest
+    convolution: Σ batch·M·N·K, each a rounded product and a rounded add; per kernel
+    dtype in ``terms_by_dtype``: binary16 formats run in the float32 kernel), the largest
     single call ``work_max`` (terms), the longest contraction ``k_max`` and the longest
     reduction or scan ``reduce_max``."""
 
     terms: int = 0
+    terms_by_dtype: dict[str, int] = field(default_factory=dict)  # "float32", "float64"
     work_max: int = 0
     k_max: int = 0
     reduce_max: int = 0
@@ -575,6 +577,7 @@ def count_contractions() -> Iterator[Contractions]:
         bo = max(a.shape[0], b.shape[0])
         work = bo * a.shape[1] * b.shape[2] * a.shape[2]
         stats.terms += work
+        stats.terms_by_dtype[str(a.dtype)] = stats.terms_by_dtype.get(str(a.dtype), 0) + work
         stats.work_max = max(stats.work_max, work)
         stats.k_max = max(stats.k_max, a.shape[2])
         stats.calls += 1
