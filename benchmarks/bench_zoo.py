@@ -129,7 +129,8 @@ def _machine(threads) -> list[str]:
         cpu = platform.processor()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return [f"cpu: {cpu}, {os.cpu_count()} cores; threads measured: {', '.join(map(str, threads))}",
-            f"torch {torch.__version__}, numba {numba.__version__}, python {platform.python_version()}",
+            f"torch {torch.__version__}, numba {numba.__version__}, "
+            f"python {platform.python_version()}",
             f"load average at start: {', '.join(f'{v:.1f}' for v in load)}" if load else "",
             f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"]
 
@@ -155,13 +156,14 @@ def render(rows, rates, args, machine) -> str:
             lines.append(f"| {r['model']} | {r['threads']} | error: {r['error']} ||||||| ")
             continue
         nat = r["native"]
-        fl, ct, op, fp = r["floor"] / nat, r["contraction"] / nat, r["op SR"] / nat, r["flop SR"] / nat
+        fl, ct = r["floor"] / nat, r["contraction"] / nat
+        op, fp = r["op SR"] / nat, r["flop SR"] / nat
         fg = "✓" if fp <= fl + ct + 5 else f"✗ (> {fl + ct + 5:.1f})"
         og = "✓" if op <= fl + 2 else f"✗ (> {fl + 2:.1f})"
         if r["threads"] != 1:
             fg = og = "—"
-        lines.append(f"| {r['model']} | {r['threads']} | {nat * 1e3:.2f} | {fl:.1f}× | {ct:.1f}× | "
-                     f"{op:.1f}× | {fp:.1f}× | {fg} | {og} |")
+        lines.append(f"| {r['model']} | {r['threads']} | {nat * 1e3:.2f} | {fl:.1f}× | "
+                     f"{ct:.1f}× | {op:.1f}× | {fp:.1f}× | {fg} | {og} |")
     return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,6 @@ import contextlib
 import copy
 import inspect
 import math
-import statistics
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -61,9 +60,10 @@ PROBE_PRECISION = 8
 #: 0.234 per element (earlier roundings only add spread). Only elements that native
 #: rounded count (those that differ from a float64 computation): their exact value is
 #: off the 24-bit grid, hence off the 8-bit one, so the last rounding does move them.
-#: The median over n ≥ 16 such elements falls below τ only if ≥ n/2 elements do: binomial tail P(X ≥ 8 | n=16,
-#: p=0.234) ≈ 0.012, and smaller for larger n; with fewer elements the probe takes the
-#: maximum, below τ with probability ≤ 0.234^n (< 0.003 for n ≥ 4). An unperturbed
+#: The median over n ≥ 16 such elements falls below τ only if ≥ n/2 elements do:
+#: binomial tail P(X ≥ 8 | n=16, p=0.234) ≈ 0.018, 9e-4 at n=32, 3e-6 at n=64; with
+#: fewer elements the probe takes the maximum, below τ with probability ≤ 0.234^n
+#: (< 0.003 for n ≥ 4). An unperturbed
 #: module (native, or fast path) moves by 0: it fails by a factor ∞. Seeds are fixed,
 #: so a pass or fail is reproducible. For a format with fewer bits the probe runs at
 #: :func:`probe_precision` (bfloat16: 4) and τ = 2^-precision / 8, by the same argument.
@@ -790,8 +790,8 @@ def _float_view(t: torch.Tensor | None) -> torch.Tensor | None:
 def _movement(nat, pert, ref, tau: float, median: bool) -> tuple[float, int]:
     """(statistic, n) of |pert − nat|/|nat| over the ``n`` elements that native rounded:
     finite, non-zero and different from the float64 computation ``ref`` (an element native
-    computes exactly has nothing to round; ``ref`` None: a float64 model, every element). The median when ``median`` and n ≥
-    PROBE_MEDIAN_MIN, else the maximum. A shape or finiteness mismatch counts as moved."""
+    computes exactly has nothing to round; ``ref`` None: a float64 model, every element).
+    The median when ``median`` and n ≥ PROBE_MEDIAN_MIN, else the maximum. A shape or finiteness mismatch counts as moved."""
     rel = []
     for a, b, r in zip(nat, pert, ref if ref is not None else [None] * len(nat)):
         a, b, r = _float_view(a), _float_view(b), _float_view(r)

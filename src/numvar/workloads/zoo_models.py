@@ -274,7 +274,8 @@ class ViT(nn.Module):
 class Recurrent(nn.Module):
     """``nn.LSTM`` or ``nn.GRU`` (batch first) and a linear head on every time step."""
 
-    def __init__(self, cell: str, features: int, hidden: int, layers: int, classes: int = 4) -> None:
+    def __init__(self, cell: str, features: int, hidden: int, layers: int,
+                 classes: int = 4) -> None:
         super().__init__()
         self.rnn = getattr(nn, cell)(features, hidden, layers, batch_first=True)
         self.head = nn.Linear(hidden, classes)
