@@ -149,6 +149,12 @@ def render(rows, rates, args, machine) -> str:
              + "). Goals (1 thread): flop "
              "SR ≤ floor + contraction + 5, op SR ≤ floor + 2.", ""]
     lines += [f"- {m}" for m in machine if m] + [""]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > (os.cpu_count() or 1) and any(t > 1 for t in rates):
+        lines += [f"The load average ({load:.1f}) exceeded the core count during this run: "
+                  "the multi-thread rows are not meaningful (OpenMP and numba workers wait "
+                  "for descheduled siblings; native times grow 10-100×). Rerun them on an "
+                  "otherwise idle machine.", ""]
     lines += ["| model | threads | native ms | floor | contraction | op SR | flop SR | "
               "flop goal | op goal |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
@@ -230,10 +236,10 @@ def main(argv=None) -> None:
     if not args.no_write:
         write_results(section, Path(args.out))
         doc = ("# Benchmarks: the model zoo\n\n"
-               "What numvar costs on every model of the zoo (`docs/zoo.md`), measured by "
+               "What numvar costs on every model of [the zoo](zoo.md), measured by "
                "`benchmarks/bench_zoo.py`. Ratios are to native PyTorch in the same run; "
                "on a shared machine they move with load (up to 2×), so compare rows of one "
-               "run, not runs.\n\n" + section.split("\n", 1)[1])
+               "run, not runs.\n" + section.split("\n", 1)[1])
         atomic_write_text(Path(args.docs), doc)
 
 

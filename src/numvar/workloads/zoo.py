@@ -402,7 +402,8 @@ _ENTRIES = [
     Entry("transformer_encoder", "nn.TransformerEncoder with a key padding mask", _encoder),
     Entry("multihead_attention", "nn.MultiheadAttention with a key padding mask, weights",
           _mha),
-    Entry("embedding_bag", "nn.EmbeddingBag mean and weighted sum, repeated indices", _bags),
+    Entry("embedding_bag", "nn.EmbeddingBag mean and weighted sum, a gather x[idx]; repeated "
+          "indices", _bags),
     Entry("fft_filter", "rfft, complex multiply (polar), irfft", _fft),
     Entry("spatial_transformer", "affine_grid, bilinear grid_sample", _stn),
     Entry("linear_solve", "torch.linalg.solve on a learned SPD matrix", _solve),
@@ -851,7 +852,7 @@ def _children_native(module: nn.Module) -> Iterator[None]:
             del child.forward
 
 
-def _status(arith: list[str], required: list[str], stat: float, n: int, tau: float) -> str:
+def _status(arith: list[str], required: bool, stat: float, n: int, tau: float) -> str:
     if required:
         if n == 0:
             return "exact result"
@@ -873,13 +874,16 @@ def probe(built: Built, regime: str, *, precision: int | None = None, seed: int 
     inputs. Each call is then re-run on its own recorded inputs, natively, in float64 and
     under ``fuzzy(mode="sr", precision=precision)``, with the module's children run
     natively, so that only the module's own code is perturbed. Where the module has
-    arithmetic of its own (a leaf module: any float op; a container: any op that is not
-    pointwise, e.g. attention's matmuls, grid_sample, an FFT), its output must move by at
+    arithmetic of its own (a leaf module: any float op in the report, or any output
+    element native rounded, which catches ops numvar wrongly takes for exact; a
+    container: any op that is not pointwise, e.g. attention's matmuls, grid_sample, an
+    FFT), its output must move by at
     least ``2^-precision / 8`` (:data:`PROBE_TAU` at 8 bits), measured as the median
     relative change over the elements native rounds (those that differ from the float64
     computation); a module without arithmetic must stay bitwise native. In the training
     regimes each leaf module with parameters is also differentiated on its own (a fixed
-    random output gradient): the gradients must move likewise (the maximum relative
+    random output gradient): the gradients must move likewise, by the same rule as a
+    leaf's output (the maximum relative
     change of each gradient tensor that has inexact elements). ``precision`` defaults to
     :func:`probe_precision` of the model's dtype; ``fuzzy_kwargs`` go to every fuzzy
     block (e.g. ``exclude`` to see the probe fail). One :class:`ModuleProbe` per call.
@@ -923,7 +927,11 @@ def probe(built: Built, regime: str, *, precision: int | None = None, seed: int 
         arith = _arithmetic(fz.report())
         ref = None if built.dtype == torch.float64 else _tensors(ref)
         stat, n = _movement(_tensors(nat), _tensors(pert), ref, tau, median=True)
-        status = _status(arith, arith if leaf else _non_pointwise(arith), stat, n, tau)
+        # a leaf must move when it reported arithmetic or when native rounded its output
+        # (inexact elements: an op numvar took for exact, e.g. an accumulating scatter);
+        # a container when its own code has a non-pointwise op
+        required = bool(arith) or n > 0 if leaf else bool(_non_pointwise(arith))
+        status = _status(arith, required, stat, n, tau)
         results.append(ModuleProbe(path, "forward", stat, n, arith, status))
         if training and leaf and any(p.requires_grad for p in mod.parameters()):
             results.append(_probe_backward(mod, mod64, path, args, kwargs, precision,
@@ -973,7 +981,8 @@ def _probe_backward(mod, mod64, path, args, kwargs, precision, seed, fuzzy_kwarg
     stats = [(s, n) for s, n in stats if n]
     stat = min((s for s, _ in stats), default=0.0)
     n = sum(n for _, n in stats)
-    return ModuleProbe(path, "backward", stat, n, arith, _status(arith, arith, stat, n, tau))
+    status = _status(arith, bool(arith) or n > 0, stat, n, tau)
+    return ModuleProbe(path, "backward", stat, n, arith, status)
 
 
 # ----------------------------------------------------------------------------- threads

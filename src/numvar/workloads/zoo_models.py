@@ -318,20 +318,35 @@ class SelfAttention(nn.Module):
 
 
 # ------------------------------------------------------------------- functional ops
+class Gather(nn.Module):
+    """Rows of a parameter table by advanced indexing, ``table[idx]``: its backward
+    accumulates (``index_put_(accumulate=True)``) where indices repeat."""
+
+    def __init__(self, rows: int, d: int) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(rows, d))
+
+    def forward(self, idx):
+        return self.table[idx]
+
+
 class Bags(nn.Module):
-    """Two ``nn.EmbeddingBag`` s over the same bags (mean; sum with per-sample weights),
-    concatenated, and a linear head. Repeated indices make the backward accumulate."""
+    """Two ``nn.EmbeddingBag`` s over the same bags (mean; sum with per-sample weights)
+    and the per-bag mean of a :class:`Gather` of the same indices, concatenated, and a
+    linear head. Repeated indices make the backward accumulate."""
 
     def __init__(self, vocab: int, d: int, classes: int = 4) -> None:
         super().__init__()
         self.mean_bag = nn.EmbeddingBag(vocab, d, mode="mean")
         self.sum_bag = nn.EmbeddingBag(vocab, d, mode="sum")
-        self.head = nn.Linear(2 * d, classes)
+        self.gather = Gather(vocab, d)
+        self.head = nn.Linear(3 * d, classes)
 
     def forward(self, idx, offsets, weights):
         a = self.mean_bag(idx, offsets)
         b = self.sum_bag(idx, offsets, per_sample_weights=weights)
-        return self.head(torch.cat([a, b], 1))
+        c = self.gather(idx).view(a.shape[0], -1, a.shape[1]).mean(1)
+        return self.head(torch.cat([a, b, c], 1))
 
 
 class SpectralFilter(nn.Module):
