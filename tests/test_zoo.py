@@ -141,3 +141,26 @@ def test_bitwise_identical_across_thread_counts():
         assert [list(t) for t in r["threads"]] == [[1, 1], [2, 2]], name
         assert r["min_work"] == 0 and r["work_max"] > 0, name
         assert r["differ"] == [], f"{name}: bits differ across thread counts in {r['differ']}"
+
+
+def test_codepath_is_what_fuzzy_runs_on():
+    """numvar.instrument.codepath: fast path off and SDPA on its math backend inside, both
+    restored after; a fuzzy block runs on it (the floor of bench_zoo.py uses the same)."""
+    from numvar.instrument import fuzzy
+    from numvar.instrument.codepath import IdentityMode, codepath
+
+    def state():
+        return (torch.backends.mha.get_fastpath_enabled(),
+                torch._C._get_flash_sdp_enabled(), torch._C._get_math_sdp_enabled())
+
+    before = state()
+    assert before[0] is True
+    with codepath():
+        inside = state()
+        with IdentityMode():
+            y = torch.ones(2) + 1
+    assert inside == (False, False, True) and y.tolist() == [2.0, 2.0]
+    assert state() == before
+    with fuzzy(mode="ieee"):
+        assert state() == inside
+    assert state() == before
