@@ -565,20 +565,19 @@ class Contractions:
 @contextlib.contextmanager
 def count_contractions() -> Iterator[Contractions]:
     """Count, in a ``with`` block, the contraction terms the flop kernels compute, by
-    wrapping ``numvar.instrument.kernels.contract`` and ``numvar.instrument.flop.reduce``
-    / ``flop.scan`` (the entry points of every flop-level contraction and reduction).
-    A measuring tool for benchmarks and tolerances: the wrappers only count."""
+    wrapping ``numvar.instrument.flop._contract`` (the one entry point of every flop-level
+    contraction, numba or Triton backend) and ``flop.reduce`` / ``flop.scan`` (reductions
+    and scans). A measuring tool for benchmarks and tolerances: the wrappers only count."""
     from ..instrument import flop as FL
-    from ..instrument import kernels as KN
 
     stats = Contractions()
-    contract, reduce, scan = KN.contract, FL.reduce, FL.scan
+    contract, reduce, scan = FL._contract, FL.reduce, FL.scan
 
     def counted_contract(a, b, *args, **kwargs):
-        bo = max(a.shape[0], b.shape[0])
-        work = bo * a.shape[1] * b.shape[2] * a.shape[2]
+        work = max(a.shape[0], b.shape[0]) * a.shape[1] * b.shape[2] * a.shape[2]
+        kd = str(kwargs.get("kd", args[-1] if args else "")).replace("torch.", "")
         stats.terms += work
-        stats.terms_by_dtype[str(a.dtype)] = stats.terms_by_dtype.get(str(a.dtype), 0) + work
+        stats.terms_by_dtype[kd] = stats.terms_by_dtype.get(kd, 0) + work
         stats.work_max = max(stats.work_max, work)
         stats.k_max = max(stats.k_max, a.shape[2])
         stats.calls += 1
@@ -594,11 +593,11 @@ def count_contractions() -> Iterator[Contractions]:
             stats.reduce_max = max(stats.reduce_max, x.shape[dim % x.dim()])
         return scan(x, dim, *args, **kwargs)
 
-    KN.contract, FL.reduce, FL.scan = counted_contract, counted_reduce, counted_scan
+    FL._contract, FL.reduce, FL.scan = counted_contract, counted_reduce, counted_scan
     try:
         yield stats
     finally:
-        KN.contract, FL.reduce, FL.scan = contract, reduce, scan
+        FL._contract, FL.reduce, FL.scan = contract, reduce, scan
 
 
 # -------------------------------------------------------------------------- ieee check
