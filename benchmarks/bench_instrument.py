@@ -36,10 +36,9 @@ import numba
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from numvar.instrument import fuzzy
+from numvar.instrument.codepath import IdentityMode, codepath
 
 MODES = ("ieee", "sr", "ud", "random")
 GRANULARITIES = ("op", "flop")
@@ -73,24 +72,11 @@ class Encoder(nn.Module):
         return self.head(self.enc(self.emb(tokens)).mean(1))
 
 
-class _Identity(TorchDispatchMode):
-    """A dispatch mode that only runs each op: the floor of any dispatch-mode tool."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
 def _floor_run(model, x):
-    """The model under an identity dispatch mode, set up as numvar needs to see every op:
-    the fused transformer fast path off and attention on its math path."""
-    mha = torch.backends.mha
-    old = mha.get_fastpath_enabled()
-    mha.set_fastpath_enabled(False)
-    try:
-        with sdpa_kernel(SDPBackend.MATH), _Identity():
-            model(x)
-    finally:
-        mha.set_fastpath_enabled(old)
+    """The model under an identity dispatch mode on numvar's code path
+    (:mod:`numvar.instrument.codepath`): what any tool that sees every op pays."""
+    with codepath(), IdentityMode():
+        model(x)
 
 
 def _time(fn, repeats: int) -> float:

@@ -290,6 +290,18 @@ def markdown(rows: list[Row], mm: list[dict], info: dict[str, str], repeat: int,
     return "\n".join(lines) + "\n"
 
 
+def kept_sections(path) -> str:
+    """Sections of ``path`` that other scripts own (``<!-- NAME:begin -->`` ...
+    ``<!-- NAME:end -->``, e.g. bench_zoo.py's), kept when this script rewrites it."""
+    import re
+
+    p = Path(path)
+    if not p.exists():
+        return ""
+    blocks = re.findall(r"(<!-- (\w+):begin -->.*?<!-- \2:end -->\n?)", p.read_text(), re.S)
+    return "".join("\n" + b[0] for b in blocks)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="digits,brain,speech")
@@ -328,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         log(prof)
     text = markdown(rows, mm, info, args.repeat, args.note, profiles)
     from numvar._io import atomic_write_text
+
+    text += kept_sections(args.out)
 
     atomic_write_text(args.out, text)
     print(text)

@@ -21,7 +21,8 @@ the block (forward, backward, optimizer step) reaches :class:`FuzzyMode`, which
 
 Composite-implicit ops (``linear``, ``matmul``, ``einsum``, ``scaled_dot_product_attention``)
 never reach a dispatch mode: their aten pieces do. Scaled dot-product attention is forced
-to its math path inside the block so that forward and backward are consistent. Code
+to its math path inside the block so that forward and backward are consistent, and the
+fused transformer fast path is off (:func:`numvar.instrument.codepath.codepath`). Code
 compiled with ``torch.compile`` runs eagerly while a dispatch mode is active.
 """
 
@@ -43,6 +44,7 @@ from . import handlers as H
 from . import ops as O
 from . import replay as RP
 from ._core import FLOATS, Ctx
+from .codepath import codepath
 from .config import FuzzyConfig
 
 logger = logging.getLogger("numvar.instrument")
@@ -470,8 +472,7 @@ class Fuzzy:
         self._filter: _ModuleFilter | None = None
         self._ctx: Ctx | None = None
         self._mode: FuzzyMode | None = None
-        self._sdpa = None
-        self._fastpath: bool | None = None
+        self._codepath = None
 
     def _selection(self, func) -> tuple[bool, bool]:
         key = (func, self._include, self._exclude)
@@ -503,20 +504,9 @@ class Fuzzy:
         if c.modules is not None:
             self._filter = _ModuleFilter(c.modules, c.model)
             self._filter.install()
-        try:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            self._sdpa = sdpa_kernel(SDPBackend.MATH)
-            self._sdpa.__enter__()
-        except ImportError:  # torch < 2.3
-            self._sdpa = None
-        # the fused inference fast path of nn.TransformerEncoderLayer / MultiheadAttention
-        # (_transformer_encoder_layer_fwd, _native_multi_head_attention) has no
-        # decomposition: use the modules' composite path inside the block
-        mha = getattr(torch.backends, "mha", None)
-        self._fastpath = mha.get_fastpath_enabled() if mha is not None else None
-        if mha is not None:
-            mha.set_fastpath_enabled(False)
+        # SDPA math path, fused transformer fast path off (numvar.instrument.codepath)
+        self._codepath = codepath()
+        self._codepath.__enter__()
         self._mode = FuzzyMode(self)
         self._mode.__enter__()
         return self
@@ -527,14 +517,11 @@ class Fuzzy:
                 self._mode.__exit__(*exc)
         finally:
             self._mode = None
-            if self._sdpa is not None:
-                self._sdpa.__exit__(*exc)
-                self._sdpa = None
+            if self._codepath is not None:
+                self._codepath.__exit__(*exc)
+                self._codepath = None
             if self._filter is not None:
                 self._filter.remove()
-            if self._fastpath is not None:
-                torch.backends.mha.set_fastpath_enabled(self._fastpath)
-                self._fastpath = None
         return None
 
     def report(self) -> FuzzyReport:

@@ -1,0 +1,247 @@
+"""numvar over the model zoo: native, floor, contraction time, op SR, flop SR.
+
+Every entry of :data:`numvar.workloads.zoo.ZOO` at its ``bench`` size, one forward
+under ``no_grad`` (model in eval mode), at 1 thread and at all threads (torch's and
+numba's thread counts set alike), in one run. Per model, five numbers:
+
+- **native**: the plain forward, ms (what the user runs);
+- **floor**: the forward under a do-nothing dispatch mode on numvar's code path
+  (:func:`numvar.instrument.codepath.codepath` + :class:`~numvar.instrument.codepath.IdentityMode`:
+  SDPA math backend, transformer fast path off): what any tool that sees every op pays;
+- **contraction**: the model's rounded contraction terms (matmul and convolution terms
+  the flop kernels compute, counted with :func:`numvar.workloads.zoo.count_contractions`
+  in one flop SR forward) divided by the SR contraction kernel's rate measured in this
+  run at the same thread count and in the same kernel dtype (``kernels.contract`` on
+  256×256×256, binary32 and binary64): the time the arithmetic alone needs at the
+  kernel's speed;
+- **op SR** and **flop SR**: the forward under ``numvar.fuzzy(mode="sr", granularity=...)``.
+
+Floor, contraction, op and flop are ratios to native. The goals of the speed issue are
+checked per row at one thread: flop SR ≤ floor + contraction + 5 and op SR ≤ floor + 2
+(in units of native). Times are the best of ``--repeats`` rounds after a warm-up round
+(numba compilation, recorded decompositions); rounds interleave the variants so that a
+load spike on a shared machine hits them alike.
+
+    python benchmarks/bench_zoo.py [--repeats 3] [--models resnet_basic bert ...]
+                                   [--threads 1 all] [--no-write]
+
+Writes its table to its own section of ``benchmarks/results.md`` (between the
+``bench_zoo`` markers; the rest of the file is kept) and to ``docs/benchmarks-zoo.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+import torch
+
+from numvar._io import atomic_write_text
+from numvar.instrument import fuzzy
+from numvar.instrument import kernels as KN
+from numvar.instrument.codepath import IdentityMode, codepath
+from numvar.rounding import kernels as RK
+from numvar.workloads import zoo
+
+HERE = Path(__file__).resolve().parent
+BEGIN, END = "<!-- bench_zoo:begin -->", "<!-- bench_zoo:end -->"
+VARIANTS = ("native", "floor", "op SR", "flop SR")
+
+
+KERNEL_DTYPES = {"float32": 24, "float64": 53}  # kernel dtype -> significand bits
+
+
+def kernel_rate(repeats: int, dtype: str = "float32", n: int = 256) -> float:
+    """Terms per second of the SR contraction kernel on an n×n×n product in ``dtype``
+    (the float32 kernel also serves bfloat16/float16 models)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((1, n, n)).astype(dtype)
+    b = rng.standard_normal((1, n, n)).astype(dtype)
+    code, t = RK.mode_code("sr"), KERNEL_DTYPES[dtype]
+    KN.contract(a, b, 1, code, t)  # compile / warm
+    best = min(_timed(lambda: KN.contract(a, b, 1, code, t)) for _ in range(repeats))
+    return n ** 3 / best
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _variants(built: zoo.Built) -> dict:
+    model, x = built.model.eval(), built.inputs
+
+    def native():
+        model(*x)
+
+    def floor():
+        with codepath(), IdentityMode():
+            model(*x)
+
+    def op():
+        with fuzzy(mode="sr", granularity="op", seed=0):
+            model(*x)
+
+    def flop():
+        with fuzzy(mode="sr", granularity="flop", seed=0):
+            model(*x)
+    return dict(zip(VARIANTS, (native, floor, op, flop)))
+
+
+def measure(built: zoo.Built, repeats: int) -> dict[str, float]:
+    """Best time (s) of each variant over ``repeats`` interleaved rounds, after a warm-up."""
+    fns = _variants(built)
+    best = {k: float("inf") for k in fns}
+    with torch.no_grad():
+        for fn in fns.values():
+            fn()
+        for _ in range(repeats):
+            for k, fn in fns.items():
+                best[k] = min(best[k], _timed(fn))
+    return best
+
+
+def contraction_terms(built: zoo.Built) -> dict[str, int]:
+    """The contraction terms of one flop SR forward, per kernel dtype."""
+    with torch.no_grad(), zoo.count_contractions() as cc:
+        with fuzzy(mode="sr", granularity="flop", seed=0):
+            built.model.eval()(*built.inputs)
+    return dict(cc.terms_by_dtype)
+
+
+def contraction_time(terms: dict[str, int], rates: dict[str, float]) -> float:
+    return sum(n / rates[d] for d, n in terms.items())
+
+
+def _machine(threads) -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                       platform.processor())
+    except OSError:
+        cpu = platform.processor()
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return [f"cpu: {cpu}, {os.cpu_count()} cores; threads measured: {', '.join(map(str, threads))}",
+            f"torch {torch.__version__}, numba {numba.__version__}, "
+            f"python {platform.python_version()}",
+            f"load average at start: {', '.join(f'{v:.1f}' for v in load)}" if load else "",
+            f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"]
+
+
+def render(rows, rates, args, machine) -> str:
+    lines = ["## Model zoo: native, floor, contraction time, op SR, flop SR", "",
+             "Generated by `python benchmarks/bench_zoo.py"
+             + (f" --repeats {args.repeats}" if args.repeats != 3 else "") + "`: every entry of "
+             "`numvar.workloads.zoo` at its bench size, one forward under `no_grad`; best of "
+             f"{args.repeats} interleaved rounds after a warm-up, ratios to native in the same "
+             "run. floor: a do-nothing dispatch mode on numvar's code path; contraction: the "
+             "model's rounded contraction terms ÷ the SR contraction kernel's rate measured in "
+             "this run (G terms/s, " + "; ".join(
+                 f"{t} thread{'s' if t > 1 else ''}: " + ", ".join(
+                     f"{d} {r / 1e9:.2f}" for d, r in rs.items()) for t, rs in rates.items())
+             + "). Goals (1 thread): flop "
+             "SR ≤ floor + contraction + 5, op SR ≤ floor + 2.", ""]
+    lines += [f"- {m}" for m in machine if m] + [""]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > (os.cpu_count() or 1) and any(t > 1 for t in rates):
+        lines += [f"The load average ({load:.1f}) exceeded the core count during this run: "
+                  "the multi-thread rows are not meaningful (OpenMP and numba workers wait "
+                  "for descheduled siblings; native times grow 10-100×). Rerun them on an "
+                  "otherwise idle machine.", ""]
+    lines += ["| model | threads | native ms | floor | contraction | op SR | flop SR | "
+              "flop goal | op goal |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['threads']} | error: {r['error']} ||||||| ")
+            continue
+        nat = r["native"]
+        fl, ct = r["floor"] / nat, r["contraction"] / nat
+        op, fp = r["op SR"] / nat, r["flop SR"] / nat
+        fg = "✓" if fp <= fl + ct + 5 else f"✗ (> {fl + ct + 5:.1f})"
+        og = "✓" if op <= fl + 2 else f"✗ (> {fl + 2:.1f})"
+        if r["threads"] != 1:
+            fg = og = "—"
+        lines.append(f"| {r['model']} | {r['threads']} | {nat * 1e3:.2f} | {fl:.1f}× | "
+                     f"{ct:.1f}× | {op:.1f}× | {fp:.1f}× | {fg} | {og} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(section: str, path: Path) -> None:
+    """Put ``section`` between the bench_zoo markers of ``path`` (appended if absent)."""
+    text = path.read_text() if path.exists() else "# numvar benchmarks\n"
+    block = f"{BEGIN}\n{section}{END}\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    atomic_write_text(path, text)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--threads", nargs="*", default=["1", "all"])
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--out", default=str(HERE / "results.md"))
+    ap.add_argument("--docs", default=str(HERE.parent / "docs" / "benchmarks-zoo.md"))
+    args = ap.parse_args(argv)
+    import logging
+
+    logging.getLogger("numvar").setLevel(logging.ERROR)
+    threads = [numba.config.NUMBA_NUM_THREADS if t == "all" else int(t) for t in args.threads]
+    threads = list(dict.fromkeys(threads))
+    machine = _machine(threads)
+    names = args.models or list(zoo.ZOO)
+    built = {n: zoo.build(n, "bench") for n in names}
+    terms = {}
+    for n in names:
+        try:
+            terms[n] = contraction_terms(built[n])
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            terms[n] = e
+    rows, rates = [], {}
+    for t in threads:
+        torch.set_num_threads(t)
+        numba.set_num_threads(t)
+        rates[t] = {d: kernel_rate(args.repeats, d) for d in KERNEL_DTYPES}
+        print(f"threads {t}: SR contraction kernel " + ", ".join(
+            f"{d} {r / 1e9:.2f}" for d, r in rates[t].items()) + " G terms/s", flush=True)
+        for n in names:
+            if isinstance(terms[n], Exception):
+                rows.append({"model": n, "threads": t, "error": type(terms[n]).__name__})
+                continue
+            try:
+                best = measure(built[n], args.repeats)
+            except Exception as e:  # noqa: BLE001
+                rows.append({"model": n, "threads": t, "error": f"{type(e).__name__}: {e}"[:60]})
+                continue
+            ctime = contraction_time(terms[n], rates[t])
+            rows.append({"model": n, "threads": t, **best, "contraction": ctime})
+            nat = best["native"]
+            print(f"  {n:22s} native {nat * 1e3:8.2f} ms  floor {best['floor'] / nat:5.1f}x  "
+                  f"contraction {ctime / nat:5.1f}x  op {best['op SR'] / nat:5.1f}x  "
+                  f"flop {best['flop SR'] / nat:5.1f}x", flush=True)
+    rows.sort(key=lambda r: (names.index(r["model"]), r["threads"]))
+    section = render(rows, rates, args, machine)
+    print(section)
+    if not args.no_write:
+        write_results(section, Path(args.out))
+        doc = ("# Benchmarks: the model zoo\n\n"
+               "What numvar costs on every model of [the zoo](zoo.md), measured by "
+               "`benchmarks/bench_zoo.py`. Ratios are to native PyTorch in the same run; "
+               "on a shared machine they move with load (up to 2×), so compare rows of one "
+               "run, not runs.\n" + section.split("\n", 1)[1])
+        atomic_write_text(Path(args.docs), doc)
+
+
+if __name__ == "__main__":
+    main()
