@@ -174,6 +174,12 @@ def html_section(res) -> str:
 
 
 def html_page(res) -> str:
-    """A minimal standalone page around :func:`html_section` (``numvar locate --html``)."""
-    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>numvar locate</title>"
-            "</head><body>" + html_section(res) + "</body></html>\n")
+    """A standalone page around :func:`html_section` (``numvar locate --html``), with the
+    stylesheet of numvar's other HTML reports."""
+    from ..analysis.html import CSS
+
+    what = "modules" if res.by == "module" else "op kinds"
+    title = f"numvar locate: where the digits go (by {what})"
+    return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}"
+            f"</title><style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+            + html_section(res) + "</body></html>\n")
