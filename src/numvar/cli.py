@@ -102,14 +102,16 @@ def demo(
     with bar:
         res = run_demo(cfg, progress=progress)
     unit = "bits" if basis == 2 else "decimal digits"
-    table = Table(title=f"significant {unit} (median / min) and class flips, "
+    table = Table(title=f"significant {unit} (median / min; the loss is one number) and "
+                        f"class flips, "
                         f"{res.images} test images")
     for col in ("mode", "logits", "probabilities", "loss", "flipped", "accuracy"):
         table.add_column(col, justify="left" if col == "mode" else "right")
     for row in res.summary():
         table.add_row(row["mode"].upper(),
                       *(f"{row[k + '_median']:.2f} / {row[k + '_min']:.2f}"
-                        for k in ("logits", "probabilities", "loss")),
+                        for k in ("logits", "probabilities")),
+                      f"{row['loss_median']:.2f}",       # one scalar: no median / min
                       f"{row['flipped']} of {row['samples']}",
                       "—" if row["accuracy_mean"] is None else f"{100 * row['accuracy_mean']:.2f} %")
     Console().print(table)

@@ -166,7 +166,7 @@ def flips_png(name: str, c: dict) -> str:
 
 def dice_png(name: str, s: dict) -> str:
     labs = list(s["labels"])
-    fig, ax = _subplots(figsize=(max(4, 0.4 * len(labs)), 2.8))
+    fig, ax = _subplots(figsize=(max(5.5, 0.4 * len(labs)), 3.2))
     x = np.arange(len(labs))
     ax.plot(x, [s["labels"][k]["dice_mean"] for k in labs], "o", label="mean")
     ax.plot(x, [s["labels"][k]["dice_min"] for k in labs], "v", label="min")
@@ -194,7 +194,7 @@ def slice_2d(m: np.ndarray) -> tuple[np.ndarray, str]:
 
 def disagreement_png(name: str, dis: np.ndarray) -> str:
     m, where = slice_2d(dis)
-    fig, ax = _subplots(figsize=(4, 4))
+    fig, ax = _subplots(figsize=(5, 4.5))
     im = ax.imshow(m, cmap="magma", vmin=0, vmax=max(0.5, float(m.max())), interpolation="nearest")
     fig.colorbar(im, ax=ax, fraction=.046, label="share disagreeing with majority")
     ax.set_title(f"{name} {where}".strip(), fontsize=9)
@@ -230,7 +230,7 @@ def series_png(s: dict) -> str:
 
 
 def weights_png(ws: list[dict], unit: str) -> str:
-    fig, ax = _subplots(figsize=(max(4, 0.5 * len(ws)), 2.8))
+    fig, ax = _subplots(figsize=(max(5.5, 0.5 * len(ws)), 3.2))
     x = np.arange(len(ws))
     ax.bar(x - .2, [w["digits_median"] for w in ws], .4, label="median")
     ax.bar(x + .2, [w["digits_min"] for w in ws], .4, label="min")
@@ -295,8 +295,9 @@ def render_html(result: dict, samples=None, path=None, *,
     cols = capture_columns(st["basis"], wide=True)
     rows = []
     for name, e in result["captures"].items():
-        cells = capture_row(result, name, e)
-        rows.append([cells[k] for k, _ in cols])
+        if is_report_capture(name, e):  # layers, series and weights: their own sections
+            cells = capture_row(result, name, e)
+            rows.append([cells[k] for k, _ in cols])
     parts.append(_table([h for _, h in cols], rows))
 
     # histograms of captures with at least 2 elements (a scalar's is one bar: the table says it)
@@ -311,6 +312,16 @@ def render_html(result: dict, samples=None, path=None, *,
 
     if result["layers"]:
         parts.append("<h2 id='layers'>Layers</h2>")
+        u = unit_name(st["basis"], short=True)
+        parts.append(_table(
+            ["layer", "numel", "std (R−1)", f"digits min ({u})", f"digits p05 ({u})",
+             f"digits median ({u})", f"median of varying ({u})", "no variation"],
+            [[la["name"], str(la["numel"]), fmt(la["std"]),
+              *((NO_VARIATION, "—", f"cap {fmt(la['digits_median'], 'd')}", "—")
+                if la["all_no_variation"] else
+                (fmt(la["digits_min"], "d"), fmt(la["digits_p05"], "d"),
+                 fmt(la["digits_median"], "d"), fmt(la["digits_median_varying"], "d"))),
+              fmt(la["no_variation_share"], "p")] for la in result["layers"]]))
         parts.append(_img(layers_png(result["layers"], unit), "significant digits per layer",
                           "Significant digits per layer. Elements that never vary (ReLU "
                           "zeros, for instance) are exact and sit at the cap; the solid line "
@@ -322,9 +333,6 @@ def render_html(result: dict, samples=None, path=None, *,
     if result["classification"]:
         parts.append("<h2 id='decisions'>Decisions</h2>")
         for n, c in result["classification"].items():
-            if c["decision_never_flips_while_scores_vary"]:
-                parts.append(f"<p class='note'>{html.escape(n)}: the decision never flips while "
-                             f"the scores vary (score std up to {fmt(c['score_std_max'])}).</p>")
             acc = c.get("accuracy") or {}
             parts.append(_table(["scores", "flipped", "flip rate", "agreement with IEEE",
                                  "accuracy mean", "accuracy std", "accuracy IEEE"],
@@ -371,6 +379,7 @@ def compare_png(cmp: dict) -> str:
     """Median digits per capture for runs A and B; with layers, the two layer curves."""
     caps = [c for c in cmp["captures"] if c["kind"] != "layer"
             and (c["a"]["digits_median"] is not None or c["b"]["digits_median"] is not None)]
+    unit = unit_name(cmp["settings"][0]["basis"])
     panels = (1 if caps else 0) + (1 if cmp["layers"] else 0)
     fig, axes = _subplots(1, max(panels, 1), figsize=(6 * max(panels, 1), 3.2), squeeze=False)
     axes = list(axes[0])
@@ -382,9 +391,9 @@ def compare_png(cmp: dict) -> str:
                    label=side.upper())
         ax.set_xticks(x)
         ax.set_xticklabels([c["name"] for c in caps], rotation=45, ha="right", fontsize=7)
-        ax.set_ylabel("median significant digits")
-        ax.legend(fontsize=7)
-        ax.set_title("captures", fontsize=9)
+        ax.set_ylabel(f"median significant digits ({unit})")
+        ax.legend(fontsize=8)
+        ax.set_title("captures", fontsize=10)
     if cmp["layers"]:
         ax = axes.pop(0)
         i = np.arange(len(cmp["layers"]))
@@ -393,9 +402,9 @@ def compare_png(cmp: dict) -> str:
         ax.set_xticks(i)
         ax.set_xticklabels([la["name"].removeprefix("layers/") for la in cmp["layers"]],
                            rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("median significant digits")
-        ax.legend(fontsize=7)
-        ax.set_title("layers, network order", fontsize=9)
+        ax.set_ylabel(f"median significant digits ({unit})")
+        ax.legend(fontsize=8)
+        ax.set_title("layers, network order", fontsize=10)
     return _png(fig)
 
 
@@ -416,8 +425,9 @@ def render_compare_html(cmp: dict, path=None) -> str:
              fmt(c["b"]["digits_min"], "d"), fmt(c["a"]["std"]), fmt(c["b"]["std"])]
             for c in cmp["captures"]
             if c["a"]["digits_median"] is not None or c["b"]["digits_median"] is not None]
-    parts.append(_table(["capture", "A median", "B median", "B − A", "A min", "B min",
-                         "A std", "B std"], rows))
+    u = unit_name(cmp["settings"][0]["basis"], short=True)
+    parts.append(_table(["capture", f"A median ({u})", f"B median ({u})", f"B − A ({u})",
+                         f"A min ({u})", f"B min ({u})", "A std", "B std"], rows))
     if rows or cmp["layers"]:
         parts.append(_img(compare_png(cmp), "median significant digits, A vs B"))
     if cmp["classification"]:

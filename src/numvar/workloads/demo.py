@@ -323,8 +323,8 @@ def render_demo_html(result: DemoResult) -> str:
     p.append("</ul>")
     p.append("<p class='note'>Fuzzy PyTorch (the paper this follows) reported for its MNIST "
              "CNN: loss significant digits (base 10) SR 5.70, UD 5.43.</p>")
-    p.append("<h2>Settings</h2><pre>"
-             + html.escape(_settings_text(result)) + "</pre></body></html>\n")
+    p.append("<details><summary>Settings (JSON)</summary><pre>"
+             + html.escape(_settings_text(result)) + "</pre></details></body></html>\n")
     return "\n".join(p)
 
 
