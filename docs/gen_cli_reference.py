@@ -26,7 +26,8 @@ def _help_markdown(text: str) -> list[str]:
         if para.startswith("Example"):
             head, _, rest = para.partition("\n")
             out += [f"{head}", "", "```text"]
-            out += [f"$ {ln.strip()}" for ln in rest.splitlines() if ln.strip()]
+            out += [f"$ {ln.strip().removeprefix('$ ')}" for ln in rest.splitlines()
+                    if ln.strip()]
             out += ["```", ""]
         else:
             out += [para.replace("|", "\\|").replace("*", "\\*"), ""]

@@ -421,3 +421,27 @@ def test_html_report_is_readable(runs, tmp_path):
     assert report_title(anon) == "numvar report: infer"
     # in a notebook: an iframe holding the report
     assert res._repr_html_().startswith("<iframe srcdoc=")
+
+
+def test_stdout_digits_are_capped_at_what_was_printed(tmp_path):
+    """A printed number holds the digits printed: 0.1234 carries 4 decimal digits
+    (ceil(4·log2 10) = 14 bits), a float32 value printed in full at most 24 bits."""
+    import math
+
+    from numvar.analysis.core import printed_precision_bits
+
+    assert printed_precision_bits([0.1234]) == math.ceil(4 * math.log2(10)) == 14
+    assert printed_precision_bits([0.98, 0.0677]) == math.ceil(3 * math.log2(10))
+    assert printed_precision_bits([float(np.float32(1.4163012))]) == 24
+    assert printed_precision_bits([1 / 3]) == 53
+    st = RunStore.create(tmp_path / "r", config={"mode": "sr", "n": R}, seeds=list(range(R)),
+                         command=["python", "p.py"])
+    kinds = {"stdout": "stdout"}
+    st.save_reference({"stdout": torch.tensor([0.98, 0.1234], dtype=torch.float64)}, kinds=kinds)
+    for i in range(R):
+        st.save_realization(i, {"stdout": torch.tensor([0.98, 0.1234 + 1e-4 * (i % 2)],
+                                                       dtype=torch.float64)},
+                            kinds=kinds, wall_s=0.1)
+    d = analyze_run(tmp_path / "r", basis=10)["captures"]["stdout"]["digits"]
+    assert d["cap"] == pytest.approx(14 * math.log10(2), abs=1e-6)   # not 15.95 (float64)
+    assert d["max"] <= d["cap"]

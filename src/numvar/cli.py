@@ -121,7 +121,7 @@ def demo(
 # ---------------------------------------------------------------- rounding demos
 @demo_app.command("harmonic")
 def demo_harmonic(
-    n: int = typer.Option(10_000_000, "--n", help="Number of terms 1/k."),
+    n: int = typer.Option(10_000_000, "--terms", help="Number of terms 1/k."),
     samples: int = typer.Option(3, "--samples",
                                 help="Realizations (seeds seed..seed+samples-1) per random mode."),
     seed: int = typer.Option(0, "--seed", help="First seed."),
@@ -139,7 +139,7 @@ def demo_harmonic(
     from .workloads.harmonic import harmonic_table
 
     if n < 1 or samples < 1:
-        raise ConfigError("--n and --samples must be >= 1")
+        raise ConfigError("--terms and --samples must be >= 1")
     if precision is not None and not 1 <= precision <= 24:
         raise ConfigError(f"--precision must be in [1, 24], got {precision}")
     with Progress(transient=True) as prog:
@@ -831,7 +831,7 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
 
 def _help_paragraphs(text: str) -> str:
     """Join the hard-wrapped lines of each paragraph (the terminal rewraps them); a
-    paragraph starting with "Example" keeps its lines (one command per line)."""
+    paragraph starting with "Example" keeps its lines, one ``$ command`` per line."""
     import inspect
 
     out = []
@@ -839,7 +839,7 @@ def _help_paragraphs(text: str) -> str:
         if para.startswith("Example"):
             head, _, rest = para.partition(":")
             cmds = [ln.strip() for ln in rest.strip().splitlines() if ln.strip()]
-            out.append("\n".join([head + ":", *("  " + c for c in cmds)]))
+            out.append("\n".join([head + ":", *("$ " + c for c in cmds)]))
         else:
             out.append(" ".join(ln.strip() for ln in para.splitlines()))
     return "\n\n".join(out)
