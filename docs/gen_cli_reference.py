@@ -1,5 +1,7 @@
 """Write docs/reference/cli.md from the ``numvar`` typer app (the same click command tree
-that ``numvar --help`` prints). ``tests/test_docs_examples.py`` checks the file is current.
+that ``numvar --help`` prints). ``tests/test_docs_examples.py`` checks the committed file
+is current; as an mkdocs hook (``on_page_markdown``) it also regenerates the page at build
+time, so the site never shows a stale reference.
 
     PYTHONPATH=src python docs/gen_cli_reference.py
 """
@@ -77,3 +79,11 @@ def render() -> str:
 if __name__ == "__main__":
     OUT.write_text(render(), encoding="utf-8")
     print(f"wrote {OUT}", file=sys.stderr)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    """mkdocs hook (mkdocs.yml ``hooks:``): the site's CLI page is always generated from
+    the command as built, even when the committed copy is stale."""
+    if page.file.src_uri == "reference/cli.md":
+        return render()
+    return markdown
