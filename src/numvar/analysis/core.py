@@ -370,7 +370,8 @@ def compare(a: dict, b: dict) -> dict:
     """Side-by-side digits of two :func:`analyze` results (captures, layers, decisions).
 
     Keys: ``runs`` [path a, path b], ``settings`` [a, b], ``captures`` [{name, a, b,
-    delta_median}], ``layers`` [{name, a, b}], ``classification`` [{name, a, b}],
+    delta_median}], ``layers`` [{name, a, b, a_varying, b_varying, cap}] (median digits
+    of all elements, and of the elements that vary), ``classification`` [{name, a, b}],
     ``only_a``, ``only_b``; each side holds digits_median, digits_min, std (or flip_rate,
     agreement_with_ieee for decisions). ``delta_median`` = b − a.
     """
@@ -391,8 +392,10 @@ def compare(a: dict, b: dict) -> dict:
         caps.append({"name": n, "kind": ca[n]["kind"], "a": sa, "b": sb, "delta_median": dm})
     la = {x["name"]: x for x in a["layers"]}
     lb = {x["name"]: x for x in b["layers"]}
-    layers = [{"name": n, "a": la[n]["digits_median"], "b": lb[n]["digits_median"]}
-              for n in la if n in lb]
+    layers = [{"name": n, "a": la[n]["digits_median"], "b": lb[n]["digits_median"],
+               "a_varying": la[n].get("digits_median_varying"),
+               "b_varying": lb[n].get("digits_median_varying"),
+               "cap": la[n].get("cap")} for n in la if n in lb]
     cls = []
     for n, x in a["classification"].items():
         y = b["classification"].get(n)

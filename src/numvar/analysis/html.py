@@ -397,14 +397,19 @@ def compare_png(cmp: dict) -> str:
     if cmp["layers"]:
         ax = axes.pop(0)
         i = np.arange(len(cmp["layers"]))
-        ax.plot(i, [la["a"] for la in cmp["layers"]], "o-", label="A")
-        ax.plot(i, [la["b"] for la in cmp["layers"]], "s-", label="B")
+        for side, marker in (("a", "o-"), ("b", "s-")):   # ReLU zeros left out, as in reports
+            ax.plot(i, [la[side] if la.get(f"{side}_varying") is None else la[f"{side}_varying"]
+                        for la in cmp["layers"]], marker, label=side.upper())
+        cap = max((la.get("cap") or 0) for la in cmp["layers"])
+        if cap:
+            ax.axhline(cap, color="r", ls="--", lw=1, label=f"cap ({cap:.2f})")
+            ax.set_ylim(0, cap * 1.08)
         ax.set_xticks(i)
         ax.set_xticklabels([la["name"].removeprefix("layers/") for la in cmp["layers"]],
                            rotation=60, ha="right", fontsize=7)
         ax.set_ylabel(f"median significant digits ({unit})")
         ax.legend(fontsize=8)
-        ax.set_title("layers, network order", fontsize=10)
+        ax.set_title("layers, network order (median of the elements that vary)", fontsize=10)
     return _png(fig)
 
 

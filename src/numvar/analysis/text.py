@@ -313,14 +313,15 @@ def compare_renderables(cmp: dict, wide: bool = False) -> list:
         return "no var." if s["no_variation"] else fmt(s["digits_median"], "d")
 
     rows = [[c["name"], dcell(c["a"]), dcell(c["b"]), fmt(c["delta_median"], "d"),
-             fmt(c["a"]["digits_min"], "d"), fmt(c["b"]["digits_min"], "d"),
-             fmt(c["a"]["std"]), fmt(c["b"]["std"])]
+             fmt(c["a"]["digits_min"], "d"), fmt(c["b"]["digits_min"], "d")]
+            + ([fmt(c["a"]["std"]), fmt(c["b"]["std"])] if wide else [])
             for c in cmp["captures"]
             if c["a"]["digits_median"] is not None or c["b"]["digits_median"] is not None]
     out.append(FitTable(f"Significant digits ({unit_name(cmp['settings'][0]['basis'])}), "
                         "A vs B",
                         ["capture", f"A median ({u})", f"B median ({u})", f"B − A ({u})",
-                         f"A min ({u})", f"B min ({u})", "A std", "B std"], rows, wide=wide))
+                         f"A min ({u})", f"B min ({u})"] + (["A std", "B std"] if wide else []),
+                        rows, wide=wide))
     if cmp["classification"]:
         rows = [[c["name"], fmt(c["a"]["flip_rate"], "p"), fmt(c["b"]["flip_rate"], "p"),
                  fmt(c["a"]["agreement_with_ieee"], "p"), fmt(c["b"]["agreement_with_ieee"], "p")]
