@@ -129,7 +129,7 @@ def test_cnh_digits_closed_form():
                                   probability=P, confidence=C)
     np.testing.assert_allclose(sdm.digits, rawm, rtol=0, atol=1e-9)
     # and analyze's summary is that of significant_digits
-    res = analyze(samples_of({"y": x}, {"y": torch.from_numpy(mu)}))
+    res = analyze(samples_of({"y": x}, {"y": torch.from_numpy(mu)}), basis=2)
     assert res["captures"]["y"]["digits"]["median"] == pytest.approx(med, abs=1e-6)
     assert res["captures"]["y"]["digits"]["min"] == pytest.approx(float(sd.digits.min()), abs=1e-6)
 
@@ -287,13 +287,13 @@ def test_cap_and_no_variation_float32():
     assert sd.no_variation.tolist() == [True, True, True, True, False]
     assert sd.digits[:4].tolist() == [24.0] * 4
     assert 0 < sd.digits[4] <= 24
-    res = analyze(samples_of({"y": x}, {"y": base}))
+    res = analyze(samples_of({"y": x}, {"y": base}), basis=2)
     dg = res["captures"]["y"]["digits"]
     assert dg["no_variation"] == 4 and dg["no_variation_share"] == 0.8
     assert not dg["all_no_variation"] and dg["cap"] == 24.0
     assert dg["median"] == 24.0 and dg["median_varying"] == pytest.approx(float(sd.digits[4]), abs=1e-6)
     assert sum(dg["histogram"]["counts"]) == 5
-    same = analyze(samples_of({"y": base.repeat(R, 1)}, {"y": base}))["captures"]["y"]["digits"]
+    same = analyze(samples_of({"y": base.repeat(R, 1)}, {"y": base}), basis=2)["captures"]["y"]["digits"]
     assert same["all_no_variation"] and same["median"] == 24.0 and same["median_varying"] is None
     # bfloat16 / float16 caps
     assert significant_digits(base.repeat(R, 1).bfloat16(), base.bfloat16()).cap == 8
@@ -320,7 +320,7 @@ def test_against_mean_and_virtual_precision():
     np.testing.assert_array_equal(sd.digits, raw)
     # a run at virtual precision t caps at t bits
     s = samples_of({"y": torch.ones(R, 3)}, config={"precision": 10})
-    assert analyze(s)["captures"]["y"]["digits"]["cap"] == 10.0
+    assert analyze(s, basis=2)["captures"]["y"]["digits"]["cap"] == 10.0
 
 
 def test_minimum_trials_and_errors():

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from numvar.analysis import analyze_run, load_locate, locate_sections, render_html
+from numvar.analysis import analyze_run, render_html
+from numvar.locate import load_locate, locate_sections
 from numvar.errors import AnalysisError
 from numvar.locate import Candidate, Measurement, html_section, renderables
 from numvar.locate.api import run_locate

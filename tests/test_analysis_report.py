@@ -98,18 +98,25 @@ def test_table_equals_json_equals_api(runs, capsys, monkeypatch):
     assert set(caps) == {"output", "logits", "labels", "constant"}
     for name, row in caps.items():
         e = api["captures"][name]
-        assert row[3:7] == [fmt(e["mean_abs"]), fmt(e["std"]), fmt(e["sem"]), fmt(e["rel_std"])]
+        assert row[2:4] == [fmt(e["std"]), fmt(e["rel_std"])]
         if e["digits"] is None:
-            assert row[7:9] == ["exact", "exact"]
+            assert row[4:6] == ["exact", "exact"]
         elif e["digits"]["all_no_variation"]:
-            assert row[7] == NO_VARIATION and name == "constant"
+            assert row[4] == NO_VARIATION and name == "constant"
         else:
-            assert row[7:10] == [fmt(e["digits"]["min"], "d"), fmt(e["digits"]["median"], "d"),
-                                 fmt(e["digits"]["no_variation_share"], "p")]
+            assert row[4:7] == [fmt(e["digits"]["min"], "d"), fmt(e["digits"]["median"], "d"),
+                                fmt(e["digits"]["no_variation_share"], "p")]
     c = api["classification"]["logits"]
-    assert caps["logits"][10] == f"{c['flipped_samples']}/12 flipped" and caps["output"][10] == ""
+    assert caps["logits"][7] == f"{c['flipped_samples']}/12 flipped" and caps["output"][7] == ""
+    # --wide: every column, mean|x| (not for integer captures) and sem included
+    rc, wide, _ = run_cli(capsys, monkeypatch, "report", str(sr), "--wide")
+    assert rc == 0
+    for row in rows_of(wide, "Captures"):
+        e = api["captures"][row[0]]
+        mean_abs = "—" if e["digits"] is None else fmt(e["mean_abs"])
+        assert row[3:6] == [mean_abs, fmt(e["std"]), fmt(e["sem"])]
     layers = rows_of(table, "Layers (network order)")
-    assert [r[1] for r in layers] == ["layers/conv1#0", "layers/fc#0", "layers/fc#1"]
+    assert [r[0] for r in layers] == ["layers/conv1#0", "layers/fc#0", "layers/fc#1"]
     for r, la in zip(layers, api["layers"]):
         assert r[4:9] == [fmt(la["digits_min"], "d"), fmt(la["digits_p05"], "d"),
                           fmt(la["digits_median"], "d"), fmt(la["digits_median_varying"], "d"),
@@ -130,14 +137,14 @@ def test_table_equals_json_equals_api(runs, capsys, monkeypatch):
                   fmt(api["weights"][0]["digits_median"], "d")]]
     # the API's numbers are those of direct significant_digits calls
     smp = load_run(sr)
-    sd = significant_digits(smp["output"], smp.reference["output"])
+    sd = significant_digits(smp["output"], smp.reference["output"], basis=10)
     assert api["captures"]["output"]["digits"] == sd.summary()
-    assert median_output_digits(smp) == pytest.approx(api["captures"]["output"]["digits"]["median"],
+    assert median_output_digits(smp, basis=10) == pytest.approx(api["captures"]["output"]["digits"]["median"],
                                                       abs=1e-6)
 
 
 def test_series_and_weights_content(runs):
-    res = analyze_run(runs[0])
+    res = analyze_run(runs[0], basis=2)
     s = res["series"][0]
     assert s["name"] == "loss" and s["steps"] == [0, 1, 2, 3, 4]
     assert s["reference"] == [pytest.approx(2.0 / (k + 1)) for k in range(5)]
@@ -233,9 +240,10 @@ def test_html_report(runs, tmp_path, capsys, monkeypatch):
 
 
 def test_compare(runs, tmp_path, capsys, monkeypatch):
-    a, b = analyze_run(runs[0]), analyze_run(runs[1])
+    a, b = analyze_run(runs[0], basis=2), analyze_run(runs[1], basis=2)
     cmp = compare(a, b)
-    rc, out, _ = run_cli(capsys, monkeypatch, "compare", str(runs[0]), str(runs[1]), "-f", "json")
+    rc, out, _ = run_cli(capsys, monkeypatch, "compare", str(runs[0]), str(runs[1]), "-f", "json",
+                         "--basis", "2")
     assert rc == 0 and json.loads(out) == json.loads(json.dumps(cmp))
     row = next(c for c in cmp["captures"] if c["name"] == "output")
     assert row["a"]["digits_median"] == a["captures"]["output"]["digits"]["median"]
@@ -253,15 +261,16 @@ def test_compare(runs, tmp_path, capsys, monkeypatch):
     spread = q95 - q05 + 0.05 + 0.02
     assert abs(row["delta_median"] + np.log2(100)) <= spread
     print(f"delta {row['delta_median']:.3f} bits, expected {-np.log2(100):.3f} ± {spread:.2f}")
-    rc, table, _ = run_cli(capsys, monkeypatch, "compare", str(runs[0]), str(runs[1]))
-    rows = {r[0]: r for r in rows_of(table, "Significant digits, A vs B")}
+    rc, table, _ = run_cli(capsys, monkeypatch, "compare", str(runs[0]), str(runs[1]),
+                           "--basis", "2")
+    rows = {r[0]: r for r in rows_of(table, "Significant digits (bits), A vs B")}
     assert rows["output"][1:4] == [fmt(row["a"]["digits_median"], "d"),
                                   fmt(row["b"]["digits_median"], "d"), fmt(row["delta_median"], "d")]
     assert rows["constant"][1] == "no var." and "labels" not in rows
     assert rows_of(table, "Decisions, A vs B")[0][0] == "logits"
     out = tmp_path / "cmp.html"
     rc, _, _ = run_cli(capsys, monkeypatch, "compare", str(runs[0]), str(runs[1]), "-f", "html",
-                       "-o", str(out))
+                       "-o", str(out), "--basis", "2")
     text = out.read_text()
     assert rc == 0 and [a for a, _, _ in check_html(text, {"configuration", "captures",
                                                            "decisions"})] == [
@@ -322,3 +331,117 @@ def test_cli_bad_options_name_the_flag_before_reading_runs(runs, tmp_path, capsy
         rc, out, err = run_cli(capsys, monkeypatch, *argv)
         assert rc == 2 and out == "" and err.startswith("error: ") and want in err, (argv, err)
         assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_terminal_tables_never_split_numbers(runs, width):
+    """At 80 and 120 columns every figure of the captures, layers, decisions, series and
+    weights tables appears whole on one line, and no line is wider than the terminal."""
+    import io
+
+    from rich.console import Console
+
+    from numvar.analysis.text import report_renderables
+
+    res = analyze_run(runs[0])
+    con = Console(width=width, record=True, file=io.StringIO())
+    for r in report_renderables(res):
+        con.print(r)
+    text = con.export_text()
+    lines = text.splitlines()
+    assert max(len(ln) for ln in lines) <= width
+    tokens = {t for ln in lines for t in ln.replace("│", " ").split()}
+    figures = []
+    for name, e in res["captures"].items():
+        if e["digits"] and name.split("@")[0] in ("output", "logits"):
+            figures += [fmt(e["std"]), fmt(e["rel_std"]), fmt(e["digits"]["min"], "d"),
+                        fmt(e["digits"]["median"], "d")]
+    for la in res["layers"]:
+        figures += [str(la["numel"]), fmt(la["std"]), fmt(la["digits_min"], "d")]
+    c = res["classification"]["logits"]
+    figures += [fmt(c["score_std_max"]), fmt(c["margin"]["z_min"])]
+    figures += [fmt(v) for v in res["series"][0]["mean"]]
+    figures += [fmt(res["weights"][0]["std"])]
+    missing = [f for f in figures if f not in tokens]
+    assert not missing, f"split or missing at width {width}: {missing}\n{text}"
+    # the unit is in every digits header; the default unit is decimal digits
+    assert "bits" not in text and "decimal" in text
+    # --wide keeps the table layout (one row per capture) whatever the width
+    con = Console(width=width, record=True, file=io.StringIO())
+    for r in report_renderables(res, wide=True):
+        con.print(r)
+    wide = con.export_text()
+    assert any(ln.startswith("│ output ") for ln in wide.splitlines())
+
+
+def test_narrow_terminal_uses_key_value_blocks(runs):
+    import io
+
+    from rich.console import Console
+
+    from numvar.analysis.text import FitTable, report_renderables
+
+    res = analyze_run(runs[0])
+    table = next(r for r in report_renderables(res) if isinstance(r, FitTable))
+    con = Console(width=table.width_needed() - 1, record=True, file=io.StringIO())
+    con.print(table)
+    narrow = con.export_text()
+    assert "┃" not in narrow and "\n  std (R−1)" in narrow   # key: value, one block per row
+    con = Console(width=table.width_needed(), record=True, file=io.StringIO())
+    con.print(table)
+    assert "┃" in con.export_text()                        # it fits: a table
+
+
+def test_html_report_is_readable(runs, tmp_path):
+    """The items of the HTML review: one stylesheet, numbers that do not wrap, the
+    configuration collapsed, the General-method note once, no histogram of a scalar,
+    no mean|x| for integer captures, a title naming the run, plots at a sane size."""
+    from numvar.analysis.html import CSS, report_title
+
+    res = analyze_run(runs[0])
+    # a scalar capture (e.g. a loss): its row, but no one-bar histogram
+    res["captures"]["loss"] = dict(res["captures"]["output"], shape=[], numel=1)
+    text = render_html(res, load_run(runs[0]))
+    assert CSS in text and "white-space:nowrap" in CSS
+    assert "<details id='configuration'><summary>" in text
+    assert text.count("General method needs at least") == 1
+    assert f"<title>numvar report: {runs[0]}</title>" in text
+    p = _Imgs()
+    p.feed(text)
+    alts = [img["alt"] for img in p.imgs]
+    assert "digits histogram: output" in alts and "digits histogram: loss" not in alts
+    assert "<td>loss</td><td>api</td><td>scalar</td>" in text
+    for img in p.imgs:
+        (w, h), _ = png_size(img["src"].split(",", 1)[1])
+        assert w >= 500 and h >= 300, (img["alt"], w, h)   # 110 dpi: legible text
+    # integer captures: no mean |x| (a "—" in its cell)
+    assert "<td>labels</td><td>api</td><td>12</td><td>—</td>" in text
+    # a run without a path is titled by what ran
+    anon = dict(res, run=dict(res["run"], path=None, config={"function": "infer"}))
+    assert report_title(anon) == "numvar report: infer"
+    # in a notebook: an iframe holding the report
+    assert res._repr_html_().startswith("<iframe srcdoc=")
+
+
+def test_stdout_digits_are_capped_at_what_was_printed(tmp_path):
+    """A printed number holds the digits printed: 0.1234 carries 4 decimal digits
+    (ceil(4·log2 10) = 14 bits), a float32 value printed in full at most 24 bits."""
+    import math
+
+    from numvar.analysis.core import printed_precision_bits
+
+    assert printed_precision_bits([0.1234]) == math.ceil(4 * math.log2(10)) == 14
+    assert printed_precision_bits([0.98, 0.0677]) == math.ceil(3 * math.log2(10))
+    assert printed_precision_bits([float(np.float32(1.4163012))]) == 24
+    assert printed_precision_bits([1 / 3]) == 53
+    st = RunStore.create(tmp_path / "r", config={"mode": "sr", "n": R}, seeds=list(range(R)),
+                         command=["python", "p.py"])
+    kinds = {"stdout": "stdout"}
+    st.save_reference({"stdout": torch.tensor([0.98, 0.1234], dtype=torch.float64)}, kinds=kinds)
+    for i in range(R):
+        st.save_realization(i, {"stdout": torch.tensor([0.98, 0.1234 + 1e-4 * (i % 2)],
+                                                       dtype=torch.float64)},
+                            kinds=kinds, wall_s=0.1)
+    d = analyze_run(tmp_path / "r", basis=10)["captures"]["stdout"]["digits"]
+    assert d["cap"] == pytest.approx(14 * math.log10(2), abs=1e-6)   # not 15.95 (float64)
+    assert d["max"] <= d["cap"]

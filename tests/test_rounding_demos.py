@@ -45,10 +45,10 @@ def test_harmonic_table_and_cli(capsys):
     rows = harmonic_table(2000, samples=2, seed=0)
     assert [r.label for r in rows] == ["ieee binary32", "ieee binary64", "sr", "ud", "random"]
     assert rows[2].std is not None and len(rows[2].samples) == 2
-    assert main(["demo", "harmonic", "--n", "2000", "--samples", "2"]) == 0
+    assert main(["demo", "harmonic", "--terms", "2000", "--samples", "2"]) == 0
     out = capsys.readouterr().out
     assert "SR" in out and f"{rows[1].mean:.4f}" in out and "16.6951" not in out
-    assert main(["demo", "harmonic", "--n", "0"]) == 2
+    assert main(["demo", "harmonic", "--terms", "0"]) == 2
     assert main(["demo", "harmonic", "--precision", "30"]) == 2
 
 

@@ -7,10 +7,7 @@ The top-level names are imported lazily, so ``import numvar`` stays cheap and
 ``numvar.capture`` costs nothing in a script that is not run by numvar.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
@@ -48,15 +45,16 @@ _EXPORTS = {
 __all__ = ["__version__", "errors", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     try:
         module, attr = _EXPORTS[name]
     except KeyError:
         raise AttributeError(f"module 'numvar' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
+    value = getattr(_importlib.import_module(module), attr)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    """The public API only (no helper imports)."""
+    return sorted(__all__)

@@ -20,16 +20,33 @@ app = typer.Typer(
     add_completion=False,
 )
 demo_app = typer.Typer(help="Demos: the bundled digits model (default), the harmonic "
-                            "series, the rounding diagnostic.")
+                            "series, the rounding diagnostic.",
+                       subcommand_metavar="[harmonic | rounding [OPTIONS]]")
 app.add_typer(demo_app, name="demo")
 determinism_app = typer.Typer(help="Bitwise determinism: record a reference run, check a run against it.",
                               no_args_is_help=True)
 app.add_typer(determinism_app, name="determinism")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from . import __version__
+
+        try:
+            torch = version("torch")
+        except PackageNotFoundError:  # pragma: no cover - torch is a dependency
+            torch = "not installed"
+        typer.echo(f"numvar {__version__} (torch {torch}, Python {sys.version.split()[0]})")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log diagnostics (INFO level)."),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print numvar's version and exit."),
 ) -> None:
     import logging
 
@@ -84,15 +101,17 @@ def demo(
                   f"{granularity} granularity")
     with bar:
         res = run_demo(cfg, progress=progress)
-    unit = "bits" if basis == 2 else "digits"
-    table = Table(title=f"significant {unit} (median / min) and class flips, "
+    unit = "bits" if basis == 2 else "decimal digits"
+    table = Table(title=f"significant {unit} (median / min; the loss is one number) and "
+                        f"class flips, "
                         f"{res.images} test images")
     for col in ("mode", "logits", "probabilities", "loss", "flipped", "accuracy"):
         table.add_column(col, justify="left" if col == "mode" else "right")
     for row in res.summary():
         table.add_row(row["mode"].upper(),
                       *(f"{row[k + '_median']:.2f} / {row[k + '_min']:.2f}"
-                        for k in ("logits", "probabilities", "loss")),
+                        for k in ("logits", "probabilities")),
+                      f"{row['loss_median']:.2f}",       # one scalar: no median / min
                       f"{row['flipped']} of {row['samples']}",
                       "—" if row["accuracy_mean"] is None else f"{100 * row['accuracy_mean']:.2f} %")
     Console().print(table)
@@ -102,7 +121,7 @@ def demo(
 # ---------------------------------------------------------------- rounding demos
 @demo_app.command("harmonic")
 def demo_harmonic(
-    n: int = typer.Option(10_000_000, "--n", help="Number of terms 1/k."),
+    n: int = typer.Option(10_000_000, "--terms", help="Number of terms 1/k."),
     samples: int = typer.Option(3, "--samples",
                                 help="Realizations (seeds seed..seed+samples-1) per random mode."),
     seed: int = typer.Option(0, "--seed", help="First seed."),
@@ -120,7 +139,7 @@ def demo_harmonic(
     from .workloads.harmonic import harmonic_table
 
     if n < 1 or samples < 1:
-        raise ConfigError("--n and --samples must be >= 1")
+        raise ConfigError("--terms and --samples must be >= 1")
     if precision is not None and not 1 <= precision <= 24:
         raise ConfigError(f"--precision must be in [1, 24], got {precision}")
     with Progress(transient=True) as prog:
@@ -153,7 +172,7 @@ def demo_rounding(
     frac: str = typer.Option("1/4", "--frac", help="Position of x between a and b, e.g. 1/4."),
     steps: int = typer.Option(16, "--steps", help="Length of the chain s += frac*ulp."),
     draws: int = typer.Option(100_000, "--draws", help="Realizations per mode (>= 2)."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random draws."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """SR versus UD on one value: exact-rational mean and variance of one rounding of x and
@@ -210,7 +229,7 @@ def run(
     command: list[str] = typer.Argument(
         None, metavar="-- python SCRIPT.py [ARGS] | -- -m MODULE [ARGS]",
         help="The script to run, after `--`, exactly as you would run it."),
-    n: int = typer.Option(None, "-n", "--n", help="Number of realizations (default: 10)."),
+    n: int = typer.Option(None, "-n", help="Number of realizations (default: 10)."),
     mode: str = typer.Option(None, "--mode", help="ieee | sr | ud | random (default: sr)."),
     granularity: str = typer.Option(None, "--granularity", help="flop | op (default: flop)."),
     precision: int = typer.Option(None, "--precision",
@@ -248,6 +267,7 @@ def run(
 
     Each realization is a fresh `python -m numvar.exec` process, instrumented before
     the script starts; results are stored atomically in the run directory.
+
     Example: numvar run -n 10 --jobs 2 --out runs/mnist -- python infer.py --batch 64
     """
     from rich.console import Console
@@ -327,7 +347,11 @@ _OPT = {
     "method": typer.Option("cnh", "--method", help="Significant-digits method: cnh (Sohier et "
                            "al.'s centred normality hypothesis) or general (no distribution "
                            "assumed)."),
-    "basis": typer.Option(2, "--basis", help="Digits in base 2 (bits) or 10 (decimal digits)."),
+    "basis": typer.Option(10, "--basis", help="Significant digits in base 10 (decimal digits) "
+                          "or 2 (bits)."),
+    "wide": typer.Option(False, "--wide", help="Tables with every column, however wide (by "
+                         "default a table too wide for the terminal prints as one block per "
+                         "row)."),
     "error": typer.Option("relative", "--error", help="relative (X/x - 1) or absolute (X - x) "
                           "error."),
     "against": typer.Option("reference", "--against", help="reference (the IEEE run; the "
@@ -377,7 +401,7 @@ def _write_output(output: str, text: str) -> None:
         raise ConfigError(f"--output {output}: cannot write: {exc.strerror or exc}") from exc
 
 
-def _emit(fmt: str, output: str | None, data: dict, renderables, html) -> None:
+def _emit(fmt: str, output: str | None, data: dict, renderables, html, wide: bool = False) -> None:
     """Print or write (-o) ``data`` as JSON, its rich ``renderables()``, or ``html()``."""
     import json
 
@@ -396,13 +420,13 @@ def _emit(fmt: str, output: str | None, data: dict, renderables, html) -> None:
         import io
 
         console = Console(file=io.StringIO(), record=True, width=160)
-        for r in renderables():
+        for r in renderables(wide):
             console.print(r)
         _write_output(output, console.export_text())
         Console(stderr=True).print(f"wrote {output}")
     else:
         console = Console()
-        for r in renderables():
+        for r in renderables(wide):
             console.print(r)
 
 
@@ -423,6 +447,7 @@ def report(
     against: str = _OPT["against"],
     probability: float = _OPT["probability"],
     confidence: float = _OPT["confidence"],
+    wide: bool = _OPT["wide"],
     locate_json: str = typer.Option(None, "--locate", metavar="FILE.json",
                                     help="Add the result of `numvar locate --json FILE.json` "
                                          "(html and table formats)."),
@@ -432,7 +457,16 @@ def report(
 ) -> None:
     """Analyse a run: mean, std, standard error and significant digits per capture; flips,
     accuracy and Dice for decisions; the per-layer curve; training bands; optionally a
-    saved `numvar locate` result."""
+    saved `numvar locate` result.
+
+    Significant digits are decimal digits unless --basis 2 (bits). Tables that do not fit
+    the terminal are printed as one block per capture; --wide prints every column.
+
+    Examples:
+    numvar report runs/digits
+    numvar report runs/digits --format html -o report.html
+    numvar report runs/digits --format json -o report.json --basis 2
+    """
     from .analysis import analyze, render_html
     from .analysis.core import TASKS
     from .analysis.text import report_renderables
@@ -450,7 +484,7 @@ def report(
         if fmt == "json":
             raise ConfigError("--locate adds a section to the html and table reports; with "
                               "--format json keep the locate JSON file as it is")
-        from .analysis.locate_json import load_locate, locate_sections, read_png
+        from .locate.saved import load_locate, locate_sections, read_png
 
         loc = load_locate(locate_json)            # fails before the run is read
         if fmt == "html":
@@ -461,8 +495,8 @@ def report(
     result = analyze(samples, task=task, scores=scores or None, labels=labels,
                      path=str(run_dir), **opts)
 
-    def renderables() -> list:
-        out = report_renderables(result)
+    def renderables(wide: bool = False) -> list:
+        out = report_renderables(result, wide=wide)
         if loc is not None:
             from rich.text import Text
 
@@ -473,7 +507,7 @@ def report(
         return out
 
     _emit(fmt, output, result, renderables,
-          lambda: render_html(result, samples, extra_sections=sections))
+          lambda: render_html(result, samples, extra_sections=sections), wide=wide)
 
 
 @app.command("compare")
@@ -488,8 +522,14 @@ def compare_cmd(
     against: str = _OPT["against"],
     probability: float = _OPT["probability"],
     confidence: float = _OPT["confidence"],
+    wide: bool = _OPT["wide"],
 ) -> None:
-    """Compare two runs (e.g. SR vs UD, flop vs op): significant digits side by side."""
+    """Compare two runs (e.g. SR vs UD, flop vs op): significant digits side by side.
+
+    Examples:
+    numvar compare runs/digits-sr runs/digits-ud
+    numvar compare runs/digits-sr runs/digits-ud --format html -o sr-vs-ud.html
+    """
     from .analysis import analyze_run, compare, render_compare_html
     from .analysis.text import compare_renderables
     from .runner.store import RunStore
@@ -499,7 +539,8 @@ def compare_cmd(
     for r in (run_a, run_b):
         RunStore.open(r)         # a missing or corrupt run fails before any analysis
     cmp = compare(analyze_run(run_a, **opts), analyze_run(run_b, **opts))
-    _emit(fmt, output, cmp, lambda: compare_renderables(cmp), lambda: render_compare_html(cmp))
+    _emit(fmt, output, cmp, lambda w=False: compare_renderables(cmp, wide=w),
+          lambda: render_compare_html(cmp), wide=wide)
 
 
 # ---------------------------------------------------------------- determinism
@@ -516,7 +557,7 @@ def determinism_record(
                                 help="Store each op's user stack (ops run in backward: "
                                      "the forward call, via autograd anomaly mode)."),
 ) -> None:
-    """Record a script's op hashes as a reference (usage: record -o DIR -- COMMAND).
+    """Record a script's op hashes as a reference.
 
     Runs COMMAND (python SCRIPT.py ..., python -m MODULE ..., SCRIPT.py ...) under
     HashMode and writes DIR/hashes.json: every aten op in call order, the hash of its
@@ -538,7 +579,7 @@ def determinism_check(
     reference: str = typer.Argument(..., metavar="REF",
                                     help="A folder written by `numvar determinism record`."),
 ) -> None:
-    """Check a script's run against a recording, op by op (usage: check REF -- COMMAND).
+    """Check a script's run against a recording, op by op.
 
     Runs COMMAND under HashMode, compares every op's output hash with REF as it runs and
     prints the first divergent op with both stacks, or "bitwise identical (N ops)".
@@ -583,7 +624,10 @@ def bounds_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the generated sample input."),
 ) -> None:
     """Worst-case rounding-error bounds per layer (a-priori and data-dependent) against
-    the measured error |computed - float64| and, with --run, the SR std."""
+    the measured error |computed - float64| and, with --run, the SR std.
+
+    Example: numvar bounds model.py:build --input-shape 8,16 --precision bf16-mixed
+    """
     import json
     import logging
     import math
@@ -675,7 +719,7 @@ def locate_cmd(
     input_seed: int = typer.Option(0, "--input-seed", help="Seed of the random input."),
     dtype: str = typer.Option("float32", "--dtype",
                               help="dtype of the random input: float32, float64, bfloat16, float16."),
-    n: int = typer.Option(6, "-n", "--n", help="Realizations per evaluated set."),
+    n: int = typer.Option(6, "-n", help="Realizations per evaluated set."),
     by: str = typer.Option("module", "--by", help="Blame 'module's (leaf modules) or 'op' kinds."),
     mode: str = typer.Option("sr", "--mode", help="Rounding mode: sr, ud, random, ieee."),
     granularity: str = typer.Option("flop", "--granularity", help="flop or op."),
@@ -684,7 +728,8 @@ def locate_cmd(
     threshold: float = typer.Option(None, "--threshold",
                                     help="Output digits to keep (default: halfway between the "
                                          "digits kept with everything perturbed and the cap)."),
-    basis: int = typer.Option(2, "--basis", help="Digits in this basis (2: bits, 10: decimal)."),
+    basis: int = typer.Option(10, "--basis", help="Significant digits in base 10 (decimal "
+                              "digits) or 2 (bits)."),
     method: str = typer.Option("cnh", "--method", help="Significant digits method: cnh, general."),
     stat: str = typer.Option("mean", "--stat", help="Output summary over elements: mean, median, min."),
     necessity: bool = typer.Option(True, "--necessity/--no-necessity",
@@ -706,6 +751,8 @@ def locate_cmd(
 
     Perturbs one candidate at a time (everything else IEEE), ranks them most harmful
     first, delta-debugs a minimal set breaking --threshold and prints what it spent.
+
+    Example: numvar locate model.py:build --input-shape 8,16 -n 4 --json locate.json
     """
     from pathlib import Path
 
@@ -782,10 +829,96 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
     return tuple(classes)
 
 
+def _help_paragraphs(text: str) -> str:
+    """Join the hard-wrapped lines of each paragraph (the terminal rewraps them); a
+    paragraph starting with "Example" keeps its lines, one ``$ command`` per line."""
+    import inspect
+
+    out = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        if para.startswith("Example"):
+            head, _, rest = para.partition(":")
+            cmds = [ln.strip() for ln in rest.strip().splitlines() if ln.strip()]
+            out.append("\n".join([head + ":", *("$ " + c for c in cmds)]))
+        else:
+            out.append(" ".join(ln.strip() for ln in para.splitlines()))
+    return "\n\n".join(out)
+
+
+def _show_type(param, text: str | None) -> None:
+    """What the type column of ``--help`` shows for ``param`` (None: nothing)."""
+    param.display_type_rich = lambda ctx: text
+
+
+def _polish(cmd) -> None:
+    """Make ``--help`` read like documentation, for every command of the tree.
+
+    - metavars: TEXT, INTEGER, FLOAT instead of Python type names; none for flags;
+    - defaults written one way, "(default: X)" at the end of the help text;
+    - hard-wrapped docstrings joined into paragraphs (examples keep their lines);
+    - pass-through commands show ``-- COMMAND [ARGS]...`` in their usage.
+    """
+    if cmd.help:
+        cmd.help = _help_paragraphs(cmd.help)
+    orig_help_option = cmd.get_help_option
+
+    def help_option(ctx, _orig=orig_help_option):
+        opt = _orig(ctx)
+        if opt is not None:
+            _show_type(opt, None)
+        return opt
+
+    cmd.get_help_option = help_option
+    for param in cmd.params:
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
+            default = param.default
+            if getattr(param, "secondary_opts", None) and isinstance(default, bool):
+                shown = param.opts[-1] if default else param.secondary_opts[0]
+                param.help = f"{param.help or ''} (default: {shown})".strip()
+            _show_type(param, None)
+            param.show_default = False
+            continue
+        if param.metavar is None:
+            bare = param.bare_type() if hasattr(param, "bare_type") else \
+                getattr(getattr(param, "type", None), "name", "text")
+            param.metavar = {"int": "INTEGER", "integer": "INTEGER",
+                             "float": "FLOAT"}.get(bare, "TEXT")
+            if param.param_type_name == "argument":
+                param.metavar = param.name.upper()
+        if param.param_type_name == "argument" and hasattr(param, "_usage_display_name"):
+            param._usage_display_name = (lambda p: lambda: (
+                (p.display_name_raw if p.required else f"[{p.display_name_raw}]")
+                + ("..." if p.nargs != 1 and p.metavar is None else "")))(param)
+        # arguments show their metavar as their name: no type column for them
+        _show_type(param, None if param.param_type_name == "argument" else param.metavar)
+        if getattr(param, "show_default", None) is not False and param.param_type_name == "option":
+            default = param.default
+            if default not in (None, (), []) and "(default" not in (param.help or ""):
+                param.help = f"{param.help or ''} (default: {default})".strip()
+            param.show_default = False
+    if (cmd.context_settings or {}).get("allow_extra_args"):
+        orig = cmd.collect_usage_pieces
+
+        def pieces(ctx, _orig=orig):
+            return [*_orig(ctx), "-- COMMAND [ARGS]..."]
+
+        cmd.collect_usage_pieces = pieces
+        cmd.options_metavar = "[OPTIONS]"
+    for sub in getattr(cmd, "commands", {}).values():
+        _polish(sub)
+
+
+def command():
+    """The click command behind ``numvar`` (typer app, polished for --help)."""
+    cmd = typer.main.get_command(app)
+    _polish(cmd)
+    return cmd
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: numvar's own errors print as one clean line and exit 2."""
     try:
-        rv = app(args=argv, standalone_mode=False)
+        rv = command().main(args=argv, prog_name="numvar", standalone_mode=False)
     except NumvarError as exc:
         typer.secho(f"error: {exc}", err=True, fg="red")
         return 2

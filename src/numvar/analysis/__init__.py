@@ -12,7 +12,6 @@ from .classification import classify
 from .core import SCHEMA, analyze, compare, median_output_digits
 from .digits import SigDigits, minimum_trials, significant_digits, summarize_digits
 from .html import render_compare_html, render_html
-from .locate_json import load_locate, locate_sections
 from .segmentation import disagreement_map, label_maps, segment
 
 
@@ -25,5 +24,4 @@ def analyze_run(path, **kw) -> dict:
 
 __all__ = ["analyze", "analyze_run", "compare", "significant_digits", "render_html", "render_compare_html",
            "median_output_digits", "minimum_trials", "summarize_digits", "SigDigits",
-           "classify", "segment", "label_maps", "disagreement_map", "SCHEMA", "load_locate",
-           "locate_sections"]
+           "classify", "segment", "label_maps", "disagreement_map", "SCHEMA"]

@@ -9,7 +9,8 @@ Result keys (schema ``numvar.analysis/1``; documented in the README):
   sem, rel_std, reference, max_abs_dev_ref, varying_elements, digits{...} (None for integer
   captures)
 - ``layers``: [{name, path, call, numel, std, digits_median, digits_min, digits_mean,
-  digits_p05, digits_median_varying, no_variation_share, all_no_variation}] in network order
+  digits_p05, digits_median_varying, no_variation_share, all_no_variation, cap}] in
+  network order
 - ``series``: [{name, steps, captures, mean, std, min, max, reference, digits_median}]
 - ``weights``: [{layer, tensors, numel, std, rel_std, digits_median, digits_min}]
 - ``classification`` / ``segmentation``: {capture name: see classify() / segment()}
@@ -19,6 +20,7 @@ Result keys (schema ``numvar.analysis/1``; documented in the README):
 from __future__ import annotations
 
 import logging
+import math
 import re
 from typing import Any
 
@@ -39,6 +41,44 @@ SCHEMA = "numvar.analysis/1"
 TASKS = ("auto", "classification", "segmentation", "none")
 WEIGHT_PREFIXES = ("weights.", "params.", "state_dict.")
 LAYER_RE = re.compile(r"^layers/(?P<path>.*?)(#(?P<call>\d+))?$")
+
+
+class AnalysisResult(dict):
+    """The result of :func:`analyze`: a plain JSON-able dict that also renders as the HTML
+    report in a notebook (``_repr_html_``)."""
+
+    def _repr_html_(self) -> str:
+        from .html import notebook_html, render_html
+
+        return notebook_html(render_html(self))
+
+
+class CompareResult(dict):
+    """The result of :func:`compare`: a dict that renders as HTML in a notebook."""
+
+    def _repr_html_(self) -> str:
+        from .html import notebook_html, render_compare_html
+
+        return notebook_html(render_compare_html(self), height=480)
+
+
+def printed_precision_bits(values: np.ndarray) -> int:
+    """Bits a printed number can hold: the most significant decimal digits among
+    ``values`` (each the float a script printed, read back), in bits, at most 53.
+
+    ``print(0.1234)`` carries 4 significant digits, i.e. 14 bits: digits beyond that are
+    not in the text, so a stdout capture cannot keep more. Values that are all binary32
+    numbers (``print(loss.item())`` of a float32 loss) hold at most 24 bits."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    finite = values[np.isfinite(values)]
+    fmt_bits = 24 if finite.size and np.all(finite.astype(np.float32) == finite) else 53
+    digits = 1
+    for v in values:
+        if not math.isfinite(v) or v == 0.0:
+            continue
+        mant = repr(float(v)).lower().split("e")[0].replace("-", "").replace(".", "")
+        digits = max(digits, len(mant.strip("0")) or 1)
+    return min(fmt_bits, math.ceil(digits * math.log2(10)))
 
 
 def _moments(x: np.ndarray, ref: np.ndarray | None) -> dict:
@@ -121,7 +161,7 @@ def _label_values(samples: Samples, refs: dict[str, torch.Tensor], name: str) ->
     return x[0]
 
 
-def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", basis: int = 2,
+def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", basis: int = 10,
             error: str = "relative", against: str = "reference", probability: float = 0.95,
             confidence: float = 0.95, scores: list[str] | None = None,
             labels: str | None = None, precision_bits: int | None = None,
@@ -131,7 +171,9 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
     ``task``: None/"auto" (classification when a capture name contains logits/probs),
     "classification", "segmentation", "none". ``against``: "reference" (IEEE; the sample
     mean for captures without one, noted) or "mean". ``scores``/``labels`` override the
-    capture-name conventions. Returns a JSON-able dict (keys in the module docstring).
+    capture-name conventions. ``basis``: significant digits in decimal digits (10, the
+    default) or bits (2). Returns an :class:`AnalysisResult`: a JSON-able dict (keys in
+    the module docstring) that renders as an HTML report in a notebook.
     """
     task = task or "auto"
     if task not in TASKS:
@@ -149,7 +191,7 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
                      f"p={probability}, confidence={confidence}")
     if against == "reference" and not samples.reference:
         notes.append("no IEEE reference stored: digits are against the sample mean")
-    result: dict[str, Any] = {
+    result: dict[str, Any] = AnalysisResult({
         "schema": SCHEMA,
         "run": {"path": path, "config": samples.config, "n": R, "seeds": list(samples.seeds),
                 "failed": len(samples.failed), "has_reference": bool(samples.reference)},
@@ -158,7 +200,7 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
                      "minimum_trials": mt, "enough_trials": R >= mt, "task": task},
         "captures": {}, "layers": [], "series": [], "weights": [],
         "classification": {}, "segmentation": {}, "notes": notes,
-    }
+    })
     # IEEE references that fit their capture; the others are ignored everywhere (noted)
     refs: dict[str, torch.Tensor] = {}
     for name, ref_t in samples.reference.items():
@@ -185,9 +227,13 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
         use_ref = against == "reference" and ref_t is not None
         entry["against"] = "reference" if use_ref else "mean"
         if x.is_floating_point() and x[0].numel() > 0:
+            cap = _cap_for(x, samples.config, precision_bits)
+            if entry["kind"] == "stdout" and precision_bits is None:
+                # printed numbers hold only the digits printed: cap at those
+                cap = min(cap, printed_precision_bits(ref if ref is not None else xa))
             sd = significant_digits(x, ref_t if use_ref else "mean", method=method, basis=basis,
                                     error=error, probability=probability, confidence=confidence,
-                                    precision_bits=_cap_for(x, samples.config, precision_bits))
+                                    precision_bits=cap)
             if name.split("@")[0].startswith(WEIGHT_PREFIXES):
                 sds[name] = sd  # per-element digits kept only where the weights table needs them
             entry["digits"] = summarize_digits(sd)
@@ -218,7 +264,7 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
             "digits_mean": d["mean"], "digits_p05": d["p05"],
             "digits_median_varying": d["median_varying"],
             "no_variation_share": d["no_variation_share"],
-            "all_no_variation": d["all_no_variation"]})
+            "all_no_variation": d["all_no_variation"], "cap": d["cap"]})
 
     # series (e.g. a loss per step): band across realizations per step
     for base, names in samples.series().items():
@@ -324,7 +370,8 @@ def compare(a: dict, b: dict) -> dict:
     """Side-by-side digits of two :func:`analyze` results (captures, layers, decisions).
 
     Keys: ``runs`` [path a, path b], ``settings`` [a, b], ``captures`` [{name, a, b,
-    delta_median}], ``layers`` [{name, a, b}], ``classification`` [{name, a, b}],
+    delta_median}], ``layers`` [{name, a, b, a_varying, b_varying, cap}] (median digits
+    of all elements, and of the elements that vary), ``classification`` [{name, a, b}],
     ``only_a``, ``only_b``; each side holds digits_median, digits_min, std (or flip_rate,
     agreement_with_ieee for decisions). ``delta_median`` = b − a.
     """
@@ -345,8 +392,10 @@ def compare(a: dict, b: dict) -> dict:
         caps.append({"name": n, "kind": ca[n]["kind"], "a": sa, "b": sb, "delta_median": dm})
     la = {x["name"]: x for x in a["layers"]}
     lb = {x["name"]: x for x in b["layers"]}
-    layers = [{"name": n, "a": la[n]["digits_median"], "b": lb[n]["digits_median"]}
-              for n in la if n in lb]
+    layers = [{"name": n, "a": la[n]["digits_median"], "b": lb[n]["digits_median"],
+               "a_varying": la[n].get("digits_median_varying"),
+               "b_varying": lb[n].get("digits_median_varying"),
+               "cap": la[n].get("cap")} for n in la if n in lb]
     cls = []
     for n, x in a["classification"].items():
         y = b["classification"].get(n)
@@ -354,8 +403,8 @@ def compare(a: dict, b: dict) -> dict:
             cls.append({"name": n,
                         "a": {"flip_rate": x["flip_rate"], "agreement_with_ieee": x["agreement_with_ieee"]},
                         "b": {"flip_rate": y["flip_rate"], "agreement_with_ieee": y["agreement_with_ieee"]}})
-    return {"schema": "numvar.compare/1", "runs": [a["run"]["path"], b["run"]["path"]],
+    return CompareResult({"schema": "numvar.compare/1", "runs": [a["run"]["path"], b["run"]["path"]],
             "configs": [a["run"]["config"], b["run"]["config"]],
             "settings": [a["settings"], b["settings"]], "captures": caps, "layers": layers,
             "classification": cls, "only_a": [n for n in ca if n not in cb],
-            "only_b": [n for n in cb if n not in ca]}
+            "only_b": [n for n in cb if n not in ca]})

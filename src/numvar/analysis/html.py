@@ -5,7 +5,7 @@ user's backend is left alone). Sections: run configuration,
 captures table, a significant-digits histogram per capture, the per-layer curve, decision
 flips and accuracy, Dice and the disagreement map, training bands, final-weights spread,
 then any ``extra_sections`` (e.g. a saved ``numvar locate`` result, see
-:mod:`numvar.analysis.locate_json`).
+:mod:`numvar.locate.saved`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,23 @@ from typing import Sequence
 import numpy as np
 
 from .._io import atomic_write_text
-from .text import NO_VARIATION, decision_cell, digits_cell, fmt
+from .text import (NO_VARIATION, capture_columns, capture_row, fmt, is_report_capture,
+                   unit_name)
 
 MAX_HISTOGRAMS = 24
-CSS = """body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;
-margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}td:first-child,
-th:first-child{text-align:left}figure{display:inline-block;margin:.5em}.note{color:#a60}
-pre{background:#f6f6f6;padding:.5em;overflow:auto}"""
+DPI = 110
+#: The one stylesheet of numvar's HTML pages (analysis report, compare, demo, locate).
+CSS = """body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;
+max-width:1200px;padding:0 1em;color:#222;line-height:1.45}h1{font-size:1.6em}
+h2{margin-top:1.6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+table{border-collapse:collapse;margin:1em 0;font-size:14px}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
+th{background:#f3f3f3;white-space:normal;vertical-align:bottom}
+td:first-child,th:first-child{text-align:left}figure{display:inline-block;margin:.5em;
+vertical-align:top}figcaption{font-size:13px;color:#555;max-width:640px}
+img{max-width:100%;height:auto}.note{color:#8a5a00}.scroll{overflow-x:auto}
+code{background:#f3f3f3;padding:1px 3px}details{margin:1em 0}summary{cursor:pointer;
+font-weight:600}pre{background:#f6f6f6;padding:.5em;overflow:auto;font-size:13px}"""
 
 
 def _subplots(*grid: int, figsize: tuple[float, float], **kw):
@@ -40,24 +50,32 @@ def _subplots(*grid: int, figsize: tuple[float, float], **kw):
 
 def _png(fig) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _img(b64: str, alt: str) -> str:
+def _img(b64: str, alt: str, caption: str | None = None) -> str:
     return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
-            f"<figcaption>{html.escape(alt)}</figcaption></figure>")
+            f"<figcaption>{html.escape(caption or alt)}</figcaption></figure>")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
+    """A table in a horizontally scrolling box: numbers never wrap (CSS nowrap)."""
     h = "".join(f"<th>{html.escape(c)}</th>" for c in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
                    for r in rows)
-    return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+    return (f"<div class='scroll'><table><thead><tr>{h}</tr></thead><tbody>{body}</tbody>"
+            "</table></div>")
+
+
+def _integer_axis(axis) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def digits_histogram_png(name: str, d: dict, unit: str) -> str:
-    fig, ax = _subplots(figsize=(4, 2.6))
+    fig, ax = _subplots(figsize=(5, 3.2))
     edges = d["histogram"]["edges"]
     counts = list(d["histogram"]["counts"])
     nv = d["no_variation"]
@@ -67,62 +85,88 @@ def digits_histogram_png(name: str, d: dict, unit: str) -> str:
     if nv:
         ax.bar([edges[-1] + 0.5], [nv], width=1, align="edge", color="#ddd", hatch="//",
                edgecolor="k", label=NO_VARIATION)
-    ax.axvline(d["cap"], color="r", ls="--", lw=1, label="format precision")
-    ax.legend(fontsize=6)
+    ax.axvline(d["cap"], color="r", ls="--", lw=1, label=f"cap: format precision "
+               f"({d['cap']:.2f})")
+    ax.set_xlim(0, edges[-1] + (2 if nv else 0.5))
+    _integer_axis(ax.yaxis)
+    ax.legend(fontsize=8, loc="upper left")
     ax.set_xlabel(f"significant digits ({unit})")
     ax.set_ylabel("elements")
     title = name if not d["all_no_variation"] else f"{name}: {NO_VARIATION}"
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=10)
     return _png(fig)
 
 
 def layers_png(layers: list[dict], unit: str) -> str:
-    fig, ax = _subplots(figsize=(max(5, 0.35 * len(layers)), 3.2))
+    """Digits per layer on a 0…cap axis: the median over the elements that vary (solid),
+    the 5th percentile and the minimum; elements that never vary (ReLU zeros, max-pool
+    losers) sit at the cap and are left out of the solid line, else it would jump to
+    the cap at every ReLU."""
+    fig, ax = _subplots(figsize=(max(6.5, 0.45 * len(layers)), 3.8))
     i = np.arange(len(layers))
-    med = [la["digits_median"] for la in layers]
-    ax.fill_between(i, [la["digits_min"] for la in layers], med, color="#9bc", alpha=.4,
+    cap = max(la.get("cap") or la["digits_median"] or 0 for la in layers)
+    mv = [la["digits_median"] if la["digits_median_varying"] is None
+          else la["digits_median_varying"] for la in layers]
+    ax.fill_between(i, [la["digits_min"] for la in layers], mv, color="#9bc", alpha=.35,
                     label="min … median")
-    ax.plot(i, [la["digits_p05"] for la in layers], "--", color="#468", lw=1, label="5th percentile")
-    ax.plot(i, med, "o-", color="#246", label="median")
-    mv = [np.nan if la["digits_median_varying"] is None else la["digits_median_varying"]
-          for la in layers]
-    if any(np.isfinite(mv)) and mv != med:
-        ax.plot(i, mv, "x:", color="#a40", label="median over varying elements")
+    ax.plot(i, [la["digits_p05"] for la in layers], "--", color="#468", lw=1,
+            label="5th percentile")
+    ax.plot(i, mv, "o-", color="#246", label="median of varying elements")
+    ax.plot(i, [la["digits_min"] for la in layers], "v", color="#a40", ms=4, label="min")
+    ax.axhline(cap, color="r", ls="--", lw=1, label=f"cap: format precision ({cap:.2f})")
+    ax.set_ylim(0, cap * 1.08 if cap > 0 else 1)
     ax.set_xticks(i)
     ax.set_xticklabels([la["path"] + (f"#{la['call']}" if la["call"] else "") for la in layers],
-                       rotation=60, ha="right", fontsize=7)
+                       rotation=45, ha="right", fontsize=8)
     ax.set_ylabel(f"significant digits ({unit})")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_title("significant digits per layer, network order", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title("significant digits of each layer's output, network order", fontsize=10)
     return _png(fig)
 
 
 def flips_png(name: str, c: dict) -> str:
-    fig, axes = _subplots(1, 2, figsize=(8, 2.8))
+    """How many realizations flip each sample (bars labelled with their counts) and
+    accuracy (or flips) per realization on an axis that stays within its range."""
+    fig, axes = _subplots(1, 2, figsize=(9, 3.2))
     h = c["flip_count_histogram"]
-    axes[0].bar(range(len(h)), h, color="#a64")
-    axes[0].set_yscale("symlog")
+    bars = axes[0].bar(range(len(h)), h, color="#a64")
+    axes[0].bar_label(bars, fontsize=8)
+    axes[0].set_ylim(0, max(h + [1]) * 1.15)
+    _integer_axis(axes[0].xaxis)
+    _integer_axis(axes[0].yaxis)
     axes[0].set_xlabel(f"k: realizations differing from {c['against']} (of {c['n']})")
     axes[0].set_ylabel("samples")
-    axes[0].set_title(f"{name}: {c['flipped_samples']} flipped samples", fontsize=9)
+    axes[0].set_title(f"{name}: {c['flipped_samples']} of {c['samples']} samples flipped",
+                      fontsize=10)
+    r = np.arange(len(c["flips_per_realization"]))
     if c.get("accuracy"):
         a = c["accuracy"]
-        axes[1].plot(range(len(a["per_realization"])), a["per_realization"], "o", label="realization")
+        acc = 100 * np.asarray(a["per_realization"], dtype=float)
+        axes[1].plot(r, acc, "o", label="realization")
+        lo, hi = float(acc.min()), float(acc.max())
         if a["ieee"] is not None:
-            axes[1].axhline(a["ieee"], color="r", ls="--", label="IEEE")
-        axes[1].set_xlabel("realization")
-        axes[1].set_ylabel("accuracy")
-        axes[1].legend(fontsize=7)
+            axes[1].axhline(100 * a["ieee"], color="r", ls="--", label="IEEE")
+            lo, hi = min(lo, 100 * a["ieee"]), max(hi, 100 * a["ieee"])
+        pad = max(0.5, (hi - lo) * 0.2)
+        axes[1].set_ylim(max(0.0, lo - pad), min(100.0, hi + pad))
+        axes[1].set_ylabel("accuracy (%)")
+        axes[1].legend(fontsize=8)
     else:
-        axes[1].plot(range(len(c["flips_per_realization"])), c["flips_per_realization"], "o")
-        axes[1].set_xlabel("realization")
+        f = np.asarray(c["flips_per_realization"], dtype=float)
+        axes[1].plot(r, f, "o")
+        axes[1].set_ylim(0, max(1.0, float(f.max()) * 1.15))
+        _integer_axis(axes[1].yaxis)
         axes[1].set_ylabel("flipped decisions")
+    _integer_axis(axes[1].xaxis)
+    axes[1].set_xlabel("realization")
+    axes[1].set_title("per realization", fontsize=10)
     return _png(fig)
 
 
 def dice_png(name: str, s: dict) -> str:
     labs = list(s["labels"])
-    fig, ax = _subplots(figsize=(max(4, 0.4 * len(labs)), 2.8))
+    fig, ax = _subplots(figsize=(max(5.5, 0.4 * len(labs)), 3.2))
     x = np.arange(len(labs))
     ax.plot(x, [s["labels"][k]["dice_mean"] for k in labs], "o", label="mean")
     ax.plot(x, [s["labels"][k]["dice_min"] for k in labs], "v", label="min")
@@ -150,7 +194,7 @@ def slice_2d(m: np.ndarray) -> tuple[np.ndarray, str]:
 
 def disagreement_png(name: str, dis: np.ndarray) -> str:
     m, where = slice_2d(dis)
-    fig, ax = _subplots(figsize=(4, 4))
+    fig, ax = _subplots(figsize=(5, 4.5))
     im = ax.imshow(m, cmap="magma", vmin=0, vmax=max(0.5, float(m.max())), interpolation="nearest")
     fig.colorbar(im, ax=ax, fraction=.046, label="share disagreeing with majority")
     ax.set_title(f"{name} {where}".strip(), fontsize=9)
@@ -186,7 +230,7 @@ def series_png(s: dict) -> str:
 
 
 def weights_png(ws: list[dict], unit: str) -> str:
-    fig, ax = _subplots(figsize=(max(4, 0.5 * len(ws)), 2.8))
+    fig, ax = _subplots(figsize=(max(5.5, 0.5 * len(ws)), 3.2))
     x = np.arange(len(ws))
     ax.bar(x - .2, [w["digits_median"] for w in ws], .4, label="median")
     ax.bar(x + .2, [w["digits_min"] for w in ws], .4, label="min")
@@ -198,6 +242,23 @@ def weights_png(ws: list[dict], unit: str) -> str:
     return _png(fig)
 
 
+def report_title(result: dict) -> str:
+    """The page title: the run directory, else what was run (function or script)."""
+    run = result["run"]
+    if run.get("path"):
+        return f"numvar report: {run['path']}"
+    cfg = run.get("config") or {}
+    what = cfg.get("function") or " ".join(map(str, cfg.get("argv") or [])) or None
+    return f"numvar report: {what}" if what else "numvar report"
+
+
+def notebook_html(page: str, height: int = 640) -> str:
+    """A full HTML page wrapped for a notebook cell: an iframe, so that the report's
+    stylesheet does not restyle the notebook."""
+    return (f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width:100%;'
+            f'height:{height}px;border:1px solid #ddd"></iframe>')
+
+
 def render_html(result: dict, samples=None, path=None, *,
                 extra_sections: Sequence[str] = ()) -> str:
     """Render ``result`` (from :func:`analyze`) as one self-contained HTML page.
@@ -205,7 +266,7 @@ def render_html(result: dict, samples=None, path=None, *,
     ``samples`` (the analysed :class:`Samples`) is needed only for the disagreement maps
     of segmentations. ``extra_sections``: HTML fragments appended, in order and verbatim,
     after the report's own sections, e.g. :func:`numvar.locate.html_section` or
-    :func:`numvar.analysis.locate_sections`; each must be self-contained (inline styles,
+    :func:`numvar.locate.locate_sections`; each must be self-contained (inline styles,
     images as ``data:`` URIs) and already escaped: it is trusted as given. Writes
     ``path`` atomically when given; returns the HTML text.
     """
@@ -213,35 +274,35 @@ def render_html(result: dict, samples=None, path=None, *,
 
     st = result["settings"]
     run = result["run"]
-    unit = "bits" if st["basis"] == 2 else f"base {st['basis']}"
-    title = f"numvar report: {run.get('path') or 'samples'}"
+    unit = unit_name(st["basis"])
+    title = report_title(result)
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
-    parts.append(f"<p>R = {run['n']} realizations ({run['failed']} failed); significant digits: "
-                 f"{html.escape(st['method'].upper())}, {html.escape(st['error'])} error, {unit}, "
-                 f"p = {st['probability']}, confidence = {st['confidence']}, against "
-                 f"{html.escape(st['against'])}. The General method needs at least "
-                 f"{st['minimum_trials']} realizations for these p and confidence.</p>")
+    parts.append(f"<p>R = {run['n']} realizations ({run['failed']} failed); significant digits "
+                 f"in <b>{unit}</b>: {html.escape(st['method'].upper())}, "
+                 f"{html.escape(st['error'])} error, probability {st['probability']}, "
+                 f"confidence {st['confidence']}, against {html.escape(st['against'])}.</p>")
     for n in result["notes"]:
         parts.append(f"<p class='note'>note: {html.escape(n)}</p>")
 
-    parts.append("<h2 id='configuration'>Run configuration</h2>")
-    parts.append(f"<pre>{html.escape(json.dumps(run['config'], indent=2, default=str))}</pre>")
+    parts.append("<details id='configuration'><summary>Run configuration (JSON)</summary>"
+                 f"<pre>{html.escape(json.dumps(run['config'], indent=2, default=str))}</pre>"
+                 "</details>")
 
     parts.append("<h2 id='captures'>Captures</h2><p>std: the dispersion of one execution "
-                 "(R−1); sem = std/√R: the uncertainty of the estimated mean only.</p>")
+                 "(R−1); sem = std/√R: the uncertainty of the estimated mean only. "
+                 "mean |x| is left out for integer captures (labels, targets).</p>")
+    cols = capture_columns(st["basis"], wide=True)
     rows = []
     for name, e in result["captures"].items():
-        dmin, dmed = digits_cell(e["digits"])
-        rows.append([name, e["kind"], "×".join(map(str, e["shape"])) or "scalar", fmt(e["mean_abs"]),
-                     fmt(e["std"]), fmt(e["sem"]), fmt(e["rel_std"]), dmin, dmed,
-                     decision_cell(result, name)])
-    parts.append(_table(["capture", "kind", "shape", "mean |x|", "std", "sem", "rel std",
-                         "digits min", "digits median", "flips / Dice"], rows))
+        if is_report_capture(name, e):  # layers, series and weights: their own sections
+            cells = capture_row(result, name, e)
+            rows.append([cells[k] for k, _ in cols])
+    parts.append(_table([h for _, h in cols], rows))
 
+    # histograms of captures with at least 2 elements (a scalar's is one bar: the table says it)
     hist = [(n, e) for n, e in result["captures"].items()
-            if e["digits"] and e["kind"] not in ("layer", "series")
-            and not n.startswith(("weights.", "params.", "state_dict."))]
+            if e["digits"] and e["numel"] > 1 and is_report_capture(n, e)]
     if hist:
         parts.append("<h2 id='digits'>Significant digits per capture</h2>")
         for n, e in hist[:MAX_HISTOGRAMS]:
@@ -251,14 +312,27 @@ def render_html(result: dict, samples=None, path=None, *,
 
     if result["layers"]:
         parts.append("<h2 id='layers'>Layers</h2>")
-        parts.append(_img(layers_png(result["layers"], unit), "significant digits per layer"))
+        u = unit_name(st["basis"], short=True)
+        parts.append(_table(
+            ["layer", "numel", "std (R−1)", f"digits min ({u})", f"digits p05 ({u})",
+             f"digits median ({u})", f"median of varying ({u})", "no variation"],
+            [[la["name"], str(la["numel"]), fmt(la["std"]),
+              *((NO_VARIATION, "—", f"cap {fmt(la['digits_median'], 'd')}", "—")
+                if la["all_no_variation"] else
+                (fmt(la["digits_min"], "d"), fmt(la["digits_p05"], "d"),
+                 fmt(la["digits_median"], "d"), fmt(la["digits_median_varying"], "d"))),
+              fmt(la["no_variation_share"], "p")] for la in result["layers"]]))
+        parts.append(_img(layers_png(result["layers"], unit), "significant digits per layer",
+                          "Significant digits per layer. Elements that never vary (ReLU "
+                          "zeros, for instance) are exact and sit at the cap; the solid line "
+                          "is the median over the elements that do vary, the band reaches "
+                          "down to the worst element. A minimum near 0 comes from elements "
+                          "whose IEEE value is (close to) zero, where a relative error is "
+                          "large however small the absolute one."))
 
     if result["classification"]:
         parts.append("<h2 id='decisions'>Decisions</h2>")
         for n, c in result["classification"].items():
-            if c["decision_never_flips_while_scores_vary"]:
-                parts.append(f"<p class='note'>{html.escape(n)}: the decision never flips while "
-                             f"the scores vary (score std up to {fmt(c['score_std_max'])}).</p>")
             acc = c.get("accuracy") or {}
             parts.append(_table(["scores", "flipped", "flip rate", "agreement with IEEE",
                                  "accuracy mean", "accuracy std", "accuracy IEEE"],
@@ -305,6 +379,7 @@ def compare_png(cmp: dict) -> str:
     """Median digits per capture for runs A and B; with layers, the two layer curves."""
     caps = [c for c in cmp["captures"] if c["kind"] != "layer"
             and (c["a"]["digits_median"] is not None or c["b"]["digits_median"] is not None)]
+    unit = unit_name(cmp["settings"][0]["basis"])
     panels = (1 if caps else 0) + (1 if cmp["layers"] else 0)
     fig, axes = _subplots(1, max(panels, 1), figsize=(6 * max(panels, 1), 3.2), squeeze=False)
     axes = list(axes[0])
@@ -316,20 +391,25 @@ def compare_png(cmp: dict) -> str:
                    label=side.upper())
         ax.set_xticks(x)
         ax.set_xticklabels([c["name"] for c in caps], rotation=45, ha="right", fontsize=7)
-        ax.set_ylabel("median significant digits")
-        ax.legend(fontsize=7)
-        ax.set_title("captures", fontsize=9)
+        ax.set_ylabel(f"median significant digits ({unit})")
+        ax.legend(fontsize=8)
+        ax.set_title("captures", fontsize=10)
     if cmp["layers"]:
         ax = axes.pop(0)
         i = np.arange(len(cmp["layers"]))
-        ax.plot(i, [la["a"] for la in cmp["layers"]], "o-", label="A")
-        ax.plot(i, [la["b"] for la in cmp["layers"]], "s-", label="B")
+        for side, marker in (("a", "o-"), ("b", "s-")):   # ReLU zeros left out, as in reports
+            ax.plot(i, [la[side] if la.get(f"{side}_varying") is None else la[f"{side}_varying"]
+                        for la in cmp["layers"]], marker, label=side.upper())
+        cap = max((la.get("cap") or 0) for la in cmp["layers"])
+        if cap:
+            ax.axhline(cap, color="r", ls="--", lw=1, label=f"cap ({cap:.2f})")
+            ax.set_ylim(0, cap * 1.08)
         ax.set_xticks(i)
         ax.set_xticklabels([la["name"].removeprefix("layers/") for la in cmp["layers"]],
                            rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("median significant digits")
-        ax.legend(fontsize=7)
-        ax.set_title("layers, network order", fontsize=9)
+        ax.set_ylabel(f"median significant digits ({unit})")
+        ax.legend(fontsize=8)
+        ax.set_title("layers, network order (median of the elements that vary)", fontsize=10)
     return _png(fig)
 
 
@@ -350,8 +430,9 @@ def render_compare_html(cmp: dict, path=None) -> str:
              fmt(c["b"]["digits_min"], "d"), fmt(c["a"]["std"]), fmt(c["b"]["std"])]
             for c in cmp["captures"]
             if c["a"]["digits_median"] is not None or c["b"]["digits_median"] is not None]
-    parts.append(_table(["capture", "A median", "B median", "B − A", "A min", "B min",
-                         "A std", "B std"], rows))
+    u = unit_name(cmp["settings"][0]["basis"], short=True)
+    parts.append(_table(["capture", f"A median ({u})", f"B median ({u})", f"B − A ({u})",
+                         f"A min ({u})", f"B min ({u})", "A std", "B std"], rows))
     if rows or cmp["layers"]:
         parts.append(_img(compare_png(cmp), "median significant digits, A vs B"))
     if cmp["classification"]:

@@ -25,11 +25,12 @@ from .core import (
 )
 from .discover import Candidate, discover
 from .report import html_page, html_section, renderables
+from .saved import load_locate, locate_sections, read_png
 from .spatial import SpatialMap, render_png, spatial_map
 
 __all__ = [
     "Candidate", "DDResult", "Evaluator", "LayerRow", "LocateResult", "Measurement", "Row",
     "SpatialMap", "ddmin", "ddmin_bound", "default_threshold", "discover", "html_page",
-    "html_section", "locate", "propagation", "rank", "realization_bound", "render_png",
+    "html_section", "load_locate", "locate", "locate_sections", "propagation", "rank", "read_png", "realization_bound", "render_png",
     "renderables", "run_ddmin", "sensitivity", "spatial_map",
 ]

@@ -21,10 +21,15 @@ def _f(v: Any, nd: int = 2) -> str:
     return f"{v + 0.0 if v != 0 else 0.0:.{nd}f}"          # never "-0.00"
 
 
+def _unit(res, short: bool = False) -> str:
+    from ..analysis.text import unit_name
+
+    return unit_name(res.config.get("basis", 2), short=short)
+
+
 def headline(res) -> str:
     """One sentence: what the output keeps, the threshold, whether anything crosses it."""
-    basis = res.config.get("basis", 2)
-    unit = "bits" if basis == 2 else ("decimal digits" if basis == 10 else f"base-{basis} digits")
+    unit = _unit(res)
     s = (f"Output keeps {res.digits_all:.2f} of {res.cap:.2f} {unit} ({res.config.get('stat')}) "
          f"with every {'module' if res.by == 'module' else 'op kind'} perturbed "
          f"({res.config.get('mode')}, {res.config.get('granularity')}); threshold "
@@ -65,11 +70,12 @@ def ranking_table(res):
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column(what, min_width=w_name, no_wrap=True)
     t.add_column("class" if res.by == "module" else "ops", min_width=w_cls, no_wrap=True)
-    t.add_column("digits alone", justify="right")
-    t.add_column("lost alone", justify="right")
+    u = _unit(res, short=True)
+    t.add_column(f"digits alone ({u})", justify="right")
+    t.add_column(f"lost alone ({u})", justify="right")
     if res.config.get("necessity"):
-        t.add_column("digits w/o it", justify="right")
-        t.add_column("necessity", justify="right", min_width=9)
+        t.add_column(f"digits w/o it ({u})", justify="right")
+        t.add_column(f"necessity ({u})", justify="right", min_width=9)
     t.add_column("ddmin", justify="center")
     for i, row in enumerate(res.ranked, 1):
         c = res.candidate(row.name)
@@ -92,7 +98,7 @@ def propagation_table(res):
     t.add_column("layer", min_width=w_name, no_wrap=True)
     t.add_column("class", min_width=w_cls, no_wrap=True)
     for col in ("all perturbed", "only this layer", "lost in layer", "inherited"):
-        t.add_column(col, justify="right")
+        t.add_column(f"{col} ({_unit(res, short=True)})", justify="right")
     for lr in res.layers:
         t.add_row(lr.name, res.candidate(lr.name).cls, _f(lr.all), _f(lr.alone),
                   _f(lr.lost_in_layer), _f(lr.inherited))
@@ -144,8 +150,10 @@ def html_section(res) -> str:
              f"<p>{html.escape(headline(res))}</p>"]
     dd_set = set(res.dd.minimal) if res.dd else set()
     if res.ranked:
+        u = _unit(res, short=True)
         headers = ["#", "module" if res.by == "module" else "op kind", "class",
-                   "digits alone", "lost alone", "digits w/o it", "necessity", "ddmin"]
+                   f"digits alone ({u})", f"lost alone ({u})", f"digits w/o it ({u})",
+                   f"necessity ({u})", "ddmin"]
         rows = [[str(i), r.name or "(model)", res.candidate(r.name).cls, _f(r.alone),
                  _f(r.lost), _f(r.without), _f(r.necessity),
                  "yes" if r.name in dd_set else ""] for i, r in enumerate(res.ranked, 1)]
@@ -161,8 +169,10 @@ def html_section(res) -> str:
         rows = [[lr.name, res.candidate(lr.name).cls, _f(lr.all), _f(lr.alone),
                  _f(lr.lost_in_layer), _f(lr.inherited)] for lr in res.layers]
         parts.append("<h3>Error propagation</h3>")
-        parts.append(_table_html(["layer", "class", "all perturbed", "only this layer",
-                                  "lost in layer", "inherited"], rows))
+        u = _unit(res, short=True)
+        parts.append(_table_html(["layer", "class", f"all perturbed ({u})",
+                                  f"only this layer ({u})", f"lost in layer ({u})",
+                                  f"inherited ({u})"], rows))
     if res.spatial is not None:
         png = base64.b64encode(render_png(res.spatial)).decode("ascii")
         parts.append("<h3>Where the output varies</h3>")
@@ -174,6 +184,12 @@ def html_section(res) -> str:
 
 
 def html_page(res) -> str:
-    """A minimal standalone page around :func:`html_section` (``numvar locate --html``)."""
-    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>numvar locate</title>"
-            "</head><body>" + html_section(res) + "</body></html>\n")
+    """A standalone page around :func:`html_section` (``numvar locate --html``), with the
+    stylesheet of numvar's other HTML reports."""
+    from ..analysis.html import CSS
+
+    what = "modules" if res.by == "module" else "op kinds"
+    title = f"numvar locate: where the digits go (by {what})"
+    return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}"
+            f"</title><style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+            + html_section(res) + "</body></html>\n")

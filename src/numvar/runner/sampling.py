@@ -134,6 +134,38 @@ def dask_client(scheduler: Any, *, n_workers: int, threads_per_worker: int, proc
         yield client
 
 
+def notebook_progress() -> Callable[[str, Any], None] | None:
+    """A ``progress`` callback drawing a rich progress bar when running in a Jupyter
+    kernel (where nothing else would show that realizations are running); None
+    elsewhere (scripts and terminals pass their own, or none)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
+        TimeElapsedColumn
+
+    bar = Progress(TextColumn("realizations (+ IEEE reference)"), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn())
+    state: dict[str, Any] = {}
+
+    def progress(event: str, payload: Any) -> None:
+        if event == "total":
+            bar.start()
+            state["task"] = bar.add_task("", total=payload)
+            state["left"] = payload
+        elif event == "done" and "task" in state:
+            bar.advance(state["task"])
+            state["left"] -= 1
+            if state["left"] <= 0:
+                bar.stop()
+
+    return progress
+
+
 def sample(fn: Callable[..., Any], *args: Any, n: int = 10, mode: str = "sr",
            granularity: str = "flop", seed: int = 0, jobs: int | None = None,
            out: str | os.PathLike | None = None, reference: bool = True,
@@ -178,6 +210,8 @@ def sample(fn: Callable[..., Any], *args: Any, n: int = 10, mode: str = "sr",
     store = None
     if out is not None:
         store = RunStore.create(out, config=config, seeds=seeds)
+    if progress is None:
+        progress = notebook_progress()  # a progress bar in Jupyter; None elsewhere
     rec = Recorder(store, seeds, config=config, progress=progress)
     tasks: list[tuple[int | None, int, str | None]] = []
     if reference:

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from .._io import atomic_write_json, atomic_write_text
+from ..analysis.html import CSS as _CSS  # one stylesheet for every numvar page
+from ..analysis.text import unit_name
 from ..errors import ConfigError
 from . import digits
 
@@ -168,12 +170,6 @@ def run_demo(config: DemoConfig | None = None, *, progress: Progress | None = No
 
 
 # ---------------------------------------------------------------- the demo page
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;
-color:#222}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;
-padding:4px 8px;text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{
-text-align:left}.note{color:#555;font-size:90%}code{background:#f3f3f3;padding:1px 3px}"""
-
-
 def _fmt(v: Any, kind: str = "d") -> str:
     """The text of a number in the demo page (tests parse it back): digits with 2
     decimals, rates as percentages with 2 decimals, counts as integers."""
@@ -201,32 +197,34 @@ def _curve_value(layer: dict) -> float | None:
 
 
 def _layer_png(result: DemoResult) -> str | None:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    """Median digits of the varying elements per layer, per mode, on a 0…cap axis with
+    the cap drawn (a zoomed axis would exaggerate differences of a tenth of a digit)."""
+    from matplotlib.figure import Figure
 
     curves = {m: r["layers"] for m, r in result.results.items() if r["layers"]}
     if not curves:
         return None
-    fig, ax = plt.subplots(figsize=(8, 3.4))
+    fig = Figure(figsize=(8, 3.6))
+    ax = fig.subplots()
     names = None
+    cap = 0.0
     for mode, layers in curves.items():
         names = [la["path"] for la in layers]
+        cap = max([cap] + [la.get("cap") or 0 for la in layers])
         ax.plot(range(len(layers)), [_curve_value(la) for la in layers], "o-",
                 label=mode.upper())
+    if cap:
+        ax.axhline(cap, color="r", ls="--", lw=1, label=f"cap: binary32 ({cap:.2f})")
+        ax.set_ylim(0, cap * 1.1)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
-    unit = "bits" if result.config.basis == 2 else f"base-{result.config.basis} digits"
-    ax.set_ylabel(f"median significant {unit}")
+    ax.set_ylabel(f"median significant digits ({unit_name(result.config.basis)})", fontsize=9)
     ax.set_title("significant digits of each layer's output (median over the elements "
-                 "that vary), in network order", fontsize=9)
+                 "that vary), in network order", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+    ax.legend(fontsize=8, loc="lower left")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode()
 
 
@@ -234,7 +232,7 @@ def render_demo_html(result: DemoResult) -> str:
     """The demo page: a summary table per mode, the per-layer curve and table, links to
     the full reports. Every number has an ``id`` (``MODE-FIELD``, ``MODE-layer-PATH``)."""
     cfg = result.config
-    unit = "bits" if cfg.basis == 2 else f"base-{cfg.basis} digits"
+    unit = unit_name(cfg.basis)
     p = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>numvar demo: digits CNN"
          f"</title><style>{_CSS}</style></head><body>",
          "<h1>numvar demo: how many digits of a digits CNN can you trust?</h1>",
@@ -257,17 +255,28 @@ def render_demo_html(result: DemoResult) -> str:
                  f"at least {st['minimum_trials']} realizations for p = {st['probability']} "
                  f"at confidence {st['confidence']}.</p>")
 
-    p.append("<h2>Outputs</h2><table><tr><th>mode</th>"
+    # two narrow tables rather than one of 15 columns: digits, then decisions and time
+    p.append(f"<h2>Outputs</h2><h3>Significant digits ({unit})</h3><table><tr><th>mode</th>"
              + "".join(f"<th>{lab} median</th><th>{lab} min</th>"
-                       for _, lab in SUMMARY_CAPTURES)
-             + "<th>loss std</th><th>flipped images</th><th>flip rate</th>"
-               "<th>accuracy mean</th><th>accuracy min</th><th>accuracy max</th>"
-               "<th>accuracy IEEE</th><th>s / realization</th></tr>")
+                       for _, lab in SUMMARY_CAPTURES if lab != "loss")
+             + "<th>loss (one scalar)</th></tr>")
     for row in result.summary():
         m = row["mode"]
         cells = "".join(_cell(f"{m}-{lab}_{s}", row[f"{lab}_{s}"])
-                        for _, lab in SUMMARY_CAPTURES for s in ("median", "min"))
-        cells += _cell(f"{m}-loss_std", row["loss_std"], "g")
+                        for _, lab in SUMMARY_CAPTURES if lab != "loss"
+                        for s in ("median", "min"))
+        cells += _cell(f"{m}-loss_median", row["loss_median"])
+        p.append(f"<tr><td>{m.upper()}</td>{cells}</tr>")
+    p.append("</table><p class='note'>median and min over the elements of each capture "
+             "(images × classes for logits and probabilities); the loss is one number per "
+             "realization, so it has a single value.</p>")
+    p.append("<h3>Decisions and time</h3><table><tr><th>mode</th><th>loss std</th>"
+             "<th>flipped images</th><th>flip rate</th><th>accuracy mean</th>"
+             "<th>accuracy min</th><th>accuracy max</th><th>accuracy IEEE</th>"
+             "<th>s / realization</th></tr>")
+    for row in result.summary():
+        m = row["mode"]
+        cells = _cell(f"{m}-loss_std", row["loss_std"], "g")
         cells += _cell(f"{m}-flipped", row["flipped"], "i")
         cells += _cell(f"{m}-flip_rate", row["flip_rate"], "p")
         for k in ("mean", "min", "max", "ieee"):
@@ -298,7 +307,12 @@ def render_demo_html(result: DemoResult) -> str:
                 cells += _cell(f"{m}-layer-{la['path']}-median", e.get("digits_median"))
                 cells += _cell(f"{m}-layer-{la['path']}-min", e.get("digits_min"))
             p.append(f"<tr><td>{html.escape(la['path'])}</td>{cells}</tr>")
-        p.append("</table>")
+        p.append("</table><p class='note'>median (varying): the median over the elements "
+                 "that vary; elements that never vary (the zeros after a ReLU) are exact, sit "
+                 "at the cap and would pull the plain median up to it. min: the worst "
+                 "element; a min near 0 comes from elements whose IEEE value is (close to) "
+                 "zero, where the relative error is large however small the absolute one."
+                 "</p>")
 
     p.append("<h2>Full reports</h2><ul>")
     for m in result.results:
@@ -309,8 +323,8 @@ def render_demo_html(result: DemoResult) -> str:
     p.append("</ul>")
     p.append("<p class='note'>Fuzzy PyTorch (the paper this follows) reported for its MNIST "
              "CNN: loss significant digits (base 10) SR 5.70, UD 5.43.</p>")
-    p.append("<h2>Settings</h2><pre>"
-             + html.escape(_settings_text(result)) + "</pre></body></html>\n")
+    p.append("<details><summary>Settings (JSON)</summary><pre>"
+             + html.escape(_settings_text(result)) + "</pre></details></body></html>\n")
     return "\n".join(p)
 
 

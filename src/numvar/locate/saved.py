@@ -1,4 +1,4 @@
-"""Embed a saved ``numvar locate`` result in the analysis report.
+"""A saved ``numvar locate`` result: reload it, embed it in the analysis report.
 
 ``numvar locate ... --json locate.json`` writes :meth:`numvar.locate.LocateResult.to_dict`.
 :func:`load_locate` rebuilds a :class:`~numvar.locate.LocateResult` from that JSON with
@@ -51,7 +51,9 @@ def load_locate(source: Any):
 
 
 def _build(d: Any, where: str):
-    from ..locate import Candidate, DDResult, LayerRow, LocateResult, Row
+    from .api import LocateResult
+    from .core import DDResult, LayerRow, Row
+    from .discover import Candidate
 
     if not isinstance(d, dict) or "ranking" not in d or "by" not in d:
         raise AnalysisError(f"{where}: not a numvar locate JSON (numvar locate --json)")
@@ -115,7 +117,7 @@ def locate_sections(source: Any, map_png: Any = None) -> list[str]:
     ``extra_sections``: :func:`numvar.locate.html_section` of the saved result, then,
     when it has a spatial view, a ``<section class="numvar-locate-map">`` with its summary
     and the PNG ``map_png`` (``numvar locate --map``) embedded as base64."""
-    from ..locate import html_section
+    from .report import html_section
 
     d, where = _read(source)
     out = [html_section(_build(d, where))]
