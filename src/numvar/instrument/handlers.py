@@ -15,7 +15,8 @@ from functools import reduce as _reduce
 import torch
 import torch.nn.functional as F
 
-from . import flop
+from . import cplx, flop
+from . import fft as fftmod
 from ._core import FLOATS, Ctx, is_float_tensor, result_dtype
 
 Handler = Callable[[Ctx, object, tuple, dict], object]
@@ -139,12 +140,22 @@ def _static(func):
     return st
 
 
+_C128 = torch.complex128
+_INEXACT = FLOATS | cplx.COMPLEX
+
+
 def _up(x):
-    """float64 stand-in of an argument of op_once: float tensors upcast, float dtypes."""
+    """float64 stand-in of an argument of op_once: float tensors upcast, float dtypes
+    (complex64 to complex128)."""
     if isinstance(x, torch.Tensor):
-        return x.to(_F64) if x.dtype in FLOATS and x.dtype is not _F64 else x
-    if isinstance(x, torch.dtype) and x in FLOATS:
-        return _F64
+        if x.dtype in FLOATS:
+            return x.to(_F64) if x.dtype is not _F64 else x
+        return x.to(_C128) if x.dtype is torch.complex64 else x
+    if isinstance(x, torch.dtype):
+        if x in FLOATS:
+            return _F64
+        if x in cplx.COMPLEX:
+            return _C128
     return x
 
 
@@ -162,7 +173,7 @@ def op_once(ctx: Ctx, func, args, kwargs):
     else:  # no tensors inside lists: the arguments themselves are the values
         flat = [*args, *kwargs.values()] if kwargs else args
         rebuild = None
-    dts = [x.dtype for x in flat if isinstance(x, torch.Tensor) and x.dtype in FLOATS]
+    dts = [x.dtype for x in flat if isinstance(x, torch.Tensor) and x.dtype in _INEXACT]
     if not dts:
         return func(*args, **kwargs)
     promoted = dts[0]
@@ -195,9 +206,14 @@ def op_once(ctx: Ctx, func, args, kwargs):
             orig.copy_(ctx.round(new, orig.dtype))
 
     def rnd(o, j):
-        if o.dtype not in FLOATS:
+        if o.dtype not in _INEXACT:
             return o
         target = out_dts[j] if out_dts is not None and j < len(out_dts) and out_dts[j] else promoted
+        if o.dtype in cplx.COMPLEX:  # real and imaginary parts rounded (one call)
+            if target not in cplx.COMPLEX:
+                target = torch.complex128 if target is _F64 else torch.complex64
+            return cplx.round_parts(o, target, ctx)
+        target = cplx.PART.get(target, target)
         return ctx.round(o, target) if target in FLOATS else o
 
     return _map_outputs(out, rnd)
@@ -228,10 +244,14 @@ def _float_result(*xs) -> bool:
     return result_dtype(*xs) in FLOATS
 
 
-def _with_alpha(ctx, args, kwargs, op, reverse: bool = False):
+def _with_alpha(ctx, func, args, kwargs, op, reverse: bool = False):
     """``a op alpha·b`` (``reverse``: ``b op alpha·a``, as rsub), the scaling rounded
     first and skipped when alpha is 1; EXACT for non-float results."""
     a, b = args[0], args[1]
+    if cplx.any_complex(a, b):
+        if ctx.granularity == "op":  # op granularity: the complex128 result rounded once
+            return op_once(ctx, func, args, kwargs)
+        return _complex_with_alpha(ctx, args, kwargs, op is ctx.sub, reverse)
     if not _float_result(a, b):
         return EXACT
     if reverse:
@@ -242,24 +262,37 @@ def _with_alpha(ctx, args, kwargs, op, reverse: bool = False):
     return op(a, b)
 
 
+def _complex_with_alpha(ctx, args, kwargs, negate: bool, reverse: bool):
+    """Complex ``a ± alpha·b`` as real operations (numvar.instrument.cplx)."""
+    a, b = args[0], args[1]
+    if reverse:
+        a, b = b, a
+    alpha = _get(args, kwargs, 2, "alpha", 1)
+    if alpha != 1:
+        b = cplx.mul(ctx, b, alpha)
+    return cplx.add(ctx, a, b, negate=negate)
+
+
 @register("aten.add", "prims.add", how="elementwise")
 def _add(ctx, func, args, kwargs):
-    return _with_alpha(ctx, args, kwargs, ctx.add)
+    return _with_alpha(ctx, func, args, kwargs, ctx.add)
 
 
 @register("aten.sub", "prims.sub", how="elementwise")
 def _sub(ctx, func, args, kwargs):
-    return _with_alpha(ctx, args, kwargs, ctx.sub)
+    return _with_alpha(ctx, func, args, kwargs, ctx.sub)
 
 
 @register("aten.rsub", how="elementwise")
 def _rsub(ctx, func, args, kwargs):
-    return _with_alpha(ctx, args, kwargs, ctx.sub, reverse=True)
+    return _with_alpha(ctx, func, args, kwargs, ctx.sub, reverse=True)
 
 
 @register("aten.mul", "prims.mul", how="elementwise")
 def _mul(ctx, func, args, kwargs):
     a, b = args[0], args[1]
+    if cplx.any_complex(a, b):
+        return cplx.mul(ctx, a, b) if ctx.granularity == "flop" else op_once(ctx, func, args, kwargs)
     if not _float_result(a, b):
         return EXACT
     return ctx.mul(a, b)
@@ -270,6 +303,8 @@ def _div(ctx, func, args, kwargs):
     a, b = args[0], args[1]
     if _get(args, kwargs, 2, "rounding_mode") is not None:
         return op_once(ctx, func, args, kwargs)
+    if cplx.any_complex(a, b):
+        return cplx.div(ctx, a, b) if ctx.granularity == "flop" else op_once(ctx, func, args, kwargs)
     if not _float_result(a, b) and func._schema.name != "prims::div":
         # true division of integers promotes to the default float dtype
         dt = torch.get_default_dtype()
@@ -282,6 +317,8 @@ def _div(ctx, func, args, kwargs):
 @register("aten.sqrt", "prims.sqrt", how="elementwise")
 def _sqrt(ctx, func, args, kwargs):
     (a,) = args[:1]
+    if cplx.is_complex(a):  # a library function of complex numbers: rounded once
+        return op_once(ctx, func, args, kwargs)
     if a.dtype not in FLOATS:
         a = a.to(torch.get_default_dtype())
     return ctx.sqrt(a)
@@ -290,6 +327,8 @@ def _sqrt(ctx, func, args, kwargs):
 @register("aten.reciprocal", how="elementwise")
 def _reciprocal(ctx, func, args, kwargs):
     a = args[0]
+    if cplx.is_complex(a):
+        return cplx.div(ctx, 1.0, a)
     if a.dtype not in FLOATS:
         a = a.to(torch.get_default_dtype())
     return ctx.div(1.0, a)
@@ -298,6 +337,8 @@ def _reciprocal(ctx, func, args, kwargs):
 @register("aten.square", how="elementwise")
 def _square(ctx, func, args, kwargs):
     a = args[0]
+    if cplx.is_complex(a):
+        return cplx.mul(ctx, a, a)
     if a.dtype not in FLOATS:
         return EXACT
     return ctx.mul(a, a)
@@ -361,6 +402,8 @@ def _lerp(ctx, func, args, kwargs):
 @register("aten.mm")
 def _mm(ctx, func, args, kwargs):
     a, b = args[:2]
+    if cplx.any_complex(a, b):
+        return cplx.bmm(ctx, a.unsqueeze(0), b.unsqueeze(0))[0]
     if not _float_result(a, b):
         return EXACT
     return flop.mm(a, b, ctx)
@@ -369,6 +412,8 @@ def _mm(ctx, func, args, kwargs):
 @register("aten.bmm")
 def _bmm(ctx, func, args, kwargs):
     a, b = args[:2]
+    if cplx.any_complex(a, b):
+        return cplx.bmm(ctx, a, b)
     if not _float_result(a, b):
         return EXACT
     return flop.bmm(a, b, ctx)
@@ -431,6 +476,8 @@ def _sum(ctx, func, args, kwargs):
     else:
         dim, keepdim = None, False
     target = dtype or x.dtype
+    if target in cplx.COMPLEX:
+        return cplx.reduce(ctx, x, dim, keepdim=keepdim, dtype=target)
     if target not in FLOATS:
         return EXACT
     return flop.reduce(x, dim, ctx, keepdim=keepdim, dtype=target)
@@ -445,6 +492,8 @@ def _mean(ctx, func, args, kwargs):
     else:
         dim, keepdim = None, False
     target = dtype or x.dtype
+    if target in cplx.COMPLEX:
+        return cplx.reduce(ctx, x, dim, keepdim=keepdim, dtype=target, mean=True)
     return flop.mean(x, dim, ctx, keepdim=keepdim, dtype=target)
 
 
@@ -570,6 +619,56 @@ def _avg_pool2d_backward(ctx, func, args, kwargs):
     out = F.fold(cols, (h + 2 * padding[0], w + 2 * padding[1]), ks, stride=stride)  # no overlap: exact
     out = out[..., padding[0]:padding[0] + h, padding[1]:padding[1] + w]
     return out.reshape(x.shape)
+
+
+# ------------------------------------------------------------- complex and FFT
+def _complex_inexact(ctx, func, args, kwargs):
+    """``abs``/``sgn``: exact on real tensors; on complex ones library functions
+    (hypot, z/|z|): the float64 result rounded once."""
+    if not cplx.is_complex(args[0]):
+        return EXACT
+    return op_once(ctx, func, args, kwargs)
+
+
+#: ops of the exact list (numvar.instrument.ops.EXACT_OPS) that round on complex inputs
+COMPLEX_INEXACT = ("aten.abs", "aten.sgn")
+for _table in (FLOP_HANDLERS, OP_HANDLERS):
+    register(*COMPLEX_INEXACT, table=_table, how="float64, rounded once (complex)")(_complex_inexact)
+
+
+def _complex_exact(ctx, func, args, kwargs):
+    """``torch.complex(re, im)``: assembling parts is exact."""
+    return EXACT
+
+
+for _table in (FLOP_HANDLERS, OP_HANDLERS):
+    register("aten.complex", table=_table, how="exact")(_complex_exact)
+
+
+@register("aten.polar", how="flop (complex)")
+def _polar(ctx, func, args, kwargs):
+    """``r·cos θ + i·r·sin θ``: cos, sin rounded once from float64, two rounded products."""
+    return cplx.polar(ctx, args[0], args[1])
+
+
+@register("aten._fft_c2c", how="flop (radix-2 FFT / direct DFT)")
+def _fft_c2c(ctx, func, args, kwargs):
+    x, dim, norm, forward = args[:4]
+    return fftmod.fft_c2c(ctx, x, dim, norm, forward)
+
+
+@register("aten._fft_r2c", how="flop (radix-2 FFT / direct DFT)")
+def _fft_r2c(ctx, func, args, kwargs):
+    x, dim, norm, onesided = args[:4]
+    if x.dtype not in (torch.float32, torch.float64):
+        return op_once(ctx, func, args, kwargs)
+    return fftmod.fft_r2c(ctx, x, dim, norm, onesided)
+
+
+@register("aten._fft_c2r", how="flop (radix-2 FFT / direct DFT)")
+def _fft_c2r(ctx, func, args, kwargs):
+    x, dim, norm, last = args[:4]
+    return fftmod.fft_c2r(ctx, x, dim, norm, last)
 
 
 # --------------------------------------------------------------------- special cases
