@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from . import cplx, flop
 from . import fft as fftmod
+from . import linalg as LA
 from ._core import FLOATS, Ctx, is_float_tensor, result_dtype
 
 Handler = Callable[[Ctx, object, tuple, dict], object]
@@ -651,24 +652,131 @@ def _polar(ctx, func, args, kwargs):
     return cplx.polar(ctx, args[0], args[1])
 
 
-@register("aten._fft_c2c", how="flop (radix-2 FFT / direct DFT)")
+_CPU_KINDS = (torch.float32, torch.float64, torch.complex64, torch.complex128)
+
+
+def _cpu_kernel(*ts) -> bool:
+    """CPU tensors of binary32/64 (or complex64/128): what the FFT and linear algebra
+    implementations take; anything else is rounded once (op_once)."""
+    return all(t.is_cpu and t.dtype in _CPU_KINDS for t in ts if isinstance(t, torch.Tensor))
+
+
+_FFT_HOW = "flop (radix-2 FFT / direct DFT)"
+
+
+@register("aten._fft_c2c", how=_FFT_HOW)
 def _fft_c2c(ctx, func, args, kwargs):
     x, dim, norm, forward = args[:4]
+    if not _cpu_kernel(x):
+        return op_once(ctx, func, args, kwargs)
     return fftmod.fft_c2c(ctx, x, dim, norm, forward)
 
 
-@register("aten._fft_r2c", how="flop (radix-2 FFT / direct DFT)")
+@register("aten._fft_r2c", how=_FFT_HOW)
 def _fft_r2c(ctx, func, args, kwargs):
     x, dim, norm, onesided = args[:4]
-    if x.dtype not in (torch.float32, torch.float64):
+    if not _cpu_kernel(x) or x.is_complex():
         return op_once(ctx, func, args, kwargs)
     return fftmod.fft_r2c(ctx, x, dim, norm, onesided)
 
 
-@register("aten._fft_c2r", how="flop (radix-2 FFT / direct DFT)")
+@register("aten._fft_c2r", how=_FFT_HOW)
 def _fft_c2r(ctx, func, args, kwargs):
     x, dim, norm, last = args[:4]
+    if not _cpu_kernel(x):
+        return op_once(ctx, func, args, kwargs)
     return fftmod.fft_c2r(ctx, x, dim, norm, last)
+
+
+# ------------------------------------------------------------------- linear algebra
+def _linalg(how: str, *names: str):
+    """Register a linear-algebra handler (numvar.instrument.linalg) for real binary32/64
+    CPU tensors; complex or other inputs are rounded once."""
+    def deco(fn):
+        def handler(ctx, func, args, kwargs):
+            ts = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+            if not all(t.is_cpu and t.dtype in (torch.float32, torch.float64) for t in ts) or any(
+                    isinstance(a, torch.Tensor) and a.is_complex() for a in args):
+                return op_once(ctx, func, args, kwargs)
+            return fn(ctx, func, args, kwargs)
+
+        handler.__doc__ = fn.__doc__
+        return register(*names, how=how)(handler)
+
+    return deco
+
+
+@_linalg("flop (LU, partial pivoting)", "aten.linalg_lu_factor_ex")
+def _lu_factor_ex(ctx, func, args, kwargs):
+    if not _get(args, kwargs, 1, "pivot", True):
+        return op_once(ctx, func, args, kwargs)
+    return LA.lu_factor(ctx, args[0])
+
+
+@_linalg("flop (LU solve)", "aten._linalg_solve_ex")
+def _solve_ex(ctx, func, args, kwargs):
+    A, B = args[:2]
+    X, LU, piv, info = LA.solve(ctx, A, B, left=_get(args, kwargs, 2, "left", True))
+    return X, LU, piv, info
+
+
+@_linalg("flop (LU solve)", "aten.linalg_lu_solve")
+def _lu_solve(ctx, func, args, kwargs):
+    LU, piv, B = args[:3]
+    return LA.lu_solve(ctx, LU, piv, B, left=_get(args, kwargs, 3, "left", True),
+                       adjoint=_get(args, kwargs, 4, "adjoint", False))
+
+
+@_linalg("flop (LU inverse)", "aten.linalg_inv_ex")
+def _inv_ex(ctx, func, args, kwargs):
+    return LA.inv(ctx, args[0])
+
+
+@_linalg("flop (LU determinant)", "aten._linalg_det")
+def _det(ctx, func, args, kwargs):
+    return LA.det(ctx, args[0])
+
+
+@_linalg("flop (triangular solve)", "aten.linalg_solve_triangular")
+def _solve_triangular(ctx, func, args, kwargs):
+    A, B = args[:2]
+    return LA.solve_triangular(ctx, A, B, upper=_get(args, kwargs, 2, "upper"),
+                               left=_get(args, kwargs, 3, "left", True),
+                               unitriangular=_get(args, kwargs, 4, "unitriangular", False))
+
+
+@_linalg("flop (triangular solve)", "aten.triangular_solve")
+def _triangular_solve(ctx, func, args, kwargs):
+    """Legacy ``torch.triangular_solve(b, A, upper, transpose, unitriangular)``."""
+    b, A = args[:2]
+    upper = _get(args, kwargs, 2, "upper", True)
+    transpose = _get(args, kwargs, 3, "transpose", False)
+    unit = _get(args, kwargs, 4, "unitriangular", False)
+    T = A.mT if transpose else A
+    X = LA.solve_triangular(ctx, T, b, upper=upper != transpose, unitriangular=unit)
+    return X, A.clone()
+
+
+@_linalg("flop (Cholesky)", "aten.linalg_cholesky_ex")
+def _cholesky_ex(ctx, func, args, kwargs):
+    return LA.cholesky(ctx, args[0], upper=_get(args, kwargs, 1, "upper", False))
+
+
+@_linalg("flop (Householder QR)", "aten.linalg_qr")
+def _qr(ctx, func, args, kwargs):
+    return LA.qr(ctx, args[0], _get(args, kwargs, 1, "mode", "reduced"))
+
+
+@_linalg("flop (cyclic Jacobi)", "aten._linalg_eigh")
+def _eigh(ctx, func, args, kwargs):
+    return LA.eigh(ctx, args[0], _get(args, kwargs, 1, "UPLO", "L"),
+                   _get(args, kwargs, 2, "compute_v", True))
+
+
+@_linalg("flop (one-sided Jacobi)", "aten._linalg_svd")
+def _svd(ctx, func, args, kwargs):
+    return LA.svd(ctx, args[0], _get(args, kwargs, 1, "full_matrices", False),
+                  _get(args, kwargs, 2, "compute_uv", True))
 
 
 # --------------------------------------------------------------------- special cases
