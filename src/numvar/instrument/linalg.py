@@ -21,7 +21,7 @@ formulas ``RND`` is one rounding of numvar's core; ``B`` is the batch.
   swaps in reverse order. ``left=False`` solves the transposed system.
 * **solve** = LU + LU solve; **inv** = LU + LU solve of the identity; **det** = the
   product of U's diagonal, left to right (``RND(RND(u_00·u_11)·u_22)…``), negated (exact)
-  for an odd permutation.
+  for an odd permutation (a C-contiguous A is factored as Aᵀ, as ATen does).
 * **Cholesky** (:func:`cholesky`, right-looking): ``l_jj = RND(sqrt(a_jj))``,
   ``l_ij = RND(a_ij / l_jj)`` (i > j), ``a_ik = RND(a_ik − RND(l_i·l_k))`` (i, k > j; the
   whole trailing block is updated, only its lower triangle is read). Reads the lower
@@ -198,8 +198,9 @@ def inv(ctx: Ctx, A: torch.Tensor):
 
 
 def det(ctx: Ctx, A: torch.Tensor):
-    """(det, LU, pivots) of ``_linalg_det``."""
-    LU, piv, _ = lu_factor(ctx, A)
+    """(det, LU, pivots) of ``_linalg_det``. As ATen, a C-contiguous A is factored as
+    Aᵀ (LAPACK reads it column-major; det Aᵀ = det A): its backward expects that LU."""
+    LU, piv, _ = lu_factor(ctx, A.mT if A.is_contiguous() else A)
     n = A.shape[-1]
     if n == 0:
         return torch.ones(A.shape[:-2], dtype=A.dtype), LU, piv
@@ -277,7 +278,7 @@ def qr(ctx: Ctx, A: torch.Tensor, mode: str = "reduced"):
             R[:, j:, j + 1:] = _apply_reflector(ctx, v, tau, R[:, j:, j + 1:])
         refl.append((tau, v))
     if mode == "r":
-        return torch.empty(0, dtype=A.dtype), R[:, :k].reshape(*lead, k, n)
+        return torch.empty(0, dtype=A.dtype), R[:, :k].contiguous().reshape(*lead, k, n)
     qc = m if mode == "complete" else k
     Q = torch.eye(m, qc, dtype=A.dtype).repeat(B, 1, 1)
     for j in range(k - 1, -1, -1):
@@ -285,7 +286,7 @@ def qr(ctx: Ctx, A: torch.Tensor, mode: str = "reduced"):
             continue
         tau, v = refl[j]
         Q[:, j:, j:] = _apply_reflector(ctx, v, tau, Q[:, j:, j:])
-    Rout = R if mode == "complete" else R[:, :k]
+    Rout = R if mode == "complete" else R[:, :k].contiguous()
     return Q.reshape(*lead, m, qc), Rout.reshape(*lead, *Rout.shape[-2:])
 
 
