@@ -37,11 +37,13 @@ CASES = [("sr", None, torch.float32), ("sr", 10, torch.float32), ("ud", None, to
 
 # ------------------------------------------------------------------- bit for bit
 @pytest.mark.parametrize("mode,prec,dt", CASES)
-@pytest.mark.parametrize("n", [8, 6, 1, 2])
+@pytest.mark.parametrize("n", [8, 6, 1, 2, FT.DIRECT_MAX + 1])
 @pytest.mark.parametrize("sign", [-1, 1])
 def test_c2c_matches_reference(mode, prec, dt, n, sign):
-    """Radix-2 (n = 8, 2), direct DFT (n = 6), identity (n = 1) against the plain loops."""
-    re, im = _rand(3, n, seed=n, dtype=dt), _rand(3, n, seed=n + 1, dtype=dt)
+    """Radix-2 (n = 8, 2), direct DFT (n = 6), Bluestein (n = 65), identity (n = 1)
+    against the plain loops."""
+    B = 1 if n > FT.DIRECT_MAX else 3
+    re, im = _rand(B, n, seed=n, dtype=dt), _rand(B, n, seed=n + 1, dtype=dt)
     fr, fi = FT.c2c_parts(_ctx(3, mode, prec), re, im, sign)
     sr = ScalarRounding(3, mode, dt, prec)
     rr, ri = FT.c2c_reference(re.numpy(), im.numpy(), sign, iter(sr.key, None), sr.code, sr.t)
@@ -172,6 +174,14 @@ def _rel_bound(n: int) -> float:
     Thm 24.2 for radix-2 (log2 n stages, each within η), and for the direct DFT the dot
     products of length 2n: |Δy_k| ≤ (γ_2n + 2μ)·2‖x‖₁ ≤ (γ_2n + 2μ)·2√n‖x‖₂ per
     element, ‖y‖₂ = √n‖x‖₂, so ‖Δy‖₂/‖y‖₂ ≤ 2√n(γ_2n + 2μ)."""
+    if isinstance(n, str):
+        # Bluestein of length n: 2 chirp products, 2 radix-2 transforms of length M and
+        # a product by B̂. The intermediate norms exceed ‖X‖ by M·max|B̂|/√n ≈ √2
+        # (|B̂_k| ≈ √(2n)/M for a chirp of 2n − 1 unit entries): factor 2.
+        n = int(n[len("bluestein"):])
+        M = 1 << (2 * n - 2).bit_length()
+        cm = math.sqrt(2) * _gamma(2) + 2 * MU  # one complex product with a rounded factor
+        return 2 * (2 * _rel_bound(M) + 3 * cm)
     if n <= 1:
         return 0.0
     if FT.is_pow2(n):
@@ -184,6 +194,7 @@ ACC = [
     ("rfft", lambda x: torch.fft.rfft(x), (16,), [16], 0),
     ("rfft_ortho", lambda x: torch.fft.rfft(x, norm="ortho"), (16,), [16], 1),
     ("fft_12", lambda x: torch.fft.fft(x.to(torch.complex64)), (12,), [12], 0),
+    ("fft_100", lambda x: torch.fft.fft(x.to(torch.complex64)), (100,), ["bluestein100"], 0),
     ("ifft_32", lambda x: torch.fft.ifft(x.to(torch.complex64)), (32,), [32], 1),
     ("irfft_16", lambda x: torch.fft.irfft(torch.fft.rfft(x)), (16,), [16, 16], 2),
     ("irfft_9", lambda x: torch.fft.irfft(torch.fft.rfft(x), n=9), (9,), [9, 9], 2),

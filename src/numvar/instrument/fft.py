@@ -15,13 +15,21 @@ The algorithm (not pocketfft's, as numvar's matmul need not follow MKL's order):
     additions per butterfly for the whole stage (stacked ``ur+tr, ui+ti, ur−tr, ui−ti``).
 
   Cost: ``(n/2)·log2 n`` butterflies, 3 vectorised rounding calls per stage.
-* **other lengths**: the direct DFT ``X_k = Σ_j x_j·w^{jk}`` as one real flop-level
-  matrix product (:func:`numvar.instrument.flop.bmm`) of the interleaved input
-  ``(xr_0, xi_0, xr_1, xi_1, ...)`` with the real 2n×2n matrix of the twiddles: each
-  output part is the sum of its 2n products in the order j = 0..n−1, real part of x
-  before imaginary, accumulated left to right, every product and add rounded. Cost
-  ``4n²`` products and adds per transform (fine for the small lengths of models; a
-  Bluestein transform would be O(n log n) but adds three transforms' worth of rounding).
+* **other lengths n ≤ DIRECT_MAX (64)**: the direct DFT ``X_k = Σ_j x_j·w^{jk}`` as one
+  real flop-level matrix product (:func:`numvar.instrument.flop.bmm`) of the interleaved
+  input ``(xr_0, xi_0, xr_1, xi_1, ...)`` with the real 2n×2n matrix of the twiddles:
+  each output part is the sum of its 2n products in the order j = 0..n−1, real part of
+  x before imaginary, accumulated left to right, every product and add rounded. Cost
+  ``4n²`` products and adds per transform.
+* **other lengths n > DIRECT_MAX**: Bluestein's chirp-z algorithm, with
+  ``jk = (j² + k² − (k−j)²)/2``: ``a_j = x_j·c_j`` (chirp ``c_j = exp(∓πi·j²/n)``; one
+  complex multiplication each), zero padded to M, the smallest power of two ≥ 2n − 1;
+  ``A = FFT_M(a)`` (radix-2 above, forward); ``C = A·B̂`` (complex multiplications) with
+  ``B̂ = FFT_M(b)/M`` of the conjugate chirp ``b`` (a constant of the algorithm: computed
+  in float64 and rounded to nearest once, as the twiddles); ``y = FFT_M⁻¹(C)``
+  (radix-2, unnormalised: the 1/M is inside B̂); ``X_k = y_k·c_k`` (complex
+  multiplications) for k < n. Cost: two radix-2 transforms of length M and 2n + M complex multiplications,
+  O(n log n) (a direct DFT of n = 1000 is 4·10⁶ rounded operations per transform).
 
 Twiddles ``w^j = exp(∓2πi·j/n)`` are computed in float64 (the angle from the exact
 integer j·k mod n) and rounded to nearest in the format once: they are constants of the
@@ -63,6 +71,8 @@ from . import flop
 from ._core import Ctx
 
 NORM_NONE, NORM_ROOT_N, NORM_N = 0, 1, 2
+#: longest non-power-of-two length transformed by the direct DFT (longer: Bluestein)
+DIRECT_MAX = 64
 
 
 def is_pow2(n: int) -> bool:
@@ -132,15 +142,51 @@ def _direct(ctx: Ctx, re: torch.Tensor, im: torch.Tensor, sign: int):
     return out[..., 0], out[..., 1]
 
 
+def chirp(n: int, sign: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of ``sign·π·(j² mod 2n)/n`` for j in 0..n−1 (float64, rounded once)."""
+    j = torch.arange(n, dtype=torch.int64)
+    ang = (sign * math.pi / n) * ((j * j) % (2 * n)).to(torch.float64)
+    return torch.cos(ang).to(dtype), torch.sin(ang).to(dtype)
+
+
+def bluestein_kernel(n: int, sign: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, (re, im) of B̂ = FFT_M(b)/M) for Bluestein's convolution, b the conjugate
+    chirp wrapped around (b_m = b_{M−m}); computed in float64, rounded once to ``dtype``."""
+    M = 1 << (2 * n - 2).bit_length()
+    j = torch.arange(n, dtype=torch.int64)
+    ang = (-sign * math.pi / n) * ((j * j) % (2 * n)).to(torch.float64)
+    b = torch.zeros(M, dtype=torch.complex128)
+    b[:n] = torch.polar(torch.ones(n, dtype=torch.float64), ang)
+    b[M - n + 1:] = b[1:n].flip(0)
+    bh = torch.fft.fft(b) / M
+    return M, (bh.real.to(dtype), bh.imag.to(dtype))
+
+
+def _bluestein(ctx: Ctx, re: torch.Tensor, im: torch.Tensor, sign: int):
+    B, n = re.shape
+    cr, ci = chirp(n, sign, re.dtype)
+    M, (kr, ki) = bluestein_kernel(n, sign, re.dtype)
+    ar, ai = cplx.mul_parts(ctx, re, im, cr, ci)
+    pad = (0, M - n)
+    ar, ai = torch.nn.functional.pad(ar, pad), torch.nn.functional.pad(ai, pad)
+    Ar, Ai = _radix2(ctx, ar, ai, -1)
+    Cr, Ci = cplx.mul_parts(ctx, Ar, Ai, kr, ki)
+    cr2, ci2 = _radix2(ctx, Cr, Ci, 1)
+    return cplx.mul_parts(ctx, cr2[:, :n], ci2[:, :n], cr, ci)
+
+
 def c2c_parts(ctx: Ctx, re: torch.Tensor, im: torch.Tensor, sign: int):
     """The unnormalised 1-D DFT with ``w = exp(sign·2πi/n)`` of (B, n) parts along the
-    last axis: radix-2 for powers of two, the direct DFT otherwise."""
+    last axis: radix-2 for powers of two, the direct DFT up to :data:`DIRECT_MAX`,
+    Bluestein above."""
     n = re.shape[-1]
     if n <= 1:
         return re.clone(), im.clone()
     if is_pow2(n):
         return _radix2(ctx, re, im, sign)
-    return _direct(ctx, re, im, sign)
+    if n <= DIRECT_MAX:
+        return _direct(ctx, re, im, sign)
+    return _bluestein(ctx, re, im, sign)
 
 
 def _along(ctx: Ctx, z: torch.Tensor, d: int, sign: int) -> torch.Tensor:
@@ -225,7 +271,8 @@ def c2c_reference(re: np.ndarray, im: np.ndarray, sign: int, keys, mode: int, t:
     """Slow reference of :func:`c2c_parts` on (B, n) float32/float64 arrays: plain Python
     loops in the same order, each rounding by the core's scalar functions with the bits
     of the same call key and element index. ``keys`` yields the call keys in order (the
-    ones ``ctx.stream`` would give)."""
+    ones ``ctx.stream`` would give). The direct DFT's contraction is checked through
+    the kernel's own reference (``kernels.contract_reference``)."""
     from numvar.rounding import kernels as RK
 
     from . import kernels as KN
@@ -236,8 +283,40 @@ def c2c_reference(re: np.ndarray, im: np.ndarray, sign: int, keys, mode: int, t:
     ft = np.float32 if is32 else np.float64
     dtype = torch.float32 if is32 else torch.float64
     B, n = re.shape
+
+    def r(key, j):
+        return np.uint64(RK.bits64(np.uint64(key), np.uint64(j)))
+
+    def cmul(xr, xi, wr, wi):
+        """mul_parts on (B, L) arrays and (L,) or (B, L) factors, element by element."""
+        L = xr.shape[1]
+        wr, wi = np.broadcast_to(wr, (B, L)), np.broadcast_to(wi, (B, L))
+        kp, ka = next(keys), next(keys)
+        size = B * L
+        outr, outi = np.empty((B, L), ft), np.empty((B, L), ft)
+        for b in range(B):
+            for j in range(L):
+                e = b * L + j
+                p0 = mul(xr[b, j], wr[b, j], mode, t, r(kp, e))
+                p1 = mul(xi[b, j], wi[b, j], mode, t, r(kp, size + e))
+                p2 = mul(xr[b, j], wi[b, j], mode, t, r(kp, 2 * size + e))
+                p3 = mul(xi[b, j], wr[b, j], mode, t, r(kp, 3 * size + e))
+                outr[b, j] = add(p0, -p1, mode, t, r(ka, e))
+                outi[b, j] = add(p2, p3, mode, t, r(ka, size + e))
+        return outr, outi
+
     if n <= 1:
         return re.copy(), im.copy()
+    if not is_pow2(n) and n > DIRECT_MAX:
+        cr, ci = (a.numpy() for a in chirp(n, sign, dtype))
+        M, (kr, ki) = bluestein_kernel(n, sign, dtype)
+        ar, ai = cmul(re, im, cr, ci)
+        ar = np.concatenate((ar, np.zeros((B, M - n), ft)), 1)
+        ai = np.concatenate((ai, np.zeros((B, M - n), ft)), 1)
+        Ar, Ai = c2c_reference(ar, ai, -1, keys, mode, t)
+        Cr, Ci = cmul(Ar, Ai, kr.numpy(), ki.numpy())
+        c2r_, c2i_ = c2c_reference(Cr, Ci, 1, keys, mode, t)
+        return cmul(c2r_[:, :n], c2i_[:, :n], cr, ci)
     if not is_pow2(n):
         x = np.empty((1, B, 2 * n), dtype=ft)
         for b in range(B):
@@ -246,9 +325,6 @@ def c2c_reference(re: np.ndarray, im: np.ndarray, sign: int, keys, mode: int, t:
         W = dft_matrix(n, sign, dtype).numpy()[None]
         out = KN.contract_reference(x, W, next(keys), mode, t)[0]
         return out[:, 0::2].copy(), out[:, 1::2].copy()
-
-    def r(key, j):
-        return np.uint64(RK.bits64(np.uint64(key), np.uint64(j)))
 
     cw, sw = (a.numpy() for a in twiddles(n, sign, dtype))
     perm = bit_reverse(n)
