@@ -357,7 +357,7 @@ def _pow(ctx, func, args, kwargs):
             return ctx.sqrt(a)
         if e == -1:
             return ctx.div(1.0, a)
-    if not any(is_float_tensor(x) for x in (a, e)):
+    if not any(is_float_tensor(x) or cplx.is_complex(x) for x in (a, e)):
         return EXACT
     return op_once(ctx, func, args, kwargs)
 
@@ -367,6 +367,8 @@ def _addcmul(ctx, func, args, kwargs):
     """``RND(self + RND(RND(value·t1)·t2))`` (PyTorch's CPU evaluation order)."""
     s, t1, t2 = args[:3]
     value = _get(args, kwargs, 3, "value", 1)
+    if cplx.any_complex(s, t1, t2, value):  # complex: the complex128 result rounded once
+        return op_once(ctx, func, args, kwargs)
     if not _float_result(s, t1, t2):
         return EXACT
     p = t1 if value == 1 else ctx.mul(value, t1)
@@ -378,6 +380,8 @@ def _addcdiv(ctx, func, args, kwargs):
     """``RND(self + RND(RND(value·t1)/t2))`` (PyTorch's CPU evaluation order)."""
     s, t1, t2 = args[:3]
     value = _get(args, kwargs, 3, "value", 1)
+    if cplx.any_complex(s, t1, t2, value):  # complex: the complex128 result rounded once
+        return op_once(ctx, func, args, kwargs)
     if not _float_result(s, t1, t2):
         return EXACT
     p = t1 if value == 1 else ctx.mul(value, t1)
@@ -388,6 +392,8 @@ def _addcdiv(ctx, func, args, kwargs):
 def _lerp(ctx, func, args, kwargs):
     """PyTorch's formula: ``|w| < ½ ? a + w·(b − a) : b − (b − a)·(1 − w)``, each op rounded."""
     a, b, w = args[:3]
+    if cplx.any_complex(a, b, w):  # complex: the complex128 result rounded once
+        return op_once(ctx, func, args, kwargs)
     d = ctx.sub(b, a)
     if not isinstance(w, torch.Tensor):
         if abs(w) < 0.5:
@@ -661,7 +667,7 @@ def _cpu_kernel(*ts) -> bool:
     return all(t.is_cpu and t.dtype in _CPU_KINDS for t in ts if isinstance(t, torch.Tensor))
 
 
-_FFT_HOW = "flop (radix-2 FFT / direct DFT)"
+_FFT_HOW = "flop (radix-2 FFT / direct DFT / Bluestein)"
 
 
 @register("aten._fft_c2c", how=_FFT_HOW)
