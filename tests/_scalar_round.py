@@ -30,9 +30,6 @@ class ScalarRounding:
         self._mul, self._div = getattr(RK, "mul" + s), getattr(RK, "div" + s)
         self._sqrt = getattr(RK, "sqrt" + s)
 
-    def fresh_ctx(self, seed: int, mode: str, precision=None) -> Ctx:
-        return Ctx(mode, "flop", precision, R.Stream(seed))
-
     def key(self) -> int:
         return self.stream.next_key()
 

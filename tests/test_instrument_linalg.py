@@ -421,13 +421,14 @@ def test_det_ieee_within_first_order_bound():
     n = 5
     A = _rand(4, n, n, seed=13) + 2 * torch.eye(n)
     d, _ = _ieee(torch.linalg.det, A)
-    LU, _ = torch.linalg.lu_factor(A.double())
     Ad = A.double()
     ref = torch.linalg.det(Ad)
-    with fuzzy(mode="ieee"):
-        LUf, _ = torch.linalg.lu_factor(A)
-    absLU = (torch.tril(LUf.double(), -1) + torch.eye(n, dtype=torch.float64)).abs() @ torch.triu(LUf.double()).abs()
-    bound = n * torch.linalg.matrix_norm(torch.linalg.inv(Ad), 2) * _gamma(n) * torch.linalg.matrix_norm(absLU, 2) + _gamma(n - 1)
+    with fuzzy(mode="ieee"):  # the factorization det uses: of Aᵀ (A is C-contiguous)
+        LUf, _ = torch.linalg.lu_factor(A.mT)
+    Lf = torch.tril(LUf.double(), -1) + torch.eye(n, dtype=torch.float64)
+    absLU = Lf.abs() @ torch.triu(LUf.double()).abs()
+    inv_norm = torch.linalg.matrix_norm(torch.linalg.inv(Ad), 2)
+    bound = n * inv_norm * _gamma(n) * torch.linalg.matrix_norm(absLU, 2) + _gamma(n - 1)
     assert ((d.double() - ref).abs() / ref.abs() <= 2 * bound).all()
 
 
@@ -491,7 +492,8 @@ def test_jacobi_eigh_svd_accuracy_ieee():
         assert ((S.double() - refs).abs() <= bnd.unsqueeze(-1)).all()
         rec = (U.double()[..., :4] * S.double().unsqueeze(-2)) @ Vh.double()
         assert ((rec - G.double()).abs().amax((-2, -1)) <= bnd).all()
-        assert torch.allclose(U.double().mT @ U.double(), torch.eye(U.shape[-1], dtype=torch.float64), atol=1e-5)
+        eye = torch.eye(U.shape[-1], dtype=torch.float64)
+        assert torch.allclose(U.double().mT @ U.double(), eye, atol=1e-5)
     (U2, S2, Vh2), _ = _ieee(lambda a: torch.linalg.svd(a, full_matrices=True), G.mT)  # wide
     assert U2.shape == (3, 4, 4) and Vh2.shape == (3, 5, 5)
     assert torch.allclose(S2, S, atol=1e-5)

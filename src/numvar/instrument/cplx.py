@@ -167,8 +167,10 @@ def div(ctx: Ctx, a, b) -> torch.Tensor:
     sig = ctx.div(1.0, den)
     ar2, ai2 = torch.stack((ar, ar)), torch.stack((ai, ai))
     # numerators: branch 0 (zr + zi·ρ, zi − zr·ρ); branch 1 (zr·ρ + zi, zi·ρ − zr)
-    q = ctx.mul(torch.stack((ai2[0], ar2[0], ar2[1], ai2[1])), torch.stack((rho[0], rho[0], rho[1], rho[1])))
-    n = ctx.add(torch.stack((ar2[0], ai2[0], q[2], q[3])), torch.stack((q[0], -q[1], ai2[1], -ar2[1])))
+    q = ctx.mul(torch.stack((ai2[0], ar2[0], ar2[1], ai2[1])),
+                torch.stack((rho[0], rho[0], rho[1], rho[1])))
+    n = ctx.add(torch.stack((ar2[0], ai2[0], q[2], q[3])),
+                torch.stack((q[0], -q[1], ai2[1], -ar2[1])))
     o = ctx.mul(n, torch.stack((sig[0], sig[0], sig[1], sig[1])))
     re = torch.where(big_r, o[0], o[2])
     im = torch.where(big_r, o[1], o[3])

@@ -28,7 +28,8 @@ The algorithm (not pocketfft's, as numvar's matmul need not follow MKL's order):
   ``B̂ = FFT_M(b)/M`` of the conjugate chirp ``b`` (a constant of the algorithm: computed
   in float64 and rounded to nearest once, as the twiddles); ``y = FFT_M⁻¹(C)``
   (radix-2, unnormalised: the 1/M is inside B̂); ``X_k = y_k·c_k`` (complex
-  multiplications) for k < n. Cost: two radix-2 transforms of length M and 2n + M complex multiplications,
+  multiplications) for k < n. Cost: two radix-2 transforms of length M and 2n + M
+  complex multiplications,
   O(n log n) (a direct DFT of n = 1000 is 4·10⁶ rounded operations per transform).
 
 Twiddles ``w^j = exp(∓2πi·j/n)`` are computed in float64 (the angle from the exact
@@ -257,7 +258,8 @@ def fft_c2r(ctx: Ctx, x: torch.Tensor, dim, normalization: int, last_dim_size: i
     full_re = torch.cat((re, re[..., n - k]), -1)
     full_im = torch.cat((im, -im[..., n - k]), -1)
     shape = full_re.shape
-    fr, _ = c2c_parts(ctx, full_re.reshape(-1, n).contiguous(), full_im.reshape(-1, n).contiguous(), 1)
+    fr, _ = c2c_parts(ctx, full_re.reshape(-1, n).contiguous(),
+                      full_im.reshape(-1, n).contiguous(), 1)
     out = fr.reshape(shape).movedim(-1, last)
     count = math.prod(z.shape[d] for d in dims[:-1]) * n
     if normalization == NORM_NONE or count <= 1:

@@ -293,7 +293,9 @@ def _rsub(ctx, func, args, kwargs):
 def _mul(ctx, func, args, kwargs):
     a, b = args[0], args[1]
     if cplx.any_complex(a, b):
-        return cplx.mul(ctx, a, b) if ctx.granularity == "flop" else op_once(ctx, func, args, kwargs)
+        if ctx.granularity == "op":
+            return op_once(ctx, func, args, kwargs)
+        return cplx.mul(ctx, a, b)
     if not _float_result(a, b):
         return EXACT
     return ctx.mul(a, b)
@@ -305,7 +307,9 @@ def _div(ctx, func, args, kwargs):
     if _get(args, kwargs, 2, "rounding_mode") is not None:
         return op_once(ctx, func, args, kwargs)
     if cplx.any_complex(a, b):
-        return cplx.div(ctx, a, b) if ctx.granularity == "flop" else op_once(ctx, func, args, kwargs)
+        if ctx.granularity == "op":
+            return op_once(ctx, func, args, kwargs)
+        return cplx.div(ctx, a, b)
     if not _float_result(a, b) and func._schema.name != "prims::div":
         # true division of integers promotes to the default float dtype
         dt = torch.get_default_dtype()
@@ -640,7 +644,8 @@ def _complex_inexact(ctx, func, args, kwargs):
 #: ops of the exact list (numvar.instrument.ops.EXACT_OPS) that round on complex inputs
 COMPLEX_INEXACT = ("aten.abs", "aten.sgn")
 for _table in (FLOP_HANDLERS, OP_HANDLERS):
-    register(*COMPLEX_INEXACT, table=_table, how="float64, rounded once (complex)")(_complex_inexact)
+    register(*COMPLEX_INEXACT, table=_table,
+             how="float64, rounded once (complex)")(_complex_inexact)
 
 
 def _complex_exact(ctx, func, args, kwargs):
@@ -692,6 +697,15 @@ def _fft_c2r(ctx, func, args, kwargs):
     if not _cpu_kernel(x):
         return op_once(ctx, func, args, kwargs)
     return fftmod.fft_c2r(ctx, x, dim, norm, last)
+
+
+@register("aten.unfold_backward")
+def _unfold_backward(ctx, func, args, kwargs):
+    """Overlap-add (istft, the backward of Tensor.unfold): numvar.instrument.flop."""
+    g, sizes, dim, size, step = args[:5]
+    if g.dtype not in FLOATS:
+        return op_once(ctx, func, args, kwargs)
+    return flop.unfold_backward(g, sizes, dim, size, step, ctx)
 
 
 # ------------------------------------------------------------------- linear algebra
