@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import reduce as _reduce
+from functools import wraps
 
 import torch
 import torch.nn.functional as F
@@ -713,6 +714,7 @@ def _linalg(how: str, *names: str):
     """Register a linear-algebra handler (numvar.instrument.linalg) for real binary32/64
     CPU tensors; complex or other inputs are rounded once."""
     def deco(fn):
+        @wraps(fn)
         def handler(ctx, func, args, kwargs):
             ts = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
             if not all(t.is_cpu and t.dtype in (torch.float32, torch.float64) for t in ts) or any(
@@ -720,7 +722,6 @@ def _linalg(how: str, *names: str):
                 return op_once(ctx, func, args, kwargs)
             return fn(ctx, func, args, kwargs)
 
-        handler.__doc__ = fn.__doc__
         return register(*names, how=how)(handler)
 
     return deco
