@@ -400,3 +400,37 @@ def var(x, dim, correction, ctx: Ctx, *, keepdim=False):
     d = ctx.sub(x, mu)
     s = reduce(ctx.mul(d, d), dims, ctx, keepdim=keepdim)
     return ctx.div(s, float(max(0, n - correction)))
+
+
+def unfold_backward(g: torch.Tensor, input_sizes, dim: int, size: int, step: int,
+                    ctx: Ctx) -> torch.Tensor:
+    """The backward of ``Tensor.unfold`` (the overlap-add of ``torch.istft``): each input
+    position sums the gradients of the windows covering it, in increasing window order,
+    accumulated left to right from the first (every add rounded). One rounding call per
+    overlap rank r ≥ 1 (the r-th covering window of every position), over all positions:
+    element j of the call is position j of the C-order output."""
+    sizes = [int(s) for s in input_sizes]
+    nd = len(sizes)
+    d = dim % nd if nd else 0
+    if nd == 0:
+        sizes, g = [1], g.reshape(1, -1)
+    L = sizes[d]
+    gm = g.movedim(d if nd else 0, -2)  # (..., nwin, size)
+    nwin = gm.shape[-2]
+    p = torch.arange(L, device=g.device)
+    wmin = torch.clamp(torch.div(p - size + step, step, rounding_mode="floor"), min=0)
+    wmax = torch.clamp(torch.div(p, step, rounding_mode="floor"), max=nwin - 1)
+    count = (wmax - wmin + 1).clamp(min=0)
+    zero = torch.zeros((), dtype=g.dtype, device=g.device)
+    acc = None
+    for r in range(int(count.max()) if L and nwin else 0):
+        w = (wmin + r).clamp(max=max(nwin - 1, 0))
+        off = (p - w * step).clamp(0, size - 1)
+        contrib = gm[..., w, off]
+        valid = r < count
+        acc = torch.where(valid, contrib, zero) if acc is None else torch.where(
+            valid, ctx.add(acc, contrib), acc)
+    if acc is None:
+        acc = torch.zeros((*gm.shape[:-2], L), dtype=g.dtype, device=g.device)
+    out = acc.movedim(-1, d if nd else 0)
+    return out.reshape(sizes) if nd else out.reshape(())

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import reduce as _reduce
+from functools import wraps
 
 import torch
 import torch.nn.functional as F
 
-from . import flop
+from . import cplx, flop
+from . import fft as fftmod
+from . import linalg as LA
 from ._core import FLOATS, Ctx, is_float_tensor, result_dtype
 
 Handler = Callable[[Ctx, object, tuple, dict], object]
@@ -139,12 +142,22 @@ def _static(func):
     return st
 
 
+_C128 = torch.complex128
+_INEXACT = FLOATS | cplx.COMPLEX
+
+
 def _up(x):
-    """float64 stand-in of an argument of op_once: float tensors upcast, float dtypes."""
+    """float64 stand-in of an argument of op_once: float tensors upcast, float dtypes
+    (complex64 to complex128)."""
     if isinstance(x, torch.Tensor):
-        return x.to(_F64) if x.dtype in FLOATS and x.dtype is not _F64 else x
-    if isinstance(x, torch.dtype) and x in FLOATS:
-        return _F64
+        if x.dtype in FLOATS:
+            return x.to(_F64) if x.dtype is not _F64 else x
+        return x.to(_C128) if x.dtype is torch.complex64 else x
+    if isinstance(x, torch.dtype):
+        if x in FLOATS:
+            return _F64
+        if x in cplx.COMPLEX:
+            return _C128
     return x
 
 
@@ -162,7 +175,7 @@ def op_once(ctx: Ctx, func, args, kwargs):
     else:  # no tensors inside lists: the arguments themselves are the values
         flat = [*args, *kwargs.values()] if kwargs else args
         rebuild = None
-    dts = [x.dtype for x in flat if isinstance(x, torch.Tensor) and x.dtype in FLOATS]
+    dts = [x.dtype for x in flat if isinstance(x, torch.Tensor) and x.dtype in _INEXACT]
     if not dts:
         return func(*args, **kwargs)
     promoted = dts[0]
@@ -195,9 +208,14 @@ def op_once(ctx: Ctx, func, args, kwargs):
             orig.copy_(ctx.round(new, orig.dtype))
 
     def rnd(o, j):
-        if o.dtype not in FLOATS:
+        if o.dtype not in _INEXACT:
             return o
         target = out_dts[j] if out_dts is not None and j < len(out_dts) and out_dts[j] else promoted
+        if o.dtype in cplx.COMPLEX:  # real and imaginary parts rounded (one call)
+            if target not in cplx.COMPLEX:
+                target = torch.complex128 if target is _F64 else torch.complex64
+            return cplx.round_parts(o, target, ctx)
+        target = cplx.PART.get(target, target)
         return ctx.round(o, target) if target in FLOATS else o
 
     return _map_outputs(out, rnd)
@@ -228,10 +246,14 @@ def _float_result(*xs) -> bool:
     return result_dtype(*xs) in FLOATS
 
 
-def _with_alpha(ctx, args, kwargs, op, reverse: bool = False):
+def _with_alpha(ctx, func, args, kwargs, op, reverse: bool = False):
     """``a op alpha·b`` (``reverse``: ``b op alpha·a``, as rsub), the scaling rounded
     first and skipped when alpha is 1; EXACT for non-float results."""
     a, b = args[0], args[1]
+    if cplx.any_complex(a, b):
+        if ctx.granularity == "op":  # op granularity: the complex128 result rounded once
+            return op_once(ctx, func, args, kwargs)
+        return _complex_with_alpha(ctx, args, kwargs, op is ctx.sub, reverse)
     if not _float_result(a, b):
         return EXACT
     if reverse:
@@ -242,24 +264,39 @@ def _with_alpha(ctx, args, kwargs, op, reverse: bool = False):
     return op(a, b)
 
 
+def _complex_with_alpha(ctx, args, kwargs, negate: bool, reverse: bool):
+    """Complex ``a ± alpha·b`` as real operations (numvar.instrument.cplx)."""
+    a, b = args[0], args[1]
+    if reverse:
+        a, b = b, a
+    alpha = _get(args, kwargs, 2, "alpha", 1)
+    if alpha != 1:
+        b = cplx.mul(ctx, b, alpha)
+    return cplx.add(ctx, a, b, negate=negate)
+
+
 @register("aten.add", "prims.add", how="elementwise")
 def _add(ctx, func, args, kwargs):
-    return _with_alpha(ctx, args, kwargs, ctx.add)
+    return _with_alpha(ctx, func, args, kwargs, ctx.add)
 
 
 @register("aten.sub", "prims.sub", how="elementwise")
 def _sub(ctx, func, args, kwargs):
-    return _with_alpha(ctx, args, kwargs, ctx.sub)
+    return _with_alpha(ctx, func, args, kwargs, ctx.sub)
 
 
 @register("aten.rsub", how="elementwise")
 def _rsub(ctx, func, args, kwargs):
-    return _with_alpha(ctx, args, kwargs, ctx.sub, reverse=True)
+    return _with_alpha(ctx, func, args, kwargs, ctx.sub, reverse=True)
 
 
 @register("aten.mul", "prims.mul", how="elementwise")
 def _mul(ctx, func, args, kwargs):
     a, b = args[0], args[1]
+    if cplx.any_complex(a, b):
+        if ctx.granularity == "op":
+            return op_once(ctx, func, args, kwargs)
+        return cplx.mul(ctx, a, b)
     if not _float_result(a, b):
         return EXACT
     return ctx.mul(a, b)
@@ -270,6 +307,10 @@ def _div(ctx, func, args, kwargs):
     a, b = args[0], args[1]
     if _get(args, kwargs, 2, "rounding_mode") is not None:
         return op_once(ctx, func, args, kwargs)
+    if cplx.any_complex(a, b):
+        if ctx.granularity == "op":
+            return op_once(ctx, func, args, kwargs)
+        return cplx.div(ctx, a, b)
     if not _float_result(a, b) and func._schema.name != "prims::div":
         # true division of integers promotes to the default float dtype
         dt = torch.get_default_dtype()
@@ -282,6 +323,8 @@ def _div(ctx, func, args, kwargs):
 @register("aten.sqrt", "prims.sqrt", how="elementwise")
 def _sqrt(ctx, func, args, kwargs):
     (a,) = args[:1]
+    if cplx.is_complex(a):  # a library function of complex numbers: rounded once
+        return op_once(ctx, func, args, kwargs)
     if a.dtype not in FLOATS:
         a = a.to(torch.get_default_dtype())
     return ctx.sqrt(a)
@@ -290,6 +333,8 @@ def _sqrt(ctx, func, args, kwargs):
 @register("aten.reciprocal", how="elementwise")
 def _reciprocal(ctx, func, args, kwargs):
     a = args[0]
+    if cplx.is_complex(a):
+        return cplx.div(ctx, 1.0, a)
     if a.dtype not in FLOATS:
         a = a.to(torch.get_default_dtype())
     return ctx.div(1.0, a)
@@ -298,6 +343,8 @@ def _reciprocal(ctx, func, args, kwargs):
 @register("aten.square", how="elementwise")
 def _square(ctx, func, args, kwargs):
     a = args[0]
+    if cplx.is_complex(a):
+        return cplx.mul(ctx, a, a)
     if a.dtype not in FLOATS:
         return EXACT
     return ctx.mul(a, a)
@@ -315,7 +362,7 @@ def _pow(ctx, func, args, kwargs):
             return ctx.sqrt(a)
         if e == -1:
             return ctx.div(1.0, a)
-    if not any(is_float_tensor(x) for x in (a, e)):
+    if not any(is_float_tensor(x) or cplx.is_complex(x) for x in (a, e)):
         return EXACT
     return op_once(ctx, func, args, kwargs)
 
@@ -325,6 +372,8 @@ def _addcmul(ctx, func, args, kwargs):
     """``RND(self + RND(RND(value·t1)·t2))`` (PyTorch's CPU evaluation order)."""
     s, t1, t2 = args[:3]
     value = _get(args, kwargs, 3, "value", 1)
+    if cplx.any_complex(s, t1, t2, value):  # complex: the complex128 result rounded once
+        return op_once(ctx, func, args, kwargs)
     if not _float_result(s, t1, t2):
         return EXACT
     p = t1 if value == 1 else ctx.mul(value, t1)
@@ -336,6 +385,8 @@ def _addcdiv(ctx, func, args, kwargs):
     """``RND(self + RND(RND(value·t1)/t2))`` (PyTorch's CPU evaluation order)."""
     s, t1, t2 = args[:3]
     value = _get(args, kwargs, 3, "value", 1)
+    if cplx.any_complex(s, t1, t2, value):  # complex: the complex128 result rounded once
+        return op_once(ctx, func, args, kwargs)
     if not _float_result(s, t1, t2):
         return EXACT
     p = t1 if value == 1 else ctx.mul(value, t1)
@@ -346,6 +397,8 @@ def _addcdiv(ctx, func, args, kwargs):
 def _lerp(ctx, func, args, kwargs):
     """PyTorch's formula: ``|w| < ½ ? a + w·(b − a) : b − (b − a)·(1 − w)``, each op rounded."""
     a, b, w = args[:3]
+    if cplx.any_complex(a, b, w):  # complex: the complex128 result rounded once
+        return op_once(ctx, func, args, kwargs)
     d = ctx.sub(b, a)
     if not isinstance(w, torch.Tensor):
         if abs(w) < 0.5:
@@ -361,6 +414,8 @@ def _lerp(ctx, func, args, kwargs):
 @register("aten.mm")
 def _mm(ctx, func, args, kwargs):
     a, b = args[:2]
+    if cplx.any_complex(a, b):
+        return cplx.bmm(ctx, a.unsqueeze(0), b.unsqueeze(0))[0]
     if not _float_result(a, b):
         return EXACT
     return flop.mm(a, b, ctx)
@@ -369,6 +424,8 @@ def _mm(ctx, func, args, kwargs):
 @register("aten.bmm")
 def _bmm(ctx, func, args, kwargs):
     a, b = args[:2]
+    if cplx.any_complex(a, b):
+        return cplx.bmm(ctx, a, b)
     if not _float_result(a, b):
         return EXACT
     return flop.bmm(a, b, ctx)
@@ -431,6 +488,8 @@ def _sum(ctx, func, args, kwargs):
     else:
         dim, keepdim = None, False
     target = dtype or x.dtype
+    if target in cplx.COMPLEX:
+        return cplx.reduce(ctx, x, dim, keepdim=keepdim, dtype=target)
     if target not in FLOATS:
         return EXACT
     return flop.reduce(x, dim, ctx, keepdim=keepdim, dtype=target)
@@ -445,6 +504,8 @@ def _mean(ctx, func, args, kwargs):
     else:
         dim, keepdim = None, False
     target = dtype or x.dtype
+    if target in cplx.COMPLEX:
+        return cplx.reduce(ctx, x, dim, keepdim=keepdim, dtype=target, mean=True)
     return flop.mean(x, dim, ctx, keepdim=keepdim, dtype=target)
 
 
@@ -570,6 +631,173 @@ def _avg_pool2d_backward(ctx, func, args, kwargs):
     out = F.fold(cols, (h + 2 * padding[0], w + 2 * padding[1]), ks, stride=stride)  # no overlap: exact
     out = out[..., padding[0]:padding[0] + h, padding[1]:padding[1] + w]
     return out.reshape(x.shape)
+
+
+# ------------------------------------------------------------- complex and FFT
+def _complex_inexact(ctx, func, args, kwargs):
+    """``abs``/``sgn``: exact on real tensors; on complex ones library functions
+    (hypot, z/|z|): the float64 result rounded once."""
+    if not cplx.is_complex(args[0]):
+        return EXACT
+    return op_once(ctx, func, args, kwargs)
+
+
+#: ops of the exact list (numvar.instrument.ops.EXACT_OPS) that round on complex inputs
+COMPLEX_INEXACT = ("aten.abs", "aten.sgn")
+for _table in (FLOP_HANDLERS, OP_HANDLERS):
+    register(*COMPLEX_INEXACT, table=_table,
+             how="float64, rounded once (complex)")(_complex_inexact)
+
+
+def _complex_exact(ctx, func, args, kwargs):
+    """``torch.complex(re, im)``: assembling parts is exact."""
+    return EXACT
+
+
+for _table in (FLOP_HANDLERS, OP_HANDLERS):
+    register("aten.complex", table=_table, how="exact")(_complex_exact)
+
+
+@register("aten.polar", how="flop (complex)")
+def _polar(ctx, func, args, kwargs):
+    """``r·cos θ + i·r·sin θ``: cos, sin rounded once from float64, two rounded products."""
+    return cplx.polar(ctx, args[0], args[1])
+
+
+_CPU_KINDS = (torch.float32, torch.float64, torch.complex64, torch.complex128)
+
+
+def _cpu_kernel(*ts) -> bool:
+    """CPU tensors of binary32/64 (or complex64/128): what the FFT and linear algebra
+    implementations take; anything else is rounded once (op_once)."""
+    return all(t.is_cpu and t.dtype in _CPU_KINDS for t in ts if isinstance(t, torch.Tensor))
+
+
+_FFT_HOW = "flop (radix-2 FFT / direct DFT / Bluestein)"
+
+
+@register("aten._fft_c2c", how=_FFT_HOW)
+def _fft_c2c(ctx, func, args, kwargs):
+    x, dim, norm, forward = args[:4]
+    if not _cpu_kernel(x):
+        return op_once(ctx, func, args, kwargs)
+    return fftmod.fft_c2c(ctx, x, dim, norm, forward)
+
+
+@register("aten._fft_r2c", how=_FFT_HOW)
+def _fft_r2c(ctx, func, args, kwargs):
+    x, dim, norm, onesided = args[:4]
+    if not _cpu_kernel(x) or x.is_complex():
+        return op_once(ctx, func, args, kwargs)
+    return fftmod.fft_r2c(ctx, x, dim, norm, onesided)
+
+
+@register("aten._fft_c2r", how=_FFT_HOW)
+def _fft_c2r(ctx, func, args, kwargs):
+    x, dim, norm, last = args[:4]
+    if not _cpu_kernel(x):
+        return op_once(ctx, func, args, kwargs)
+    return fftmod.fft_c2r(ctx, x, dim, norm, last)
+
+
+@register("aten.unfold_backward")
+def _unfold_backward(ctx, func, args, kwargs):
+    """Overlap-add (istft, the backward of Tensor.unfold): numvar.instrument.flop."""
+    g, sizes, dim, size, step = args[:5]
+    if g.dtype not in FLOATS:
+        return op_once(ctx, func, args, kwargs)
+    return flop.unfold_backward(g, sizes, dim, size, step, ctx)
+
+
+# ------------------------------------------------------------------- linear algebra
+def _linalg(how: str, *names: str):
+    """Register a linear-algebra handler (numvar.instrument.linalg) for real binary32/64
+    CPU tensors; complex or other inputs are rounded once."""
+    def deco(fn):
+        @wraps(fn)
+        def handler(ctx, func, args, kwargs):
+            ts = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+            if not all(t.is_cpu and t.dtype in (torch.float32, torch.float64) for t in ts) or any(
+                    isinstance(a, torch.Tensor) and a.is_complex() for a in args):
+                return op_once(ctx, func, args, kwargs)
+            return fn(ctx, func, args, kwargs)
+
+        return register(*names, how=how)(handler)
+
+    return deco
+
+
+@_linalg("flop (LU, partial pivoting)", "aten.linalg_lu_factor_ex")
+def _lu_factor_ex(ctx, func, args, kwargs):
+    if not _get(args, kwargs, 1, "pivot", True):
+        return op_once(ctx, func, args, kwargs)
+    return LA.lu_factor(ctx, args[0])
+
+
+@_linalg("flop (LU solve)", "aten._linalg_solve_ex")
+def _solve_ex(ctx, func, args, kwargs):
+    A, B = args[:2]
+    X, LU, piv, info = LA.solve(ctx, A, B, left=_get(args, kwargs, 2, "left", True))
+    return X, LU, piv, info
+
+
+@_linalg("flop (LU solve)", "aten.linalg_lu_solve")
+def _lu_solve(ctx, func, args, kwargs):
+    LU, piv, B = args[:3]
+    return LA.lu_solve(ctx, LU, piv, B, left=_get(args, kwargs, 3, "left", True),
+                       adjoint=_get(args, kwargs, 4, "adjoint", False))
+
+
+@_linalg("flop (LU inverse)", "aten.linalg_inv_ex")
+def _inv_ex(ctx, func, args, kwargs):
+    return LA.inv(ctx, args[0])
+
+
+@_linalg("flop (LU determinant)", "aten._linalg_det")
+def _det(ctx, func, args, kwargs):
+    return LA.det(ctx, args[0])
+
+
+@_linalg("flop (triangular solve)", "aten.linalg_solve_triangular")
+def _solve_triangular(ctx, func, args, kwargs):
+    A, B = args[:2]
+    return LA.solve_triangular(ctx, A, B, upper=_get(args, kwargs, 2, "upper"),
+                               left=_get(args, kwargs, 3, "left", True),
+                               unitriangular=_get(args, kwargs, 4, "unitriangular", False))
+
+
+@_linalg("flop (triangular solve)", "aten.triangular_solve")
+def _triangular_solve(ctx, func, args, kwargs):
+    """Legacy ``torch.triangular_solve(b, A, upper, transpose, unitriangular)``."""
+    b, A = args[:2]
+    upper = _get(args, kwargs, 2, "upper", True)
+    transpose = _get(args, kwargs, 3, "transpose", False)
+    unit = _get(args, kwargs, 4, "unitriangular", False)
+    T = A.mT if transpose else A
+    X = LA.solve_triangular(ctx, T, b, upper=upper != transpose, unitriangular=unit)
+    return X, A.clone()
+
+
+@_linalg("flop (Cholesky)", "aten.linalg_cholesky_ex")
+def _cholesky_ex(ctx, func, args, kwargs):
+    return LA.cholesky(ctx, args[0], upper=_get(args, kwargs, 1, "upper", False))
+
+
+@_linalg("flop (Householder QR)", "aten.linalg_qr")
+def _qr(ctx, func, args, kwargs):
+    return LA.qr(ctx, args[0], _get(args, kwargs, 1, "mode", "reduced"))
+
+
+@_linalg("flop (cyclic Jacobi)", "aten._linalg_eigh")
+def _eigh(ctx, func, args, kwargs):
+    return LA.eigh(ctx, args[0], _get(args, kwargs, 1, "UPLO", "L"),
+                   _get(args, kwargs, 2, "compute_v", True))
+
+
+@_linalg("flop (one-sided Jacobi)", "aten._linalg_svd")
+def _svd(ctx, func, args, kwargs):
+    return LA.svd(ctx, args[0], _get(args, kwargs, 1, "full_matrices", False),
+                  _get(args, kwargs, 2, "compute_uv", True))
 
 
 # --------------------------------------------------------------------- special cases

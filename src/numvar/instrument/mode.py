@@ -137,7 +137,7 @@ def _classify(func, granularity: str) -> _OpInfo:
     packet = O.packet_name(func)
     name = O.full_name(func)
     info = _OpInfo(name, packet, K_OPONCE, how="rounded once (op)")
-    if packet in O.EXACT_OPS or _returns_alias(func):
+    if (packet in O.EXACT_OPS and packet not in H.COMPLEX_INEXACT) or _returns_alias(func):
         info.kind = K_EXACT  # listed exact ops, and every view op (aliasing kept)
         info.handler = H.EXACT_IMPLS.get(name)
         return info
@@ -187,17 +187,21 @@ def _classified(func, granularity: str) -> _OpInfo:
     return info
 
 
+_INEXACT = FLOATS | {torch.complex64, torch.complex128}
+
+
 def _has_float(args, kwargs) -> bool:
+    """Some argument is a float or complex tensor (or a list holding one)."""
     for a in args:
         if isinstance(a, torch.Tensor):
-            if a.dtype in FLOATS:
+            if a.dtype in _INEXACT:
                 return True
         elif isinstance(a, (list, tuple)):
             for x in a:
-                if isinstance(x, torch.Tensor) and x.dtype in FLOATS:
+                if isinstance(x, torch.Tensor) and x.dtype in _INEXACT:
                     return True
     for a in kwargs.values():
-        if isinstance(a, torch.Tensor) and a.dtype in FLOATS:
+        if isinstance(a, torch.Tensor) and a.dtype in _INEXACT:
             return True
     return False
 
