@@ -66,13 +66,19 @@ def _decomps() -> dict:
     if _DECOMPS is None:
         from torch._decomp import get_decompositions
 
+        from .decompositions import DECOMPOSITIONS
+
         packets = []
         for n in O.DECOMPOSED_OPS:
             ns, name = n.split(".", 1)
             p = getattr(getattr(torch.ops, ns), name, None)
             if p is not None:
                 packets.append(p)
+        # numvar's own decompositions first (torch's, where both exist, may scatter
+        # through masked sums: see numvar.instrument.decompositions)
+        own = {op: fn for op, fn in DECOMPOSITIONS.items() if op.overloadpacket in packets}
         _DECOMPS = dict(get_decompositions(packets))
+        _DECOMPS.update(own)
         aten = torch.ops.aten
         _DECOMPS[aten.softmax.int] = _softmax_int
         _DECOMPS[aten.log_softmax.int] = _log_softmax_int

@@ -147,8 +147,22 @@ DECOMPOSED_OPS: tuple[str, ...] = (
     "aten.tanh_backward", "aten.sigmoid_backward", "aten.leaky_relu", "aten.leaky_relu_backward",
     "aten.hardswish", "aten.hardswish_backward", "aten.hardsigmoid", "aten.hardsigmoid_backward",
     "aten.native_dropout_backward", "aten._adaptive_avg_pool2d", "aten.upsample_bilinear2d",
-    "aten.max_pool2d_with_indices_backward", "aten.nansum", "aten.addbmm", "aten.glu",
+    "aten.max_pool2d_with_indices_backward", "aten.nansum", "aten.glu",
     "aten.glu_backward",
+    # resampling and reparametrisation (torch._decomp): coordinates, weights and the
+    # weighted sums of gathered values as pointwise ops and reductions
+    "aten.grid_sampler_2d", "aten._weight_norm_interface", "aten.upsample_bicubic2d",
+    "aten.upsample_trilinear3d", "aten.upsample_linear1d",
+    # numvar's own (numvar.instrument.decompositions)
+    "aten.addbmm", "aten.logcumsumexp", "aten._weight_norm_interface_backward",
+    "aten.upsample_linear1d_backward", "aten.upsample_bilinear2d_backward",
+    "aten.upsample_trilinear3d_backward", "aten.upsample_bicubic2d_backward",
+    "aten.upsample_nearest1d_backward", "aten.upsample_nearest2d_backward",
+    "aten.upsample_nearest3d_backward", "aten._upsample_nearest_exact1d_backward",
+    "aten._upsample_nearest_exact2d_backward", "aten._upsample_nearest_exact3d_backward",
+    "aten.reflection_pad1d_backward", "aten.reflection_pad2d_backward",
+    "aten.reflection_pad3d_backward", "aten.replication_pad1d_backward",
+    "aten.replication_pad2d_backward", "aten.replication_pad3d_backward",
 )
 
 

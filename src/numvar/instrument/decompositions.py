@@ -1,0 +1,203 @@
+"""numvar's own decompositions, for ops that ``torch._decomp`` does not decompose.
+
+Pure functions of aten ops, one per op (the style of ``torch/_decomp/decompositions.py``),
+run by the mode at ``flop`` granularity with the mode re-entered, so that every sub-op is
+rounded (recorded and replayed like torch's decompositions). Gradient scatters go through
+``scatter_reduce(..., "sum", include_self=False)`` on a zero tensor: the accumulation of
+:mod:`numvar.instrument.scatter` (sources in increasing source index order, the first
+copied, every later add rounded). The orders are documented in docs/accumulating-ops.md.
+
+``DECOMPOSITIONS`` maps aten overloads to these functions; the mode uses an entry when
+its op name is listed in :data:`numvar.instrument.ops.DECOMPOSED_OPS`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch._decomp.decompositions as TD
+
+aten = torch.ops.aten
+
+DECOMPOSITIONS: dict = {}
+
+
+def _register(*ops):
+    def deco(fn):
+        for op in ops:
+            DECOMPOSITIONS[op] = fn
+        return fn
+
+    return deco
+
+
+def _scatter_sum(shape, pos: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """A zero tensor of ``shape`` with ``src`` summed at the flat positions ``pos`` (same
+    shape as src), in increasing source index order (the first contribution copied)."""
+    n = 1
+    for s in shape:
+        n *= s
+    zeros = torch.zeros(n, dtype=src.dtype, device=src.device)
+    out = aten.scatter_reduce.two(zeros, 0, pos.reshape(-1), src.reshape(-1), "sum",
+                                  include_self=False)
+    return out.view(tuple(shape))
+
+
+# ------------------------------------------------------------------- addbmm
+@_register(aten.addbmm.default)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    """``β·self + α·Σ_b batch1[b] @ batch2[b]`` as one product over the concatenated
+    contraction index (b, k), b-major: the flop matmul's order (products in increasing
+    (b, k), accumulated left to right), then the scalings and the add."""
+    b, m, k = batch1.shape
+    a = batch1.permute(1, 0, 2).reshape(m, b * k)
+    return aten.addmm.default(self, a, batch2.reshape(b * k, -1), beta=beta, alpha=alpha)
+
+
+# ------------------------------------------------------------------- logcumsumexp
+@_register(aten.logcumsumexp.default)
+def logcumsumexp(x, dim):
+    """A scan of ``logaddexp`` along ``dim``: ``acc_0 = x_0``, ``acc_k = logaddexp(acc_{k-1},
+    x_k)``, each step one rounding of its float64 value (as native's sequential scan)."""
+    if x.dim() == 0 or x.shape[dim] <= 1:
+        return x.clone()
+    xs = x.unbind(dim)
+    acc = xs[0]
+    outs = [acc]
+    for v in xs[1:]:
+        acc = aten.logaddexp.default(acc, v)
+        outs.append(acc)
+    return torch.stack(outs, dim)
+
+
+# ------------------------------------------------------------------- weight norm
+@_register(aten._weight_norm_interface_backward.default)
+def weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """PyTorch's formula (WeightNorm.cpp, _weight_norm_differentiable_backward):
+    ``s = Σ_{¬dim} grad_w·v``; ``grad_v = (g/‖v‖)·(grad_w − v·(s/‖v‖²))``;
+    ``grad_g = s/‖v‖``."""
+    red = [d for d in range(saved_v.dim()) if d != dim]
+    s = (grad_w * saved_v).sum(red, keepdim=True) if red else grad_w * saved_v
+    norm = saved_norms.to(saved_v.dtype) if saved_norms.dtype != saved_v.dtype else saved_norms
+    grad_v = (saved_g / norm) * (grad_w - saved_v * (s / (norm * norm)))
+    grad_g = (s / norm).to(saved_g.dtype)
+    return grad_v, grad_g
+
+
+# ------------------------------------------------------------------- resampling
+def _taps(kind: str, in_size: int, out_size: int, align_corners, scale, dtype, device):
+    """One dimension of an interpolation: (indices (O, T) int64, weights (O, T) or None)
+    computed as torch's forward decompositions compute them (linear: 2 taps with weights
+    1−λ, λ; cubic: 4 taps, Keys' coefficients with A = −0.75; nearest: 1 tap)."""
+    if kind in ("nearest", "nearest-exact"):
+        scale_ = (in_size / (in_size * scale) if scale is not None and scale > 0
+                  else in_size / out_size)
+        o = torch.arange(out_size, dtype=torch.float32, device=device)
+        off = 0.5 if kind == "nearest-exact" else 0.0
+        idx = ((o + off) * scale_).to(torch.int64).clamp(max=in_size - 1)
+        return idx.unsqueeze(1), None
+    sf = TD._compute_scale(in_size, out_size, align_corners, scale)
+    i = torch.arange(out_size, device=device).to(dtype=dtype)
+    xf = TD._compute_source_index(sf, i, align_corners)
+    if kind == "linear":
+        xf = xf.clamp(min=0.0)
+        x = xf.to(torch.int64)
+        lam = (xf - x).clamp(0.0, 1.0).to(dtype)
+        idx = torch.stack([x, (x + 1).clamp(max=in_size - 1)], 1)
+        return idx, torch.stack([1.0 - lam, lam], 1)
+    x = xf.floor()
+    t = (xf - x).clamp(0.0, 1.0)
+    x = x.to(torch.int64)
+    idx = torch.stack([(x + k).clamp(0, in_size - 1) for k in (-1, 0, 1, 2)], 1)
+    return idx, torch.stack(list(TD._upsample_get_cubic_coefficients(t)), 1)
+
+
+def _transpose_1d(g: torch.Tensor, d: int, in_size: int, idx, w) -> torch.Tensor:
+    """The transpose of a 1-D interpolation along dim ``d`` of ``g``: output position o
+    sends ``w[o, t]·g[..., o, ...]`` to input position ``idx[o, t]`` (summed in
+    increasing (o, t) per input position)."""
+    shape = list(g.shape)
+    outer = 1
+    for s in shape[:d]:
+        outer *= s
+    inner = 1
+    for s in shape[d + 1:]:
+        inner *= s
+    o, taps = idx.shape
+    g3 = g.reshape(outer, o, 1, inner)
+    src = g3.expand(outer, o, taps, inner) if w is None else g3 * w.reshape(1, o, taps, 1)
+    pos = (torch.arange(outer, device=g.device).view(outer, 1, 1, 1) * (in_size * inner)
+           + idx.view(1, o, taps, 1) * inner + torch.arange(inner, device=g.device).view(1, 1, 1, inner))
+    shape[d] = in_size
+    return _scatter_sum(shape, pos.expand(outer, o, taps, inner), src)
+
+
+def _resample_backward(kind, grad, input_size, align_corners, scales):
+    """Gradient of a separable interpolation: the 1-D transposes, first spatial dim first."""
+    nd = len(input_size) - 2
+    half = grad.dtype in (torch.bfloat16, torch.float16)
+    g = grad.to(torch.float32) if half else grad  # opmath, as the forward decompositions
+    for i in range(nd):
+        d = 2 + i
+        scale = scales[i] if i < len(scales) else None
+        idx, w = _taps(kind, input_size[d], grad.shape[d], align_corners, scale, g.dtype,
+                       grad.device)
+        g = _transpose_1d(g, d, input_size[d], idx, w)
+    return g.to(grad.dtype) if half else g
+
+
+@_register(aten.upsample_linear1d_backward.default)
+def upsample_linear1d_backward(grad, output_size, input_size, align_corners, scales=None):
+    return _resample_backward("linear", grad, input_size, align_corners, [scales])
+
+
+@_register(aten.upsample_bilinear2d_backward.default)
+def upsample_bilinear2d_backward(grad, output_size, input_size, align_corners, scales_h=None,
+                                 scales_w=None):
+    return _resample_backward("linear", grad, input_size, align_corners, [scales_h, scales_w])
+
+
+@_register(aten.upsample_trilinear3d_backward.default)
+def upsample_trilinear3d_backward(grad, output_size, input_size, align_corners, scales_d=None,
+                                  scales_h=None, scales_w=None):
+    return _resample_backward("linear", grad, input_size, align_corners,
+                              [scales_d, scales_h, scales_w])
+
+
+@_register(aten.upsample_bicubic2d_backward.default)
+def upsample_bicubic2d_backward(grad, output_size, input_size, align_corners, scales_h=None,
+                                scales_w=None):
+    return _resample_backward("cubic", grad, input_size, align_corners, [scales_h, scales_w])
+
+
+def _nearest_backward(kind):
+    def backward(grad, output_size, input_size, *scales):
+        return _resample_backward(kind, grad, input_size, None, list(scales))
+
+    return backward
+
+
+for _nd in (1, 2, 3):
+    _register(getattr(aten, f"upsample_nearest{_nd}d_backward").default)(
+        _nearest_backward("nearest"))
+    _register(getattr(aten, f"_upsample_nearest_exact{_nd}d_backward").default)(
+        _nearest_backward("nearest-exact"))
+
+
+# ------------------------------------------------------------------- padding
+def _pad_backward(forward):
+    """Gradient of a padding that copies input elements (reflection, replication): the
+    forward applied to the input's flat positions gives, per output element, its source;
+    grad_output is summed into those sources in C order."""
+    def backward(grad, x, padding):
+        n = x.numel()
+        lin = torch.arange(n, dtype=torch.float64, device=x.device).view(x.shape)  # < 2^53
+        pos = forward(lin, padding).to(torch.int64)
+        return _scatter_sum(x.shape, pos, grad)
+
+    return backward
+
+
+for _nd in (1, 2, 3):
+    for _kind in ("reflection", "replication"):
+        _fwd = getattr(aten, f"{_kind}_pad{_nd}d").default
+        _register(getattr(aten, f"{_kind}_pad{_nd}d_backward").default)(_pad_backward(_fwd))
