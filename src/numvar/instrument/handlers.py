@@ -683,6 +683,120 @@ def _embedding_backward(ctx, func, args, kwargs):
     return SC.scatter_accumulate(ctx, out, pos, g, include_self=False)
 
 
+# ------------------------------------------------------------------- embedding bag
+def _bags(indices: torch.Tensor, offsets: torch.Tensor, include_last: bool):
+    """(bag of each index, number of bags), from the offsets (exact integer ops)."""
+    n = indices.numel()
+    nbags = offsets.numel() - (1 if include_last else 0)
+    bag = torch.searchsorted(offsets.cpu().to(torch.int64), torch.arange(n), right=True) - 1
+    return bag, nbags
+
+
+@register("aten._embedding_bag", "aten._embedding_bag_forward_only")
+def _embedding_bag(ctx, func, args, kwargs):
+    """sum / mean: per bag, its rows (each times its per-sample weight, rounded) summed in
+    index order (the first copied, each later add rounded), mean then divided by the
+    bag's count (rounded); max: exact. The integer outputs are the native op's."""
+    weight, indices, offsets = args[:3]
+    mode = _get(args, kwargs, 4, "mode", 0)
+    psw = _get(args, kwargs, 6, "per_sample_weights")
+    include_last = _get(args, kwargs, 7, "include_last_offset", False)
+    padding_idx = _get(args, kwargs, 8, "padding_idx", -1)
+    if mode == 2 or weight.dtype not in FLOATS:
+        return EXACT
+    out, offset2bag, bag_size, max_indices = func(*args, **kwargs)
+    bag, nbags = _bags(indices, offsets, include_last)
+    idx = indices.reshape(-1).cpu().to(torch.int64)
+    keep = (bag < nbags) & (idx != padding_idx) if padding_idx >= 0 else bag < nbags
+    idx, bag = idx[keep], bag[keep]
+    d = weight.shape[1]
+    rows = weight[idx.to(weight.device)]
+    if psw is not None:
+        rows = ctx.mul(rows, psw.reshape(-1)[keep.to(psw.device)].unsqueeze(1).to(rows.dtype))
+    zeros = torch.zeros(nbags, d, dtype=weight.dtype, device=weight.device)
+    sums = SC.scatter_accumulate(ctx, zeros, bag.unsqueeze(1) * d + torch.arange(d), rows,
+                                 include_self=False)
+    if mode == 1:
+        count = torch.bincount(bag, minlength=nbags)
+        sel = count > 0
+        sums[sel] = ctx.div(sums[sel], count[sel].unsqueeze(1).to(sums.dtype))
+    return sums.reshape(out.shape), offset2bag, bag_size, max_indices
+
+
+def _embedding_bag_grad(ctx, grad, indices, offset2bag, bag_size, max_indices, num_weights,
+                        mode, psw, padding_idx):
+    """Dense gradient of the weight: each index's bag gradient (mean: divided by the bag
+    size; times its per-sample weight; each rounded) summed into its row in index order (the first copied); max: each bag's
+    gradient sent to its argmax rows, summed in (bag, column) order."""
+    d = grad.shape[1]
+    out = torch.zeros(num_weights, d, dtype=grad.dtype, device=grad.device)
+    if mode == 2:
+        mi = max_indices.cpu().to(torch.int64)
+        valid = mi >= 0
+        pos = (mi * d + torch.arange(d))[valid]
+        return SC.scatter_accumulate(ctx, out, pos, grad[valid.to(grad.device)], include_self=False)
+    idx = indices.reshape(-1).cpu().to(torch.int64)
+    bag = offset2bag.reshape(-1).cpu().to(torch.int64)
+    keep = bag < grad.shape[0]
+    if padding_idx >= 0:
+        keep &= idx != padding_idx
+    rows = grad[bag[keep].to(grad.device)]
+    if mode == 1:
+        bs = bag_size.cpu()[bag[keep]].clamp_min(1)
+        rows = ctx.div(rows, bs.unsqueeze(1).to(device=rows.device, dtype=rows.dtype))
+    if psw is not None:
+        rows = ctx.mul(rows, psw.reshape(-1)[keep.to(psw.device)].unsqueeze(1).to(rows.dtype))
+    idx = idx[keep]
+    return SC.scatter_accumulate(ctx, out, idx.unsqueeze(1) * d + torch.arange(d), rows,
+                                 include_self=False)
+
+
+@register("aten._embedding_bag_backward")
+def _embedding_bag_backward(ctx, func, args, kwargs):
+    (grad, indices, offsets, offset2bag, bag_size, max_indices, num_weights, scale, mode,
+     sparse) = args[:10]
+    psw = _get(args, kwargs, 10, "per_sample_weights")
+    padding_idx = _get(args, kwargs, 11, "padding_idx", -1)
+    if sparse or scale or grad.dtype not in FLOATS:
+        # scale_grad_by_freq: PyTorch's CPU kernel scales by counts that are not the
+        # tokens' frequencies (index 4 of [1, 2, 4, 5, 4, 3, 2, 9] gets weight 1 twice,
+        # index 3 weight 1/2): kept as native computes it, rounded once
+        return op_once(ctx, func, args, kwargs)
+    if offset2bag.numel() != indices.numel():  # the native sum fast path leaves it empty
+        offset2bag = _bags(indices, offsets, False)[0]
+    return _embedding_bag_grad(ctx, grad, indices, offset2bag, bag_size, max_indices,
+                               num_weights, mode, psw, padding_idx)
+
+
+@register("aten._embedding_bag_dense_backward")
+def _embedding_bag_dense_backward(ctx, func, args, kwargs):
+    grad, indices, offset2bag, bag_size, max_indices, num_weights, scale, mode = args[:8]
+    psw = _get(args, kwargs, 8, "per_sample_weights")
+    padding_idx = _get(args, kwargs, 9, "padding_idx", -1)
+    if scale or grad.dtype not in FLOATS:
+        return op_once(ctx, func, args, kwargs)
+    return _embedding_bag_grad(ctx, grad, indices, offset2bag, bag_size, max_indices,
+                               num_weights, mode, psw, padding_idx)
+
+
+@register("aten._embedding_bag_per_sample_weights_backward")
+def _embedding_bag_psw_backward(ctx, func, args, kwargs):
+    """``Σ_d grad[bag(i), d] · weight[index_i, d]`` per index (products and the sum over
+    d in increasing d rounded); 0 at padding indices."""
+    grad, weight, indices, offsets, offset2bag, mode = args[:6]
+    padding_idx = _get(args, kwargs, 6, "padding_idx", -1)
+    if grad.dtype not in FLOATS:
+        return EXACT
+    idx = indices.reshape(-1).to(torch.int64)
+    if offset2bag.numel() != idx.numel():
+        offset2bag = _bags(indices, offsets, False)[0].clamp(max=grad.shape[0] - 1)
+    prod = ctx.mul(grad[offset2bag.reshape(-1).to(torch.int64)], weight[idx].to(grad.dtype))
+    out = flop.reduce(prod, [1], ctx)
+    if padding_idx >= 0:
+        out = torch.where(idx == padding_idx, torch.zeros((), dtype=out.dtype), out)
+    return out
+
+
 def _pool_params(ks, stride, padding):
     ks = list(ks) * 2 if len(ks) == 1 else list(ks)
     stride = list(stride) if len(stride) else list(ks)
