@@ -201,3 +201,82 @@ for _nd in (1, 2, 3):
     for _kind in ("reflection", "replication"):
         _fwd = getattr(aten, f"{_kind}_pad{_nd}d").default
         _register(getattr(aten, f"{_kind}_pad{_nd}d_backward").default)(_pad_backward(_fwd))
+
+
+# ------------------------------------------------------------------- cdist
+def _uses_mm(x1, x2, p, compute_mode) -> bool:
+    """PyTorch's choice of the matmul form of the Euclidean distance (compute_mode None
+    or 0: when either set has more than 25 rows; 1: always; 2: never)."""
+    if p != 2:
+        return False
+    if compute_mode == 1:
+        return True
+    if compute_mode == 2:
+        return False
+    return x1.shape[-2] > 25 or x2.shape[-2] > 25
+
+
+@_register(aten._cdist_forward.default)
+def cdist_forward(x1, x2, p, compute_mode=None):
+    """Direct form: ``(Σ_m |x1_i,m − x2_j,m|^p)^(1/p)`` (the sum over m in increasing m;
+    p = 2: products and a square root; p = 1: no power; p = inf: max; p = 0: count);
+    matmul form (p = 2, see :func:`_uses_mm`): :func:`euclidean_dist`."""
+    if _uses_mm(x1, x2, p, compute_mode):
+        return aten._euclidean_dist.default(x1, x2)
+    return _cdist_direct(x1, x2, p)
+
+
+def _cdist_direct(x1, x2, p):
+    diff = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()
+    if p == 0:
+        return (diff != 0).sum(-1).to(diff.dtype)
+    if p == float("inf"):
+        return diff.amax(-1)
+    if p == 1:
+        return diff.sum(-1)
+    if p == 2:
+        return (diff * diff).sum(-1).sqrt()
+    return diff.pow(p).sum(-1).pow(1.0 / p)
+
+
+@_register(aten._euclidean_dist.default)
+def euclidean_dist(x1, x2):
+    """torch's decomposition without ``matmul`` (a composite op): ``[−2·x1, ‖x1‖², 1]``
+    times ``[x2, 1, ‖x2‖²]ᵀ`` as one batched product (the flop matmul order over the
+    m + 2 terms), then ``sqrt(clamp_min(·, 0))``."""
+    x1_norm = (x1 * x1).sum(-1, keepdim=True)
+    x2_norm = (x2 * x2).sum(-1, keepdim=True)
+    x1_ = torch.cat([x1 * -2, x1_norm, torch.ones_like(x1_norm)], -1)
+    x2_ = torch.cat([x2, torch.ones_like(x2_norm), x2_norm], -1)
+    lead = torch.broadcast_shapes(x1_.shape[:-2], x2_.shape[:-2])
+    a = x1_.expand(*lead, *x1_.shape[-2:]).reshape(-1, *x1_.shape[-2:])
+    b = x2_.expand(*lead, *x2_.shape[-2:]).reshape(-1, *x2_.shape[-2:])
+    res = aten.bmm.default(a, b.transpose(1, 2)).reshape(*lead, x1.shape[-2], x2.shape[-2])
+    return res.clamp_min(0).sqrt()
+
+
+@_register(aten._cdist_backward.default)
+def cdist_backward(grad, x1, x2, p, cdist):
+    """PyTorch's per-pair formula (Distance.cpp), summed over the rows of x2 in increasing
+    order: ``grad_x1[i] = Σ_j g_ij · φ(x1_i − x2_j, d_ij)`` with φ = sign(diff) (p = 1),
+    ``(g·diff)/d`` (p = 2), ``sign(diff)·|diff|^(p−1)/d^(p−1)`` (other p), sign(diff) where
+    ``|diff|`` is largest (p = inf); 0 where d = 0 (and everywhere for p = 0)."""
+    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # (..., r1, r2, m)
+    g = grad.unsqueeze(-1)
+    d = cdist.unsqueeze(-1)
+    zero = torch.zeros((), dtype=diff.dtype, device=diff.device)
+    if p == 0:
+        return torch.zeros_like(x1)
+    if p == 1:
+        term = g * diff.sign()
+    elif p == 2:
+        term = torch.where(d == 0, zero, (g * diff) / d)
+    elif p == float("inf"):
+        # the coordinates where |diff| is largest (recomputed here: under random rounding
+        # the forward's rounded differences need not equal these)
+        ad = diff.abs()
+        term = torch.where(ad == ad.amax(-1, keepdim=True), g * diff.sign(), zero)
+    else:
+        term = torch.where(d == 0, zero,
+                           (g * diff.sign()) * (diff.abs().pow(p - 1) / d.pow(p - 1)))
+    return term.sum(-2)
