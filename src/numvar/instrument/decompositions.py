@@ -280,3 +280,102 @@ def cdist_backward(grad, x1, x2, p, cdist):
         term = torch.where(d == 0, zero,
                            (g * diff.sign()) * (diff.abs().pow(p - 1) / d.pow(p - 1)))
     return term.sum(-2)
+
+
+# ------------------------------------------------------------------- grid sampler
+class Undecomposable(Exception):
+    """Raised by a decomposition, before it dispatches any op, for arguments it does not
+    cover: the mode then rounds the op once (and says so in the report)."""
+
+
+def _grid_source_index(coords, size: int, padding_mode: int, align_corners: bool):
+    """(source coordinate, d coordinate / d grid) as PyTorch's
+    ``grid_sampler_compute_source_index_set_grad``: unnormalise (torch's forward
+    decomposition: ``coords·mul + ofs``), then clip (border) or reflect and clip
+    (reflection); the derivative is ``mul`` times ±1 or 0 (exact)."""
+    mul = (size * 0.5 - 0.5) if align_corners else (size * 0.5)
+    ofs = size * 0.5 - 0.5
+    x = coords * mul + ofs
+    one = torch.ones((), dtype=coords.dtype, device=coords.device)
+    grad = one * mul
+    if padding_mode == 0:
+        return x, grad.expand(x.shape)
+    if padding_mode == 2:
+        lo, hi = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
+        if lo == hi:
+            return torch.zeros_like(x), torch.zeros_like(x)
+        cmin, span = lo / 2, (hi - lo) / 2
+        shifted = x - cmin
+        sign = torch.where(shifted < 0, -one, one)
+        a = shifted.abs()
+        extra = torch.fmod(a, span)
+        even = (a / span).floor().to(torch.int64) % 2 == 0
+        x = torch.where(even, extra + cmin, (span + cmin) - extra)
+        grad = grad * torch.where(even, sign, -sign)
+    inside = (x > 0) & (x < size - 1)
+    return x.clamp(0, size - 1), torch.where(inside, grad, torch.zeros_like(grad))
+
+
+@_register(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode,
+                             align_corners, output_mask):
+    """Bilinear and nearest (bicubic: rounded once). grad_input: each output element sends
+    ``w_k·g`` to its in-bounds corners k (nw, ne, sw, se), summed per input element in
+    increasing (output position, corner) order (the first copied). grad_grid (bilinear):
+    PyTorch's sum over channels then corners, ``Σ_c Σ_k ±v_k·Δ_k·g`` (each product and
+    add rounded, (c, k) in increasing order), times d coordinate / d grid."""
+    if interpolation_mode not in (0, 1) or input.dtype not in (torch.float32, torch.float64):
+        raise Undecomposable(f"grid_sampler_2d_backward: interpolation mode "
+                             f"{interpolation_mode}, dtype {input.dtype}")
+    N, C, iH, iW = input.shape
+    _, oH, oW, _ = grid.shape
+    ix, gx_mult = _grid_source_index(grid[..., 0], iW, padding_mode, align_corners)
+    iy, gy_mult = _grid_source_index(grid[..., 1], iH, padding_mode, align_corners)
+    g = grad_output  # (N, C, oH, oW)
+    if interpolation_mode == 1:
+        corners = [(ix.round(), iy.round(), None)]
+    else:
+        ix_nw, iy_nw = ix.floor(), iy.floor()
+        ix_se, iy_se = ix_nw + 1, iy_nw + 1
+        dx_e, dx_w = ix_se - ix, ix - ix_nw  # weights along x of the west / east corners
+        dy_s, dy_n = iy_se - iy, iy - iy_nw
+        corners = [(ix_nw, iy_nw, dx_e * dy_s), (ix_se, iy_nw, dx_w * dy_s),
+                   (ix_nw, iy_se, dx_e * dy_n), (ix_se, iy_se, dx_w * dy_n)]
+    grad_input = grad_grid = None
+    n_idx = torch.arange(N, device=g.device).view(N, 1, 1, 1)
+    c_idx = torch.arange(C, device=g.device).view(1, C, 1, 1)
+    if output_mask[0]:
+        pos, src, ok = [], [], []
+        for cx, cy, w in corners:
+            xi, yi = cx.to(torch.int64), cy.to(torch.int64)
+            inb = ((xi >= 0) & (xi < iW) & (yi >= 0) & (yi < iH)).unsqueeze(1).expand(N, C, oH, oW)
+            p = ((n_idx * C + c_idx) * iH + yi.clamp(0, iH - 1).unsqueeze(1)) * iW \
+                + xi.clamp(0, iW - 1).unsqueeze(1)
+            pos.append(p)
+            src.append(g if w is None else g * w.unsqueeze(1))
+            ok.append(inb)
+        pos, src, ok = (torch.stack(t, -1) for t in (pos, src, ok))  # (N, C, oH, oW, k)
+        grad_input = _scatter_sum(input.shape, pos[ok], src[ok])
+    if output_mask[1]:
+        if interpolation_mode == 1:
+            grad_grid = torch.zeros_like(grid)
+        else:
+            def val(cx, cy):
+                xi, yi = cx.to(torch.int64), cy.to(torch.int64)
+                inb = ((xi >= 0) & (xi < iW) & (yi >= 0) & (yi < iH)).unsqueeze(1)
+                v = input[n_idx, c_idx, yi.clamp(0, iH - 1).unsqueeze(1),
+                          xi.clamp(0, iW - 1).unsqueeze(1)]
+                return torch.where(inb, v, torch.zeros((), dtype=v.dtype, device=v.device))
+
+            v_nw, v_ne = val(ix_nw, iy_nw), val(ix_se, iy_nw)
+            v_sw, v_se = val(ix_nw, iy_se), val(ix_se, iy_se)
+            u = lambda t: t.unsqueeze(1)  # noqa: E731  (N, 1, oH, oW)
+            tx = torch.stack([-(v_nw * u(dy_s)), v_ne * u(dy_s), -(v_sw * u(dy_n)),
+                              v_se * u(dy_n)], -1) * g.unsqueeze(-1)
+            ty = torch.stack([-(v_nw * u(dx_e)), -(v_ne * u(dx_w)), v_sw * u(dx_e),
+                              v_se * u(dx_w)], -1) * g.unsqueeze(-1)
+            # (N, C, oH, oW, 4) -> sums over (c, corner) in C order
+            gx = tx.permute(0, 2, 3, 1, 4).reshape(N, oH, oW, C * 4).sum(-1)
+            gy = ty.permute(0, 2, 3, 1, 4).reshape(N, oH, oW, C * 4).sum(-1)
+            grad_grid = torch.stack([gx * gx_mult, gy * gy_mult], -1)
+    return grad_input, grad_grid
