@@ -379,3 +379,138 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, paddi
             gy = ty.permute(0, 2, 3, 1, 4).reshape(N, oH, oW, C * 4).sum(-1)
             grad_grid = torch.stack([gx * gx_mult, gy * gy_mult], -1)
     return grad_input, grad_grid
+
+
+# ------------------------------------------------------------------- CTC loss
+def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank):
+    """Lengths as lists, the extended targets l' (blank, l1, blank, l2, ..., blank) of
+    each sequence padded with blanks (N, 2·max L + 1), and the mask of the s for which
+    the skip transition s−2 → s is allowed (l'_s ≠ l'_{s−2})."""
+    if log_probs.dim() != 3:
+        raise Undecomposable("ctc_loss: unbatched log_probs")
+    il = [int(v) for v in (input_lengths.tolist() if isinstance(input_lengths, torch.Tensor)
+                           else input_lengths)]
+    tl = [int(v) for v in (target_lengths.tolist() if isinstance(target_lengths, torch.Tensor)
+                           else target_lengths)]
+    n = len(il)
+    maxl = max(tl) if tl else 0
+    tg = targets.cpu().to(torch.int64)
+    rows, off = [], 0
+    for b in range(n):
+        if tg.dim() == 2:
+            seq = tg[b, :tl[b]].tolist()
+        else:
+            seq = tg[off:off + tl[b]].tolist()
+            off += tl[b]
+        ext = [blank] * (2 * maxl + 1)
+        ext[1:2 * len(seq):2] = seq
+        rows.append(ext)
+    tp = torch.tensor(rows, dtype=torch.int64, device=log_probs.device).reshape(n, 2 * maxl + 1)
+    skip = torch.zeros_like(tp, dtype=torch.bool)
+    skip[:, 2:] = tp[:, 2:] != tp[:, :-2]
+    return il, tl, tp, skip
+
+
+def _logsumexp3(a, b, c):
+    """PyTorch's CTC step: ``m = max(a, b, c)`` (0 if −inf), ``log(e^(a−m) + e^(b−m) +
+    e^(c−m)) + m`` (each op rounded, left to right)."""
+    m = torch.maximum(torch.maximum(a, b), c)
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    return torch.log((torch.exp(a - m) + torch.exp(b - m)) + torch.exp(c - m)) + m
+
+
+def _shift(x, k: int):
+    """x[:, s − k] along the last dim, −inf where s < k."""
+    pad = torch.full((*x.shape[:-1], k), float("-inf"), dtype=x.dtype, device=x.device)
+    return torch.cat([pad, x[..., :-k]], -1)
+
+
+@_register(aten._ctc_loss.default, aten._ctc_loss.Tensor)
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """PyTorch's CPU forward (LossCTC.cpp), vectorised over the batch and the extended
+    target positions s, t in increasing order: ``α_0`` from the first frame, then
+    ``α_t(s) = logsumexp3(α_{t−1}(s), α_{t−1}(s−1), α_{t−1}(s−2) if allowed) +
+    lp_t(l'_s)``; ``nll = −log(e^(α(2L)−m) + e^(α(2L−1)−m)) − m`` at the last frame.
+    Entries of log_alpha outside a sequence's lengths are −inf."""
+    il, tl, tp, skip = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    T, N, _ = log_probs.shape
+    S = tp.shape[1]
+    ninf = float("-inf")
+    s_idx = torch.arange(S, device=tp.device)
+    tl_t = torch.tensor(tl, device=tp.device).unsqueeze(1)
+    il_t = torch.tensor(il, device=tp.device).unsqueeze(1)
+    valid = s_idx < 2 * tl_t + 1  # (N, S)
+    lp = log_probs.permute(1, 0, 2)  # (N, T, C)
+    lpt = torch.gather(lp, 2, tp.unsqueeze(1).expand(N, T, S))  # (N, T, S): lp_t(l'_s)
+    full = torch.full((N, S), ninf, dtype=log_probs.dtype, device=log_probs.device)
+    first = torch.where((s_idx == 0) | ((s_idx == 1) & (tl_t > 0)), lpt[:, 0], full)
+    first = torch.where(il_t > 0, first, full)
+    alphas = [first]
+    la = first
+    for t in range(1, T):
+        la3 = torch.where(skip, _shift(la, 2), full)
+        new = _logsumexp3(la, _shift(la, 1), la3) + lpt[:, t]
+        la = torch.where(valid & (t < il_t), new, full)
+        alphas.append(la)
+    log_alpha = torch.stack(alphas, 1)  # (N, T, S)
+    last = log_alpha[torch.arange(N), (il_t.squeeze(1) - 1).clamp(min=0)]  # (N, S)
+    l1 = torch.gather(last, 1, 2 * tl_t).squeeze(1)
+    l2 = torch.gather(last, 1, (2 * tl_t - 1).clamp(min=0)).squeeze(1)
+    l2 = torch.where(tl_t.squeeze(1) > 0, l2, torch.full_like(l2, ninf))
+    m = torch.maximum(l1, l2)
+    m = torch.where(m == ninf, torch.zeros_like(m), m)
+    ll = torch.log(torch.exp(l1 - m) + torch.exp(l2 - m)) + m
+    nll = torch.where(tl_t.squeeze(1) > 0, -ll, -l1)
+    return nll, log_alpha
+
+
+@_register(aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor)
+def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha,
+                      blank, zero_infinity=False):
+    """PyTorch's CPU backward: β from the last frame of each sequence down to t = 0 (the
+    step of the forward mirrored); per (sequence, frame, class) the log-sum of
+    ``α_t(s) + β_t(s)`` over the s with l'_s = class in decreasing s (pairwise
+    ``log(e^(a−m) + e^(b−m)) + m``); then ``(e^lp − e^(lcab + nll − lp))·grad``; 0 after
+    a sequence's last frame and, with zero_infinity, for infinite losses."""
+    il, tl, tp, skip = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    T, N, C = log_probs.shape
+    S = tp.shape[1]
+    ninf = float("-inf")
+    s_idx = torch.arange(S, device=tp.device)
+    tl_t = torch.tensor(tl, device=tp.device).unsqueeze(1)
+    il_t = torch.tensor(il, device=tp.device).unsqueeze(1)
+    valid = s_idx < 2 * tl_t + 1
+    lp = log_probs.permute(1, 0, 2)  # (N, T, C)
+    lpt = torch.gather(lp, 2, tp.unsqueeze(1).expand(N, T, S))
+    full = torch.full((N, S), ninf, dtype=log_probs.dtype, device=log_probs.device)
+    ends = (s_idx == 2 * tl_t) | ((s_idx == 2 * tl_t - 1) & (tl_t > 0))
+    # skip s+2 -> s allowed where l'_{s+2} != l'_s
+    skip_up = torch.zeros_like(skip)
+    skip_up[:, :-2] = skip[:, 2:]
+    betas = [None] * T
+    lb = full
+    for t in range(T - 1, -1, -1):
+        up1 = torch.cat([lb[:, 1:], full[:, :1]], 1)
+        up2 = torch.where(skip_up, torch.cat([lb[:, 2:], full[:, :2]], 1), full)
+        rec = _logsumexp3(lb, up1, up2) + lpt[:, t]
+        lb = torch.where(t == il_t - 1, torch.where(ends, lpt[:, t], full),
+                         torch.where((t < il_t - 1) & valid, rec, full))
+        betas[t] = lb
+    log_beta = torch.stack(betas, 1)  # (N, T, S)
+    lab = log_alpha[:, :T, :S] + log_beta  # (N, T, S)
+    lcab = torch.full((N, T, C), ninf, dtype=log_probs.dtype, device=log_probs.device)
+    for s in range(S - 1, -1, -1):
+        cls = tp[:, s].view(N, 1, 1).expand(N, T, 1)
+        cur = torch.gather(lcab, 2, cls).squeeze(2)
+        x = lab[:, :, s]
+        m = torch.maximum(cur, x)
+        both = torch.log(torch.exp(cur - m) + torch.exp(x - m)) + m
+        new = torch.where(x == ninf, cur, torch.where(cur == ninf, x, both))
+        lcab = torch.scatter(lcab, 2, cls, new.unsqueeze(2))
+    res = (torch.exp(lp) - torch.exp((lcab + nll.view(N, 1, 1)) - lp)) * grad.view(N, 1, 1)
+    t_idx = torch.arange(T, device=tp.device).view(1, T, 1)
+    keep = t_idx < il_t.unsqueeze(2)
+    if zero_infinity:
+        keep = keep & (nll != float("inf")).view(N, 1, 1)
+    res = torch.where(keep, res, torch.zeros((), dtype=res.dtype, device=res.device))
+    return res.permute(1, 0, 2)
