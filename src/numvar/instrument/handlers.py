@@ -27,6 +27,8 @@ FLOP_HANDLERS: dict[str, Handler] = {}
 OP_HANDLERS: dict[str, Handler] = {}
 #: how each registered handler rounds (for the report)
 HOW: dict[str, str] = {}
+#: how an OP_HANDLERS entry rounds at op granularity, where it differs from HOW
+OP_HOW: dict[str, str] = {}
 
 #: returned by a handler to ask the mode to run the op natively (exact after all)
 EXACT = object()
@@ -551,10 +553,10 @@ def _prims_var(ctx, func, args, kwargs):
 def _accumulating(*names: str):
     """Register an accumulating index op at both granularities."""
     def deco(fn: Handler) -> Handler:
-        register(*names, how="flop (source order)")(fn)
+        register(*names, how="flop")(fn)
         for n in names:
             OP_HANDLERS[n] = fn
-            HOW.setdefault(n, "rounded once (exact sum)")
+            OP_HOW[n] = "rounded once (exact sum)"
         return fn
 
     return deco

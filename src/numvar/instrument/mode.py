@@ -162,7 +162,8 @@ def _classify(func, granularity: str) -> _OpInfo:
         return info
     if granularity == "op":
         if packet in H.OP_HANDLERS:
-            info.kind, info.handler, info.how = K_HANDLER, H.OP_HANDLERS[packet], H.HOW[packet]
+            info.kind, info.handler = K_HANDLER, H.OP_HANDLERS[packet]
+            info.how = H.OP_HOW.get(packet, H.HOW[packet])
         elif packet in _ELEMENTWISE_OP_LEVEL:
             info.kind, info.handler, info.how = K_HANDLER, H.FLOP_HANDLERS[packet], "elementwise"
         return info
