@@ -319,3 +319,37 @@ def test_recorded_decompositions_replay_the_same_bits(name):
     c, _ = _run(name, torch.float32, fuzzy(mode="sr", seed=5))
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_op_granularity_is_the_correctly_rounded_exact_sum():
+    """Random binary32 sources spread over 2^-30..2^0 with signs, ~40 per destination:
+    the ieee op-granularity result equals the Fraction sum rounded to nearest (Sum2's
+    error is far below half an ulp of binary32 here: n·2^-106 relative to Σ|x|)."""
+    g = torch.Generator().manual_seed(3)
+    n, dests = 160, 4
+    mant = torch.rand(n, generator=g, dtype=torch.float64) + 0.5
+    expo = torch.randint(-30, 1, (n,), generator=g)
+    sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
+    src = (sign * mant * 2.0 ** expo).to(torch.float32)
+    pos = torch.randint(0, dests, (n,), generator=g)
+    # each destination first gets 2^40 and last −2^40: a float64 running sum loses the
+    # bits below 2^-12 in between (checked below), the exact sum keeps them
+    big = torch.full((dests,), 2.0 ** 40)
+    src = torch.cat([big, src, -big])
+    pos = torch.cat([torch.arange(dests), pos, torch.arange(dests)])
+    x = torch.randn(dests, generator=g).to(torch.float32)
+    with fuzzy(mode="ieee", granularity="op", seed=0):
+        got = x.index_put((pos,), src, accumulate=True)
+    exact = [Fraction(float(v)) for v in x]
+    naive = x.double().tolist()
+    for p, s in zip(pos.tolist(), src.tolist()):
+        exact[p] += Fraction(s)
+        naive[p] += s
+    assert any(np.float32(v) != np.float32(float(q)) for v, q in zip(naive, exact))
+    # round each exact sum to nearest binary32: nearest of the two binary32 neighbours
+    for d in range(dests):
+        cand = np.float32(float(exact[d]))  # within one binary32 ulp of the exact value
+        nb = [np.nextafter(cand, np.float32(-np.inf)), cand, np.nextafter(cand, np.float32(np.inf))]
+        best = min(nb, key=lambda c: (abs(Fraction(float(c)) - exact[d]),
+                                      int(np.float32(c).view(np.int32)) & 1))
+        assert got[d].item() == float(best), d
