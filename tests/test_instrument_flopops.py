@@ -72,6 +72,11 @@ CASES = {
                                                            align_corners=False),
                                 [(1, 2, 4, 5), (1, 3, 3, 2)],
                                 ["aten.grid_sampler_2d_backward.default"], 48, ()),
+    "grid_sampler_2d_bicubic": (lambda x, g: F.grid_sample(x, g.tanh() * 1.2, mode="bicubic",
+                                                           padding_mode="border",
+                                                           align_corners=True),
+                                [(1, 2, 4, 5), (1, 3, 3, 2)],
+                                ["aten.grid_sampler_2d_backward.default"], 96, ()),
     "weight_norm": (lambda v, g: torch._weight_norm(v, g, 0), [(4, 3), (4, 1)],
                     ["aten._weight_norm_interface.default",
                      "aten._weight_norm_interface_backward.default"], 16, ()),
@@ -100,6 +105,9 @@ CASES = {
                  ["aten._cdist_forward.default", "aten._cdist_backward.default"], 16, ()),
     "cdist_mm": (lambda a, b: torch.cdist(a, b), [(27, 3), (4, 3)],
                  ["aten._euclidean_dist.default"], 16, ()),
+    "ctc_loss_unbatched": (lambda lp: F.ctc_loss(lp.log_softmax(1), _i(1, 2), _i(6)[0], _i(2)[0]),
+                           [(6, 5)], ["aten._ctc_loss.Tensor", "aten._ctc_loss_backward.Tensor"],
+                           96, ()),
     "ctc_loss": (lambda lp: F.ctc_loss(lp.log_softmax(2), _i(1, 2, 2, 3, 3, 1, 4), _i(6, 5, 4),
                                        _i(3, 2, 2), reduction="sum"),
                  [(6, 3, 5)], ["aten._ctc_loss.Tensor", "aten._ctc_loss_backward.Tensor"], 96, ()),
@@ -172,7 +180,8 @@ def test_op_is_handled_at_flop_level(name):
 
 
 @pytest.mark.parametrize("name", ["index_backward", "scatter_reduce_mean", "embedding_bag_sum",
-                                  "upsample_bilinear2d", "upsample_bicubic2d", "weight_norm"])
+                                  "upsample_bilinear2d", "upsample_bicubic2d", "weight_norm",
+                                  "grid_sampler_2d"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_dtypes_match_native(name, dtype):
     nat, _ = _run(name, dtype)

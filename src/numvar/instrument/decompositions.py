@@ -283,23 +283,21 @@ def cdist_backward(grad, x1, x2, p, cdist):
 
 
 # ------------------------------------------------------------------- grid sampler
-class Undecomposable(Exception):
-    """Raised by a decomposition, before it dispatches any op, for arguments it does not
-    cover: the mode then rounds the op once (and says so in the report)."""
-
-
-def _grid_source_index(coords, size: int, padding_mode: int, align_corners: bool):
-    """(source coordinate, d coordinate / d grid) as PyTorch's
-    ``grid_sampler_compute_source_index_set_grad``: unnormalise (torch's forward
-    decomposition: ``coords·mul + ofs``), then clip (border) or reflect and clip
-    (reflection); the derivative is ``mul`` times ±1 or 0 (exact)."""
+def _unnormalize(coords, size: int, align_corners: bool):
+    """(pixel coordinate, its derivative) of torch's forward decomposition:
+    ``coords·mul + ofs``."""
     mul = (size * 0.5 - 0.5) if align_corners else (size * 0.5)
-    ofs = size * 0.5 - 0.5
-    x = coords * mul + ofs
-    one = torch.ones((), dtype=coords.dtype, device=coords.device)
-    grad = one * mul
+    return coords * mul + (size * 0.5 - 0.5), mul
+
+
+def _pad_coordinates(x, size: int, padding_mode: int, align_corners: bool):
+    """(coordinate after padding, derivative factor ±1 or 0) as PyTorch's
+    ``compute_coordinates_set_grad``: zeros: unchanged; border: clip to [0, size − 1];
+    reflection: reflect about the borders, then clip."""
+    one = torch.ones((), dtype=x.dtype, device=x.device)
     if padding_mode == 0:
-        return x, grad.expand(x.shape)
+        return x, one.expand(x.shape)
+    grad = one
     if padding_mode == 2:
         lo, hi = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
         if lo == hi:
@@ -311,72 +309,117 @@ def _grid_source_index(coords, size: int, padding_mode: int, align_corners: bool
         extra = torch.fmod(a, span)
         even = (a / span).floor().to(torch.int64) % 2 == 0
         x = torch.where(even, extra + cmin, (span + cmin) - extra)
-        grad = grad * torch.where(even, sign, -sign)
+        grad = torch.where(even, sign, -sign)
     inside = (x > 0) & (x < size - 1)
-    return x.clamp(0, size - 1), torch.where(inside, grad, torch.zeros_like(grad))
+    return x.clamp(0, size - 1), torch.where(inside, grad, torch.zeros_like(x))
+
+
+def _grid_source_index(coords, size: int, padding_mode: int, align_corners: bool):
+    """(source coordinate, d coordinate / d grid) as PyTorch's
+    ``grid_sampler_compute_source_index_set_grad``."""
+    x, mul = _unnormalize(coords, size, align_corners)
+    x, factor = _pad_coordinates(x, size, padding_mode, align_corners)
+    return x, factor * mul
+
+
+def _cubic_coefficients_grad(t):
+    """PyTorch's ``get_cubic_coefficients_grad`` (A = −0.75): minus the derivatives of
+    the four cubic convolution weights with respect to t."""
+    A = -0.75
+    x0, x1, x2, x3 = -1 - t, -t, 1 - t, 2 - t
+    return ((-3 * A * x0 - 10 * A) * x0 - 8 * A,
+            (-3 * (A + 2) * x1 - 2 * (A + 3)) * x1,
+            (3 * (A + 2) * x2 - 2 * (A + 3)) * x2,
+            (3 * A * x3 - 10 * A) * x3 + 8 * A)
 
 
 @_register(aten.grid_sampler_2d_backward.default)
 def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode,
                              align_corners, output_mask):
-    """Bilinear and nearest (bicubic: rounded once). grad_input: each output element sends
-    ``w_k·g`` to its in-bounds corners k (nw, ne, sw, se), summed per input element in
-    increasing (output position, corner) order (the first copied). grad_grid (bilinear):
-    PyTorch's sum over channels then corners, ``Σ_c Σ_k ±v_k·Δ_k·g`` (each product and
-    add rounded, (c, k) in increasing order), times d coordinate / d grid."""
-    if interpolation_mode not in (0, 1) or input.dtype not in (torch.float32, torch.float64):
-        raise Undecomposable(f"grid_sampler_2d_backward: interpolation mode "
-                             f"{interpolation_mode}, dtype {input.dtype}")
+    """grad_input: each output element sends ``w_k·g`` to its in-bounds taps k (bilinear:
+    the corners nw, ne, sw, se; bicubic: the 4×4 taps, ``(g·wx_i)·wy_j``, i outer;
+    nearest: 1), summed per input element in increasing (output position, tap) order
+    (the first copied). grad_grid: PyTorch's sum over (channel, tap) of the tap value
+    times the weights' derivatives times g (bilinear ``±v·Δ·g``; bicubic
+    ``−((v·wx'_i)·wy_j)·g``), each product and add rounded, then times d coordinate /
+    d grid. binary16/bfloat16: computed in binary32 (as the forward decomposition)."""
+    if input.dtype in (torch.bfloat16, torch.float16):
+        gi, gg = grid_sampler_2d_backward(grad_output.float(), input.float(), grid.float(),
+                                          interpolation_mode, padding_mode, align_corners,
+                                          output_mask)
+        return (None if gi is None else gi.to(input.dtype),
+                None if gg is None else gg.to(grid.dtype))
     N, C, iH, iW = input.shape
     _, oH, oW, _ = grid.shape
-    ix, gx_mult = _grid_source_index(grid[..., 0], iW, padding_mode, align_corners)
-    iy, gy_mult = _grid_source_index(grid[..., 1], iH, padding_mode, align_corners)
     g = grad_output  # (N, C, oH, oW)
-    if interpolation_mode == 1:
-        corners = [(ix.round(), iy.round(), None)]
-    else:
-        ix_nw, iy_nw = ix.floor(), iy.floor()
-        ix_se, iy_se = ix_nw + 1, iy_nw + 1
-        dx_e, dx_w = ix_se - ix, ix - ix_nw  # weights along x of the west / east corners
-        dy_s, dy_n = iy_se - iy, iy - iy_nw
-        corners = [(ix_nw, iy_nw, dx_e * dy_s), (ix_se, iy_nw, dx_w * dy_s),
-                   (ix_nw, iy_se, dx_e * dy_n), (ix_se, iy_se, dx_w * dy_n)]
-    grad_input = grad_grid = None
     n_idx = torch.arange(N, device=g.device).view(N, 1, 1, 1)
     c_idx = torch.arange(C, device=g.device).view(1, C, 1, 1)
+    zero = torch.zeros((), dtype=g.dtype, device=g.device)
+
+    def locate(cx, cy):
+        """(flat positions (N, C, oH, oW), in-bounds mask) of integer-valued coordinates."""
+        xi, yi = cx.to(torch.int64), cy.to(torch.int64)
+        inb = ((xi >= 0) & (xi < iW) & (yi >= 0) & (yi < iH)).unsqueeze(1).expand(N, C, oH, oW)
+        p = ((n_idx * C + c_idx) * iH + yi.clamp(0, iH - 1).unsqueeze(1)) * iW \
+            + xi.clamp(0, iW - 1).unsqueeze(1)
+        return p, inb
+
+    def value(p, inb):
+        return torch.where(inb, input.reshape(-1)[p], zero)
+
+    u = lambda t: t.unsqueeze(1)  # noqa: E731  (N, 1, oH, oW): broadcast over channels
+    if interpolation_mode == 2:
+        ix, mx = _unnormalize(grid[..., 0], iW, align_corners)
+        iy, my = _unnormalize(grid[..., 1], iH, align_corners)
+        gx_mult, gy_mult = mx, my
+        ix_nw, iy_nw = ix.floor(), iy.floor()
+        tx, ty = ix - ix_nw, iy - iy_nw
+        wx, wy = TD._upsample_get_cubic_coefficients(tx), TD._upsample_get_cubic_coefficients(ty)
+        dwx, dwy = _cubic_coefficients_grad(tx), _cubic_coefficients_grad(ty)
+        taps = []
+        for i in range(4):
+            for j in range(4):
+                cx = _pad_coordinates(ix_nw + (i - 1), iW, padding_mode, align_corners)[0]
+                cy = _pad_coordinates(iy_nw + (j - 1), iH, padding_mode, align_corners)[0]
+                taps.append((cx, cy, i, j))
+        weighted = [(cx, cy, (g * u(wx[i])) * u(wy[j])) for cx, cy, i, j in taps]
+    else:
+        ix, gx_mult = _grid_source_index(grid[..., 0], iW, padding_mode, align_corners)
+        iy, gy_mult = _grid_source_index(grid[..., 1], iH, padding_mode, align_corners)
+        if interpolation_mode == 1:
+            weighted = [(ix.round(), iy.round(), g)]
+        else:
+            ix_nw, iy_nw = ix.floor(), iy.floor()
+            ix_se, iy_se = ix_nw + 1, iy_nw + 1
+            dx_e, dx_w = ix_se - ix, ix - ix_nw  # x weights of the west / east corners
+            dy_s, dy_n = iy_se - iy, iy - iy_nw
+            corners = [(ix_nw, iy_nw, dx_e * dy_s), (ix_se, iy_nw, dx_w * dy_s),
+                       (ix_nw, iy_se, dx_e * dy_n), (ix_se, iy_se, dx_w * dy_n)]
+            weighted = [(cx, cy, g * u(w)) for cx, cy, w in corners]
+    grad_input = grad_grid = None
     if output_mask[0]:
-        pos, src, ok = [], [], []
-        for cx, cy, w in corners:
-            xi, yi = cx.to(torch.int64), cy.to(torch.int64)
-            inb = ((xi >= 0) & (xi < iW) & (yi >= 0) & (yi < iH)).unsqueeze(1).expand(N, C, oH, oW)
-            p = ((n_idx * C + c_idx) * iH + yi.clamp(0, iH - 1).unsqueeze(1)) * iW \
-                + xi.clamp(0, iW - 1).unsqueeze(1)
-            pos.append(p)
-            src.append(g if w is None else g * w.unsqueeze(1))
-            ok.append(inb)
-        pos, src, ok = (torch.stack(t, -1) for t in (pos, src, ok))  # (N, C, oH, oW, k)
+        located = [locate(cx, cy) for cx, cy, _ in weighted]
+        pos = torch.stack([p for p, _ in located], -1)  # (N, C, oH, oW, taps)
+        ok = torch.stack([m for _, m in located], -1)
+        src = torch.stack([w for _, _, w in weighted], -1)
         grad_input = _scatter_sum(input.shape, pos[ok], src[ok])
     if output_mask[1]:
         if interpolation_mode == 1:
             grad_grid = torch.zeros_like(grid)
         else:
-            def val(cx, cy):
-                xi, yi = cx.to(torch.int64), cy.to(torch.int64)
-                inb = ((xi >= 0) & (xi < iW) & (yi >= 0) & (yi < iH)).unsqueeze(1)
-                v = input[n_idx, c_idx, yi.clamp(0, iH - 1).unsqueeze(1),
-                          xi.clamp(0, iW - 1).unsqueeze(1)]
-                return torch.where(inb, v, torch.zeros((), dtype=v.dtype, device=v.device))
-
-            v_nw, v_ne = val(ix_nw, iy_nw), val(ix_se, iy_nw)
-            v_sw, v_se = val(ix_nw, iy_se), val(ix_se, iy_se)
-            u = lambda t: t.unsqueeze(1)  # noqa: E731  (N, 1, oH, oW)
-            tx = torch.stack([-(v_nw * u(dy_s)), v_ne * u(dy_s), -(v_sw * u(dy_n)),
-                              v_se * u(dy_n)], -1) * g.unsqueeze(-1)
-            ty = torch.stack([-(v_nw * u(dx_e)), -(v_ne * u(dx_w)), v_sw * u(dx_e),
-                              v_se * u(dx_w)], -1) * g.unsqueeze(-1)
-            # (N, C, oH, oW, 4) -> sums over (c, corner) in C order
-            gx = tx.permute(0, 2, 3, 1, 4).reshape(N, oH, oW, C * 4).sum(-1)
-            gy = ty.permute(0, 2, 3, 1, 4).reshape(N, oH, oW, C * 4).sum(-1)
+            if interpolation_mode == 2:
+                vals = [value(*locate(cx, cy)) for cx, cy, _, _ in taps]
+                tx_ = [-(((v * u(dwx[i])) * u(wy[j])) * g) for v, (_, _, i, j) in zip(vals, taps)]
+                ty_ = [-(((v * u(dwy[j])) * u(wx[i])) * g) for v, (_, _, i, j) in zip(vals, taps)]
+            else:
+                v_nw, v_ne, v_sw, v_se = (value(*locate(cx, cy)) for cx, cy, _ in corners)
+                tx_ = [-(v_nw * u(dy_s)), v_ne * u(dy_s), -(v_sw * u(dy_n)), v_se * u(dy_n)]
+                ty_ = [-(v_nw * u(dx_e)), -(v_ne * u(dx_w)), v_sw * u(dx_e), v_se * u(dx_w)]
+                tx_, ty_ = [t * g for t in tx_], [t * g for t in ty_]
+            k = len(tx_)
+            # (N, C, oH, oW, taps) -> sums over (channel, tap) in C order
+            gx = torch.stack(tx_, -1).permute(0, 2, 3, 1, 4).reshape(N, oH, oW, C * k).sum(-1)
+            gy = torch.stack(ty_, -1).permute(0, 2, 3, 1, 4).reshape(N, oH, oW, C * k).sum(-1)
             grad_grid = torch.stack([gx * gx_mult, gy * gy_mult], -1)
     return grad_input, grad_grid
 
@@ -386,12 +429,10 @@ def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank):
     """Lengths as lists, the extended targets l' (blank, l1, blank, l2, ..., blank) of
     each sequence padded with blanks (N, 2·max L + 1), and the mask of the s for which
     the skip transition s−2 → s is allowed (l'_s ≠ l'_{s−2})."""
-    if log_probs.dim() != 3:
-        raise Undecomposable("ctc_loss: unbatched log_probs")
-    il = [int(v) for v in (input_lengths.tolist() if isinstance(input_lengths, torch.Tensor)
-                           else input_lengths)]
-    tl = [int(v) for v in (target_lengths.tolist() if isinstance(target_lengths, torch.Tensor)
-                           else target_lengths)]
+    il = [int(v) for v in (input_lengths.reshape(-1).tolist()
+                           if isinstance(input_lengths, torch.Tensor) else input_lengths)]
+    tl = [int(v) for v in (target_lengths.reshape(-1).tolist()
+                           if isinstance(target_lengths, torch.Tensor) else target_lengths)]
     n = len(il)
     maxl = max(tl) if tl else 0
     tg = targets.cpu().to(torch.int64)

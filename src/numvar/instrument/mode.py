@@ -46,7 +46,6 @@ from . import replay as RP
 from ._core import FLOATS, Ctx
 from .codepath import codepath
 from .config import FuzzyConfig
-from .decompositions import Undecomposable
 
 logger = logging.getLogger("numvar.instrument")
 
@@ -416,15 +415,8 @@ class FuzzyMode(TorchDispatchMode):
                     fz._count("exact", info.name)
                     return func(*args, **kwargs)
             elif kind == K_DECOMP:
-                try:
-                    out = self._decompose(func, info, args, kwargs)
-                except Undecomposable:  # arguments the decomposition does not cover
-                    out = H.op_once(ctx, func, args, kwargs)
-                    fz._count("instrumented", info.name, "rounded once (no flop decomposition "
-                                                         "for these arguments)")
-                    return out
                 fz._count("decomposed", info.name)
-                return out
+                return self._decompose(func, info, args, kwargs)
             elif kind == K_FOREACH:
                 fz._count("decomposed", info.name)
                 return self._reenter(H._foreach, ctx, func, args, kwargs)
