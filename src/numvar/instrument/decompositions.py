@@ -126,7 +126,8 @@ def _transpose_1d(g: torch.Tensor, d: int, in_size: int, idx, w) -> torch.Tensor
     g3 = g.reshape(outer, o, 1, inner)
     src = g3.expand(outer, o, taps, inner) if w is None else g3 * w.reshape(1, o, taps, 1)
     pos = (torch.arange(outer, device=g.device).view(outer, 1, 1, 1) * (in_size * inner)
-           + idx.view(1, o, taps, 1) * inner + torch.arange(inner, device=g.device).view(1, 1, 1, inner))
+           + idx.view(1, o, taps, 1) * inner
+           + torch.arange(inner, device=g.device).view(1, 1, 1, inner))
     shape[d] = in_size
     return _scatter_sum(shape, pos.expand(outer, o, taps, inner), src)
 

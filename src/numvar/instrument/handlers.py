@@ -728,8 +728,9 @@ def _embedding_bag(ctx, func, args, kwargs):
 def _embedding_bag_grad(ctx, grad, indices, offset2bag, bag_size, max_indices, num_weights,
                         mode, psw, padding_idx):
     """Dense gradient of the weight: each index's bag gradient (mean: divided by the bag
-    size; times its per-sample weight; each rounded) summed into its row in index order (the first copied); max: each bag's
-    gradient sent to its argmax rows, summed in (bag, column) order."""
+    size; times its per-sample weight; each rounded) summed into its row in index order
+    (the first copied); max: each bag's gradient sent to its argmax rows, summed in
+    (bag, column) order."""
     d = grad.shape[1]
     out = torch.zeros(num_weights, d, dtype=grad.dtype, device=grad.device)
     if mode == 2:
