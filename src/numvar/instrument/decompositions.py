@@ -284,6 +284,21 @@ def cdist_backward(grad, x1, x2, p, cdist):
 
 
 # ------------------------------------------------------------------- grid sampler
+@_register(aten.grid_sampler_2d.default)
+def grid_sampler_2d(input, grid, interpolation_mode=0, padding_mode=0, align_corners=False):
+    """torch's decomposition with the grid not expanded over channels, so that each output
+    location's coordinates and weights are computed (and rounded) once, as in PyTorch's
+    CPU kernel; binary16/bfloat16 in binary32 (torch's opmath cast)."""
+    half = input.dtype in (torch.bfloat16, torch.float16)
+    if half:
+        input, grid_ = input.float(), grid.float()
+    else:
+        grid_ = grid
+    out = TD._grid_sampler_2d(input, grid_, interpolation_mode, padding_mode, align_corners,
+                              _expand_grid=False)
+    return out.to(grid.dtype) if half else out
+
+
 def _unnormalize(coords, size: int, align_corners: bool):
     """(pixel coordinate, its derivative) of torch's forward decomposition:
     ``coords·mul + ofs``."""
