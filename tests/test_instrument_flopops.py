@@ -105,6 +105,8 @@ CASES = {
                  ["aten._cdist_forward.default", "aten._cdist_backward.default"], 16, ()),
     "cdist_mm": (lambda a, b: torch.cdist(a, b), [(27, 3), (4, 3)],
                  ["aten._euclidean_dist.default"], 16, ()),
+    "pdist": (lambda x: torch.pdist(x, p=3), [(5, 3)],
+              ["aten._pdist_forward.default", "aten._pdist_backward.default"], 16, ()),
     "ctc_loss_unbatched": (lambda lp: F.ctc_loss(lp.log_softmax(1), _i(1, 2), _i(6)[0], _i(2)[0]),
                            [(6, 5)], ["aten._ctc_loss.Tensor", "aten._ctc_loss_backward.Tensor"],
                            96, ()),

@@ -228,7 +228,12 @@ def cdist_forward(x1, x2, p, compute_mode=None):
 
 
 def _cdist_direct(x1, x2, p):
-    diff = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()
+    return _pnorm(x1.unsqueeze(-2) - x2.unsqueeze(-3), p)
+
+
+def _pnorm(diff, p):
+    """The p-norm of ``diff`` over its last dim (see :func:`cdist_forward`)."""
+    diff = diff.abs()
     if p == 0:
         return (diff != 0).sum(-1).to(diff.dtype)
     if p == float("inf"):
@@ -262,12 +267,15 @@ def cdist_backward(grad, x1, x2, p, cdist):
     order: ``grad_x1[i] = Σ_j g_ij · φ(x1_i − x2_j, d_ij)`` with φ = sign(diff) (p = 1),
     ``(g·diff)/d`` (p = 2), ``sign(diff)·|diff|^(p−1)/d^(p−1)`` (other p), sign(diff) where
     ``|diff|`` is largest (p = inf); 0 where d = 0 (and everywhere for p = 0)."""
-    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # (..., r1, r2, m)
-    g = grad.unsqueeze(-1)
-    d = cdist.unsqueeze(-1)
-    zero = torch.zeros((), dtype=diff.dtype, device=diff.device)
     if p == 0:
         return torch.zeros_like(x1)
+    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # (..., r1, r2, m)
+    return _pair_grad(grad.unsqueeze(-1), diff, cdist.unsqueeze(-1), p).sum(-2)
+
+
+def _pair_grad(g, diff, d, p):
+    """``g · φ(diff, d)`` of :func:`cdist_backward` (p != 0)."""
+    zero = torch.zeros((), dtype=diff.dtype, device=diff.device)
     if p == 1:
         term = g * diff.sign()
     elif p == 2:
@@ -280,7 +288,29 @@ def cdist_backward(grad, x1, x2, p, cdist):
     else:
         term = torch.where(d == 0, zero,
                            (g * diff.sign()) * (diff.abs().pow(p - 1) / d.pow(p - 1)))
-    return term.sum(-2)
+    return term
+
+
+@_register(aten._pdist_forward.default)
+def pdist_forward(x, p=2):
+    """The pairs i < j in row-major order, each ``_pnorm(x_i − x_j)`` (as cdist's direct
+    form)."""
+    i, j = torch.triu_indices(x.shape[0], x.shape[0], 1, device=x.device)
+    return _pnorm(x[i] - x[j], p)
+
+
+@_register(aten._pdist_backward.default)
+def pdist_backward(grad, x, p, pdist):
+    """PyTorch's order: pairs (i, j) in row-major order, each adding ``g·φ`` to row i and
+    subtracting it from row j (cdist's φ), summed per row in pair order."""
+    n, m = x.shape
+    if p == 0 or n < 2:
+        return torch.zeros_like(x)
+    i, j = torch.triu_indices(n, n, 1, device=x.device)
+    term = _pair_grad(grad.unsqueeze(-1), x[i] - x[j], pdist.unsqueeze(-1), p)  # (P, m)
+    src = torch.stack([term, -term], 1)  # (P, 2, m)
+    pos = torch.stack([i, j], 1).unsqueeze(-1) * m + torch.arange(m, device=x.device)
+    return _scatter_sum(x.shape, pos, src)
 
 
 # ------------------------------------------------------------------- grid sampler

@@ -164,6 +164,7 @@ DECOMPOSED_OPS: tuple[str, ...] = (
     "aten.reflection_pad3d_backward", "aten.replication_pad1d_backward",
     "aten.replication_pad2d_backward", "aten.replication_pad3d_backward",
     "aten._cdist_forward", "aten._cdist_backward", "aten._euclidean_dist",
+    "aten._pdist_forward", "aten._pdist_backward",
     "aten.grid_sampler_2d_backward", "aten._ctc_loss", "aten._ctc_loss_backward",
 )
 
