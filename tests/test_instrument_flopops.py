@@ -364,3 +364,20 @@ def test_op_granularity_is_the_correctly_rounded_exact_sum():
         best = min(nb, key=lambda c: (abs(Fraction(float(c)) - exact[d]),
                                       int(np.float32(c).view(np.int32)) & 1))
         assert got[d].item() == float(best), d
+
+
+def test_op_granularity_rounds_mean_and_scaled_sums_once():
+    """scatter_reduce mean at op granularity is one rounding of (Σ)/count: ieee equals the
+    float64 result rounded to nearest (no separate rounding of the sum)."""
+    g = torch.Generator().manual_seed(9)
+    x, s = torch.randn(4, generator=g), torch.randn(12, generator=g)
+    idx = torch.randint(0, 4, (12,), generator=g)
+    with fuzzy(mode="ieee", granularity="op", seed=0) as fz:
+        y = x.scatter_reduce(0, idx, s, "mean")
+    want = x.double().scatter_reduce(0, idx, s.double(), "mean").float()
+    assert torch.equal(y, want)
+    # rounding the sum first and the division again gives other bits on this data
+    summed = x.double().scatter_reduce(0, idx, s.double(), "sum").float().double()
+    twice = (summed / (torch.bincount(idx, minlength=4).double() + 1)).float()
+    assert not torch.equal(twice, want)
+    assert fz.report().instrumented["aten.scatter_reduce.two"] == 1

@@ -564,7 +564,8 @@ def _accumulating(*names: str):
 
 def _reduce_into(ctx, self, pos, src, reduce, include_self=True):
     """scatter_reduce / index_reduce: sum, prod, mean (one rounded division by the count,
-    where some source arrived); amax / amin select (exact)."""
+    where some source arrived; at op granularity the callers round mean once instead);
+    amax / amin select (exact)."""
     if reduce in ("amax", "amin") or self.dtype not in FLOATS:
         return EXACT
     op = SC.MUL if reduce in ("prod", "multiply") else SC.ADD
@@ -622,6 +623,8 @@ def _scatter_reduce(ctx, func, args, kwargs):
     include_self = _get(args, kwargs, 5, "include_self", True)
     if self.dtype not in FLOATS:
         return EXACT
+    if reduce == "mean" and ctx.granularity == "op":
+        return op_once(ctx, func, args, kwargs)  # sum and division: one rounding
     return _reduce_into(ctx, self, SC.positions_scatter(self.shape, dim, index),
                         _corner(src, index.shape), reduce, include_self)
 
@@ -649,6 +652,8 @@ def _index_reduce(ctx, func, args, kwargs):
     include_self = _get(args, kwargs, 5, "include_self", True)
     if self.dtype not in FLOATS:
         return EXACT
+    if reduce == "mean" and ctx.granularity == "op":
+        return op_once(ctx, func, args, kwargs)  # sum and division: one rounding
     pos = SC.positions_index_add(self.shape, dim, index, source.shape)
     return _reduce_into(ctx, self, pos, source, reduce, include_self)
 
@@ -672,6 +677,8 @@ def _embedding_backward(ctx, func, args, kwargs):
     grad, indices, num_weights, padding_idx, scale = args[:5]
     if grad.dtype not in FLOATS:
         return EXACT
+    if scale and ctx.granularity == "op":
+        return op_once(ctx, func, args, kwargs)  # scaling and sum: one rounding
     d = grad.shape[-1]
     g = grad.reshape(-1, d)
     idx = indices.reshape(-1).to(torch.int64)
