@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from . import cplx, flop
 from . import fft as fftmod
 from . import linalg as LA
+from . import scatter as SC
 from ._core import FLOATS, Ctx, is_float_tensor, result_dtype
 
 Handler = Callable[[Ctx, object, tuple, dict], object]
@@ -26,6 +27,8 @@ FLOP_HANDLERS: dict[str, Handler] = {}
 OP_HANDLERS: dict[str, Handler] = {}
 #: how each registered handler rounds (for the report)
 HOW: dict[str, str] = {}
+#: how an OP_HANDLERS entry rounds at op granularity, where it differs from HOW
+OP_HOW: dict[str, str] = {}
 
 #: returned by a handler to ask the mode to run the op natively (exact after all)
 EXACT = object()
@@ -543,36 +546,264 @@ def _prims_var(ctx, func, args, kwargs):
     return out if dt is None else out.to(dt)
 
 
-@register("aten.embedding_dense_backward")
+# ------------------------------------------------------------ accumulating index ops
+# Sources accumulated into a copy of self in increasing source index order, every add
+# (multiply) rounded at flop granularity, the exact sum rounded once at op granularity:
+# numvar.instrument.scatter. Non-accumulating variants (plain writes) are exact.
+def _accumulating(*names: str):
+    """Register an accumulating index op at both granularities."""
+    def deco(fn: Handler) -> Handler:
+        register(*names, how="flop")(fn)
+        for n in names:
+            OP_HANDLERS[n] = fn
+            OP_HOW[n] = "rounded once (exact sum)"
+        return fn
+
+    return deco
+
+
+def _reduce_into(ctx, self, pos, src, reduce, include_self=True):
+    """scatter_reduce / index_reduce: sum, prod, mean (one rounded division by the count,
+    where some source arrived; at op granularity the callers round mean once instead);
+    amax / amin select (exact)."""
+    if reduce in ("amax", "amin") or self.dtype not in FLOATS:
+        return EXACT
+    op = SC.MUL if reduce in ("prod", "multiply") else SC.ADD
+    out = SC.scatter_accumulate(ctx, self, pos, src.to(self.dtype), op=op,
+                                include_self=include_self)
+    if reduce == "mean":
+        hits = torch.bincount(pos.reshape(-1), minlength=self.numel()).view(self.shape)
+        sel = (hits > 0).to(out.device)
+        count = (hits + int(bool(include_self))).to(device=out.device, dtype=out.dtype)
+        out = out.clone()
+        out[sel] = ctx.div(out[sel], count[sel])
+    return out
+
+
+def _corner(src: torch.Tensor, shape) -> torch.Tensor:
+    """The part of ``src`` a scatter reads: ``src[:index.shape[0], :index.shape[1], ...]``."""
+    return src[tuple(slice(0, s) for s in shape)] if src.dim() else src.reshape(shape)
+
+
+@_accumulating("aten.index_put", "aten._unsafe_index_put", "aten._index_put_impl")
+def _index_put(ctx, func, args, kwargs):
+    """``accumulate=True``: ``values`` (broadcast to ``self[indices]``) added in its C order."""
+    self, indices, values = args[:3]
+    if not _get(args, kwargs, 3, "accumulate", False) or self.dtype not in FLOATS:
+        return EXACT
+    pos = SC.positions_index_put(self.shape, indices)
+    return SC.scatter_accumulate(ctx, self, pos, values.to(self.dtype).expand(pos.shape))
+
+
+@_accumulating("aten.scatter")
+def _scatter(ctx, func, args, kwargs):
+    """``reduce="add"|"multiply"`` accumulate; the other overloads are plain writes."""
+    self, dim, index, src = args[:4]
+    reduce = _get(args, kwargs, 4, "reduce")
+    if reduce is None or self.dtype not in FLOATS:
+        return EXACT
+    pos = SC.positions_scatter(self.shape, dim, index)
+    vals = (_corner(src, index.shape) if isinstance(src, torch.Tensor)
+            else torch.full(tuple(index.shape), src, dtype=self.dtype))
+    return _reduce_into(ctx, self, pos, vals, "prod" if reduce == "multiply" else "sum")
+
+
+@_accumulating("aten.scatter_add")
+def _scatter_add(ctx, func, args, kwargs):
+    self, dim, index, src = args[:4]
+    if self.dtype not in FLOATS:
+        return EXACT
+    return _reduce_into(ctx, self, SC.positions_scatter(self.shape, dim, index),
+                        _corner(src, index.shape), "sum")
+
+
+@_accumulating("aten.scatter_reduce")
+def _scatter_reduce(ctx, func, args, kwargs):
+    self, dim, index, src, reduce = args[:5]
+    include_self = _get(args, kwargs, 5, "include_self", True)
+    if self.dtype not in FLOATS:
+        return EXACT
+    if reduce == "mean" and ctx.granularity == "op":
+        return op_once(ctx, func, args, kwargs)  # sum and division: one rounding
+    return _reduce_into(ctx, self, SC.positions_scatter(self.shape, dim, index),
+                        _corner(src, index.shape), reduce, include_self)
+
+
+@_accumulating("aten.index_add")
+def _index_add(ctx, func, args, kwargs):
+    """``source`` added along ``dim``; with ``alpha != 1`` each ``RND(alpha·source)`` at
+    flop granularity, the exact ``self + Σ alpha·source`` rounded once at op granularity."""
+    self, dim, index, source = args[:4]
+    alpha = _get(args, kwargs, 4, "alpha", 1)
+    if self.dtype not in FLOATS:
+        return EXACT
+    src = source.to(self.dtype)
+    pos = SC.positions_index_add(self.shape, dim, index, src.shape)
+    if alpha != 1:
+        if ctx.granularity == "op":  # the exact products alpha·source, rounded with the sum
+            return SC.scatter_accumulate(ctx, self, pos, src, scale=alpha)
+        src = ctx.mul(src, alpha)
+    return SC.scatter_accumulate(ctx, self, pos, src)
+
+
+@_accumulating("aten.index_reduce")
+def _index_reduce(ctx, func, args, kwargs):
+    self, dim, index, source, reduce = args[:5]
+    include_self = _get(args, kwargs, 5, "include_self", True)
+    if self.dtype not in FLOATS:
+        return EXACT
+    if reduce == "mean" and ctx.granularity == "op":
+        return op_once(ctx, func, args, kwargs)  # sum and division: one rounding
+    pos = SC.positions_index_add(self.shape, dim, index, source.shape)
+    return _reduce_into(ctx, self, pos, source, reduce, include_self)
+
+
+@_accumulating("aten.put")
+def _put(ctx, func, args, kwargs):
+    self, index, source = args[:3]
+    if not _get(args, kwargs, 3, "accumulate", False) or self.dtype not in FLOATS:
+        return EXACT
+    n = self.numel()
+    pos = index.reshape(-1).to(torch.int64).cpu()
+    pos = torch.where(pos < 0, pos + n, pos)
+    return SC.scatter_accumulate(ctx, self, pos, source.reshape(-1).to(self.dtype))
+
+
+@_accumulating("aten.embedding_dense_backward")
 def _embedding_backward(ctx, func, args, kwargs):
     """Per vocabulary row, the gradient rows of its occurrences summed in position order
-    (each add rounded; one rounding call per occurrence rank); ``scale_grad_by_freq``
-    divides each row by its token's count first (rounded); ``padding_idx`` rows stay 0."""
+    (the first copied, each later add rounded); ``scale_grad_by_freq`` divides each row
+    by its token's count first (rounded); ``padding_idx`` rows stay 0."""
     grad, indices, num_weights, padding_idx, scale = args[:5]
     if grad.dtype not in FLOATS:
         return EXACT
+    if scale and ctx.granularity == "op":
+        return op_once(ctx, func, args, kwargs)  # scaling and sum: one rounding
     d = grad.shape[-1]
     g = grad.reshape(-1, d)
-    idx = indices.reshape(-1)
+    idx = indices.reshape(-1).to(torch.int64)
     keep = idx != padding_idx
     g, idx = g[keep], idx[keep]
     out = torch.zeros(num_weights, d, dtype=grad.dtype, device=grad.device)
-    if idx.numel() == 0:
-        return out
-    sidx, order = torch.sort(idx, stable=True)
-    gs = g[order]
-    uniq, counts = torch.unique_consecutive(sidx, return_counts=True)
-    group = torch.repeat_interleave(torch.arange(uniq.numel(), device=idx.device), counts)
-    starts = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(idx.numel(), device=idx.device) - starts[group]
-    if scale:
-        gs = ctx.div(gs, counts[group].unsqueeze(1).to(gs.dtype))
-    acc = gs[rank == 0].clone()
-    for r in range(1, int(counts.max())):
-        sel = rank == r
-        grp = group[sel]
-        acc[grp] = ctx.add(acc[grp], gs[sel])
-    out[uniq] = acc
+    if scale and idx.numel():
+        counts = torch.bincount(idx.cpu(), minlength=num_weights).to(g.device)
+        g = ctx.div(g, counts[idx].unsqueeze(1).to(g.dtype))
+    pos = idx.cpu().unsqueeze(1) * d + torch.arange(d)
+    return SC.scatter_accumulate(ctx, out, pos, g, include_self=False)
+
+
+# ------------------------------------------------------------------- embedding bag
+def _bags(indices: torch.Tensor, offsets: torch.Tensor, include_last: bool):
+    """(bag of each index, number of bags), from the offsets (exact integer ops)."""
+    n = indices.numel()
+    nbags = offsets.numel() - (1 if include_last else 0)
+    bag = torch.searchsorted(offsets.cpu().to(torch.int64), torch.arange(n), right=True) - 1
+    return bag, nbags
+
+
+@register("aten._embedding_bag", "aten._embedding_bag_forward_only")
+def _embedding_bag(ctx, func, args, kwargs):
+    """sum / mean: per bag, its rows (each times its per-sample weight, rounded) summed in
+    index order (the first copied, each later add rounded), mean then divided by the
+    bag's count (rounded); max: exact. The integer outputs are the native op's."""
+    weight, indices, offsets = args[:3]
+    mode = _get(args, kwargs, 4, "mode", 0)
+    psw = _get(args, kwargs, 6, "per_sample_weights")
+    include_last = _get(args, kwargs, 7, "include_last_offset", False)
+    padding_idx = _get(args, kwargs, 8, "padding_idx", -1)
+    if mode == 2 or weight.dtype not in FLOATS:
+        return EXACT
+    out, offset2bag, bag_size, max_indices = func(*args, **kwargs)
+    bag, nbags = _bags(indices, offsets, include_last)
+    idx = indices.reshape(-1).cpu().to(torch.int64)
+    keep = (bag < nbags) & (idx != padding_idx) if padding_idx >= 0 else bag < nbags
+    idx, bag = idx[keep], bag[keep]
+    d = weight.shape[1]
+    rows = weight[idx.to(weight.device)]
+    if psw is not None:
+        rows = ctx.mul(rows, psw.reshape(-1)[keep.to(psw.device)].unsqueeze(1).to(rows.dtype))
+    zeros = torch.zeros(nbags, d, dtype=weight.dtype, device=weight.device)
+    sums = SC.scatter_accumulate(ctx, zeros, bag.unsqueeze(1) * d + torch.arange(d), rows,
+                                 include_self=False)
+    if mode == 1:
+        count = torch.bincount(bag, minlength=nbags)
+        sel = count > 0
+        sums[sel] = ctx.div(sums[sel], count[sel].unsqueeze(1).to(sums.dtype))
+    return sums.reshape(out.shape), offset2bag, bag_size, max_indices
+
+
+def _embedding_bag_grad(ctx, grad, indices, offset2bag, bag_size, max_indices, num_weights,
+                        mode, psw, padding_idx):
+    """Dense gradient of the weight: each index's bag gradient (mean: divided by the bag
+    size; times its per-sample weight; each rounded) summed into its row in index order
+    (the first copied); max: each bag's gradient sent to its argmax rows, summed in
+    (bag, column) order."""
+    d = grad.shape[1]
+    out = torch.zeros(num_weights, d, dtype=grad.dtype, device=grad.device)
+    if mode == 2:
+        mi = max_indices.cpu().to(torch.int64)
+        valid = mi >= 0
+        pos = (mi * d + torch.arange(d))[valid]
+        return SC.scatter_accumulate(ctx, out, pos, grad[valid.to(grad.device)], include_self=False)
+    idx = indices.reshape(-1).cpu().to(torch.int64)
+    bag = offset2bag.reshape(-1).cpu().to(torch.int64)
+    keep = bag < grad.shape[0]
+    if padding_idx >= 0:
+        keep &= idx != padding_idx
+    rows = grad[bag[keep].to(grad.device)]
+    if mode == 1:
+        bs = bag_size.cpu()[bag[keep]].clamp_min(1)
+        rows = ctx.div(rows, bs.unsqueeze(1).to(device=rows.device, dtype=rows.dtype))
+    if psw is not None:
+        rows = ctx.mul(rows, psw.reshape(-1)[keep.to(psw.device)].unsqueeze(1).to(rows.dtype))
+    idx = idx[keep]
+    return SC.scatter_accumulate(ctx, out, idx.unsqueeze(1) * d + torch.arange(d), rows,
+                                 include_self=False)
+
+
+@register("aten._embedding_bag_backward")
+def _embedding_bag_backward(ctx, func, args, kwargs):
+    (grad, indices, offsets, offset2bag, bag_size, max_indices, num_weights, scale, mode,
+     sparse) = args[:10]
+    psw = _get(args, kwargs, 10, "per_sample_weights")
+    padding_idx = _get(args, kwargs, 11, "padding_idx", -1)
+    if sparse or scale or grad.dtype not in FLOATS:
+        # scale_grad_by_freq: PyTorch's CPU kernel scales by counts that are not the
+        # tokens' frequencies (index 4 of [1, 2, 4, 5, 4, 3, 2, 9] gets weight 1 twice,
+        # index 3 weight 1/2): kept as native computes it, rounded once
+        return op_once(ctx, func, args, kwargs)
+    if offset2bag.numel() != indices.numel():  # the native sum fast path leaves it empty
+        offset2bag = _bags(indices, offsets, False)[0]
+    return _embedding_bag_grad(ctx, grad, indices, offset2bag, bag_size, max_indices,
+                               num_weights, mode, psw, padding_idx)
+
+
+@register("aten._embedding_bag_dense_backward")
+def _embedding_bag_dense_backward(ctx, func, args, kwargs):
+    grad, indices, offset2bag, bag_size, max_indices, num_weights, scale, mode = args[:8]
+    psw = _get(args, kwargs, 8, "per_sample_weights")
+    padding_idx = _get(args, kwargs, 9, "padding_idx", -1)
+    if scale or grad.dtype not in FLOATS:
+        return op_once(ctx, func, args, kwargs)
+    return _embedding_bag_grad(ctx, grad, indices, offset2bag, bag_size, max_indices,
+                               num_weights, mode, psw, padding_idx)
+
+
+@register("aten._embedding_bag_per_sample_weights_backward")
+def _embedding_bag_psw_backward(ctx, func, args, kwargs):
+    """``Σ_d grad[bag(i), d] · weight[index_i, d]`` per index (products and the sum over
+    d in increasing d rounded); 0 at padding indices."""
+    grad, weight, indices, offsets, offset2bag, mode = args[:6]
+    padding_idx = _get(args, kwargs, 6, "padding_idx", -1)
+    if grad.dtype not in FLOATS:
+        return EXACT
+    idx = indices.reshape(-1).to(torch.int64)
+    if offset2bag.numel() != idx.numel():
+        offset2bag = _bags(indices, offsets, False)[0].clamp(max=grad.shape[0] - 1)
+    prod = ctx.mul(grad[offset2bag.reshape(-1).to(torch.int64)], weight[idx].to(grad.dtype))
+    out = flop.reduce(prod, [1], ctx)
+    if padding_idx >= 0:
+        out = torch.where(idx == padding_idx, torch.zeros((), dtype=out.dtype), out)
     return out
 
 

@@ -66,13 +66,19 @@ def _decomps() -> dict:
     if _DECOMPS is None:
         from torch._decomp import get_decompositions
 
+        from .decompositions import DECOMPOSITIONS
+
         packets = []
         for n in O.DECOMPOSED_OPS:
             ns, name = n.split(".", 1)
             p = getattr(getattr(torch.ops, ns), name, None)
             if p is not None:
                 packets.append(p)
+        # numvar's own decompositions first (torch's, where both exist, may scatter
+        # through masked sums: see numvar.instrument.decompositions)
+        own = {op: fn for op, fn in DECOMPOSITIONS.items() if op.overloadpacket in packets}
         _DECOMPS = dict(get_decompositions(packets))
+        _DECOMPS.update(own)
         aten = torch.ops.aten
         _DECOMPS[aten.softmax.int] = _softmax_int
         _DECOMPS[aten.log_softmax.int] = _log_softmax_int
@@ -155,7 +161,8 @@ def _classify(func, granularity: str) -> _OpInfo:
         return info
     if granularity == "op":
         if packet in H.OP_HANDLERS:
-            info.kind, info.handler, info.how = K_HANDLER, H.OP_HANDLERS[packet], H.HOW[packet]
+            info.kind, info.handler = K_HANDLER, H.OP_HANDLERS[packet]
+            info.how = H.OP_HOW.get(packet, H.HOW[packet])
         elif packet in _ELEMENTWISE_OP_LEVEL:
             info.kind, info.handler, info.how = K_HANDLER, H.FLOP_HANDLERS[packet], "elementwise"
         return info

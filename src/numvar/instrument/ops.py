@@ -56,6 +56,13 @@ OP_KINDS: dict[str, tuple[str, ...]] = {
         "aten.smooth_l1_loss", "aten.huber_loss", "prims.sum", "prims.var", "prims.prod",
         "aten._adaptive_avg_pool2d", "aten.embedding_dense_backward",
     ),
+    # accumulating index ops (numvar.instrument.scatter): sources added (multiplied) into
+    # their destinations in increasing source index order
+    "scatter": (
+        "aten.index_put", "aten.index_put_", "aten._index_put_impl*", "aten._unsafe_index_put",
+        "aten.scatter", "aten.scatter_", "aten.scatter_add*", "aten.scatter_reduce*",
+        "aten.index_add*", "aten.index_reduce*", "aten.put", "aten.put_",
+    ),
 }
 
 # ---------------------------------------------------------------- never perturbed
@@ -71,8 +78,8 @@ EXACT_OPS: frozenset[str] = frozenset(
     clone copy_ copy _to_copy to contiguous _copy_from _copy_from_and_resize empty empty_like
     empty_strided new_empty new_empty_strided zeros zeros_like ones ones_like full full_like
     new_zeros new_ones new_full scalar_tensor fill fill_ zero_ zero arange linspace eye tril triu
-    cat stack index index_select gather scatter masked_fill masked_fill_ masked_scatter
-    masked_select where index_put index_put_ _index_put_impl_ index_copy index_copy_ flip roll
+    cat stack index index_select gather masked_fill masked_fill_ masked_scatter
+    masked_select where index_copy index_copy_ flip roll
     repeat tile constant_pad_nd reflection_pad1d reflection_pad2d reflection_pad3d
     replication_pad1d replication_pad2d replication_pad3d embedding take _local_scalar_dense
     item resize_ set_ nonzero sort topk argsort kthvalue max min amax amin maximum minimum fmax
@@ -95,9 +102,9 @@ EXACT_OPS: frozenset[str] = frozenset(
     block_diag tensor_split hsplit vsplit dsplit swapaxes swapdims mT mH adjoint rot90
     select_backward slice_backward slice_scatter select_scatter diagonal_backward
     diagonal_scatter as_strided_scatter _unsafe_index _unsafe_masked_index
-    _unsafe_index_put new_zeros_like stack_ _reshape_copy view_copy expand_copy
+    new_zeros_like stack_ _reshape_copy view_copy expand_copy
     permute_copy transpose_copy t_copy unsqueeze_copy squeeze_copy alias_copy
-    max_unpool1d index_fill index_fill_ masked_scatter_ scatter_ gather_backward
+    max_unpool1d index_fill index_fill_ masked_scatter_ gather_backward
 
     """.split()
 ) | frozenset(
@@ -140,8 +147,25 @@ DECOMPOSED_OPS: tuple[str, ...] = (
     "aten.tanh_backward", "aten.sigmoid_backward", "aten.leaky_relu", "aten.leaky_relu_backward",
     "aten.hardswish", "aten.hardswish_backward", "aten.hardsigmoid", "aten.hardsigmoid_backward",
     "aten.native_dropout_backward", "aten._adaptive_avg_pool2d", "aten.upsample_bilinear2d",
-    "aten.max_pool2d_with_indices_backward", "aten.nansum", "aten.addbmm", "aten.glu",
+    "aten.max_pool2d_with_indices_backward", "aten.nansum", "aten.glu",
     "aten.glu_backward",
+    # resampling and reparametrisation (torch._decomp): coordinates, weights and the
+    # weighted sums of gathered values as pointwise ops and reductions
+    "aten.grid_sampler_2d", "aten._weight_norm_interface", "aten.upsample_bicubic2d",
+    "aten.upsample_trilinear3d", "aten.upsample_linear1d",
+    # numvar's own (numvar.instrument.decompositions)
+    "aten.addbmm", "aten.logcumsumexp", "aten._weight_norm_interface_backward",
+    "aten.upsample_linear1d_backward", "aten.upsample_bilinear2d_backward",
+    "aten.upsample_trilinear3d_backward", "aten.upsample_bicubic2d_backward",
+    "aten.upsample_nearest1d_backward", "aten.upsample_nearest2d_backward",
+    "aten.upsample_nearest3d_backward", "aten._upsample_nearest_exact1d_backward",
+    "aten._upsample_nearest_exact2d_backward", "aten._upsample_nearest_exact3d_backward",
+    "aten.reflection_pad1d_backward", "aten.reflection_pad2d_backward",
+    "aten.reflection_pad3d_backward", "aten.replication_pad1d_backward",
+    "aten.replication_pad2d_backward", "aten.replication_pad3d_backward",
+    "aten._cdist_forward", "aten._cdist_backward", "aten._euclidean_dist",
+    "aten._pdist_forward", "aten._pdist_backward",
+    "aten.grid_sampler_2d_backward", "aten._ctc_loss", "aten._ctc_loss_backward",
 )
 
 
