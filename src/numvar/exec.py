@@ -96,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx = None
     if os.environ.get("NUMVAR_MODE"):
-        from .instrument import FuzzyConfig
+        from .instrument import Fuzzy, FuzzyConfig
 
         cfg = FuzzyConfig.from_env()
-        ctx = cfg.fuzzy() if cfg is not None else None
+        ctx = Fuzzy(cfg) if cfg is not None else None
     if spec and spec.get("threads"):
         from .runner.engine import limit_threads
 

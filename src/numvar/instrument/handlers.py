@@ -24,6 +24,10 @@ from ._core import FLOATS, Ctx, is_float_tensor, result_dtype
 
 Handler = Callable[[Ctx, object, tuple, dict], object]
 FLOP_HANDLERS: dict[str, Handler] = {}
+#: ops run at both granularities with the mode re-entered, one tensor of their lists at
+#: a time (fused optimizers, :mod:`numvar.instrument.optim`); the ``_foreach_*`` family
+#: goes through :func:`_foreach` the same way
+PER_TENSOR: dict[str, Handler] = {}
 OP_HANDLERS: dict[str, Handler] = {}
 #: how each registered handler rounds (for the report)
 HOW: dict[str, str] = {}
@@ -35,10 +39,12 @@ EXACT = object()
 
 
 def register(*names: str, table: dict[str, Handler] = FLOP_HANDLERS, how: str = "flop"):
+    hows = OP_HOW if table is OP_HANDLERS else HOW
+
     def deco(fn: Handler) -> Handler:
         for n in names:
             table[n] = fn
-            HOW.setdefault(n, how)
+            hows.setdefault(n, how)
         return fn
 
     return deco
@@ -1160,5 +1166,5 @@ EXACT_IMPLS["aten.all.dim"] = _all_dim
 FOREACH_PREFIX = "aten._foreach_"
 
 
-__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "HOW", "EXACT", "EXACT_IMPLS", "op_once", "f64_once",
+__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "PER_TENSOR", "HOW", "OP_HOW", "EXACT", "EXACT_IMPLS", "op_once", "f64_once",
            "register"]
