@@ -516,14 +516,14 @@ class FuzzyMode(TorchDispatchMode):
                 fz._count("decomposed", info.name)
                 return self._reenter(info.handler, ctx, func, args, kwargs)
             else:  # K_F64, K_OPONCE
-                if kind == K_OPONCE and fz.config.granularity == "flop":
-                    fz._escape(info, ROUNDED_ONCE)
                 out = H.op_once(ctx, func, args, kwargs)
         except (NotImplementedError, RuntimeError, TypeError) as e:
             fz._escape(info, f"runs natively, NOT perturbed ({type(e).__name__}: "
                              f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})", e)
             fz._count("native", info.name)
             return func(*args, **kwargs)
+        if kind == K_OPONCE and fz.config.granularity == "flop":
+            fz._escape(info, ROUNDED_ONCE)
         fz._count("instrumented", info.name, info.how)
         return out
 

@@ -106,7 +106,7 @@ EXACT_OPS: frozenset[str] = frozenset(
     permute_copy transpose_copy t_copy unsqueeze_copy squeeze_copy alias_copy
     max_unpool1d index_fill index_fill_ masked_scatter_ gather_backward
     unsafe_split unsafe_chunk unsafe_split_with_sizes narrow_copy split_with_sizes_copy
-    unbind_copy conj_physical conj_physical_
+    unbind_copy conj_physical conj_physical_ _conj_physical
 
     """.split()
 ) | frozenset(

@@ -31,6 +31,18 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+#: fused kernels that :func:`fast_paths_off` keeps from running, and the switch
+AVOIDED_OPS: dict[str, str] = {
+    "aten._scaled_dot_product_flash_attention_for_cpu": "SDPA forced to its math path",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward": "SDPA forced to its math path",
+    "aten._native_multi_head_attention": "torch.backends.mha fast path off",
+    "aten._transformer_encoder_layer_fwd": "torch.backends.mha fast path off",
+    "aten._nested_tensor_from_mask": "torch.backends.mha fast path off (no nested tensors)",
+    "aten.mkldnn_rnn_layer": "mkldnn off: LSTM by its cell arithmetic",
+    "aten.mkldnn_rnn_layer_backward": "mkldnn off: LSTM by its cell arithmetic",
+}
+
+
 @contextlib.contextmanager
 def fast_paths_off() -> Iterator[None]:
     """SDPA math path, no MHA/Transformer fast path, no mkldnn (restored on exit)."""
@@ -73,4 +85,4 @@ def reference_path() -> Iterator[None]:
         yield
 
 
-__all__ = ["fast_paths_off", "reference_path", "PassthroughMode"]
+__all__ = ["fast_paths_off", "reference_path", "PassthroughMode", "AVOIDED_OPS"]
