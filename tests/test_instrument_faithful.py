@@ -505,3 +505,49 @@ def test_instrument_package_has_no_import_cycle():
         if n != "__init__":
             visit(n, [])
     assert "mode" not in graph["config"]
+
+
+# ------------------------------------------------------------ numvar run: path, strict
+SCRIPT = """\
+import sys
+import torch
+torch.manual_seed(0)
+layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+enc = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=True).eval()
+x = torch.randn(2, 5, 8)
+mask = torch.tensor([[False, False, False, True, True], [False] * 5])
+with torch.no_grad():
+    y = enc(x, src_key_padding_mask=mask)
+if len(sys.argv) > 1:
+    lib = torch.library.Library("numvar_script", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda t: t * 2.0 + 0.1, "CPU")
+    y = torch.ops.numvar_script.twice(y)
+import numvar
+numvar.capture("y", y)
+"""
+
+
+def test_numvar_run_reference_path_and_strict(tmp_path):
+    from numvar.cli import main
+    from numvar.runner.store import RunStore
+
+    (tmp_path / "enc.py").write_text(SCRIPT)
+    out = tmp_path / "ieee"
+    assert main(["run", "-n", "1", "--mode", "ieee", "--jobs", "1", "--capture", "api",
+                 "--out", str(out), "--", "python", str(tmp_path / "enc.py")]) == 0
+    s = numvar.runner.load_run(out)
+    ref, r = s.reference["y"], s.captures["y"][0]
+    assert torch.isfinite(ref).all() and (r - ref).abs().max() <= 2.5e-4  # as above
+    out2 = tmp_path / "escape"
+    assert main(["run", "-n", "1", "--jobs", "1", "--capture", "api", "--out", str(out2),
+                 "--", "python", str(tmp_path / "enc.py"), "custom"]) == 0
+    rec = RunStore.open(out2).manifest["realizations"][0]
+    assert rec["escapes"]["numvar_script.twice.default"]["count"] == 1
+    out3 = tmp_path / "strict"
+    code = main(["run", "-n", "1", "--jobs", "1", "--strict", "--capture", "api", "--out",
+                 str(out3), "--", "python", str(tmp_path / "enc.py"), "custom"])
+    assert code != 0
+    rec = RunStore.open(out3).manifest["realizations"][0]
+    assert rec["status"] == "failed" and "UninstrumentedOpError" in rec.get("stderr_tail", "")
+    assert "numvar_script.twice.default" in rec["stderr_tail"]

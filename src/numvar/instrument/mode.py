@@ -601,8 +601,8 @@ class Fuzzy:
 
     def _escape(self, info: _OpInfo, reason: str, error: BaseException | None = None) -> None:
         """An op is not perturbed as asked: count it, or raise under ``strict``."""
-        where = self._modules.where() if self._modules is not None else "?"
         if self.config.strict:
+            where = self._modules.where() if self._modules is not None else "?"
             raise UninstrumentedOpError(
                 f"numvar (strict): {info.name} in {where}: {reason}. To fix: give it a "
                 f"handler (numvar.instrument.handlers) or a decomposition "
@@ -612,7 +612,7 @@ class Fuzzy:
                 op=info.name, module=where, reason=reason) from error
         self._count("escaped", info.name)
         self._block[info.name] += 1
-        self._reasons.setdefault(info.name, f"{reason}; first in {where}")
+        self._reasons.setdefault(info.name, reason)
 
     @property
     def stream(self) -> R.Stream | None:
@@ -630,8 +630,9 @@ class Fuzzy:
         if c.modules is not None:
             self._filter = _ModuleFilter(c.modules, c.model)
             self._filter.install()
-        self._modules = _ModuleStack(c.model)
-        self._modules.install()
+        if c.strict:  # global module hooks cost ~8 µs per module call: only when asked
+            self._modules = _ModuleStack(c.model)
+            self._modules.install()
         self._block = Counter()
         # fused kernels without a decomposition (SDPA flash, MHA fast path, mkldnn RNN)
         # off: the composite paths run (numvar.instrument.paths)
@@ -654,9 +655,10 @@ class Fuzzy:
                 self._filter.remove()
             if self._modules is not None:
                 self._modules.remove()
+                self._modules = None
         if self._block:
-            logger.warning("numvar: %s\n(strict=True raises at the first of them; "
-                           "`numvar ops` shows how each op is handled)",
+            logger.warning("numvar: %s\n(strict=True raises at the first of them, naming "
+                           "its module; `numvar ops` shows how each op is handled)",
                            escape_summary(self._block, self._reasons, self.config.granularity))
         return None
 
