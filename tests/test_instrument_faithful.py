@@ -399,6 +399,16 @@ def test_strict_raises_naming_op_module_and_fix():
         net(x)
     with fuzzy(mode="sr", strict=True, exclude=("numvar_faithful.*",)):
         net(x)
+    # a handler's own fallback below flop (avg_pool2d with ceil_mode) escapes too
+    img = gen(1, 1, 5, 5, seed=54)
+    with fuzzy(mode="sr") as fz:
+        F.avg_pool2d(img, 2, ceil_mode=True)
+        F.avg_pool2d(img, 2)
+    assert fz.report().escaped == {"aten.avg_pool2d.default": 1}
+    assert "ceil_mode" in fz.report().escape_reasons["aten.avg_pool2d.default"]
+    with pytest.raises(UninstrumentedOpError, match="ceil_mode"):
+        with fuzzy(mode="sr", strict=True):
+            Wrap(lambda t: F.avg_pool2d(t, 2, ceil_mode=True))(img)
     assert FuzzyConfig.from_env({"NUMVAR_MODE": "sr", "NUMVAR_STRICT": "1"}).strict
     assert FuzzyConfig.from_env(FuzzyConfig(strict=True).to_env()) == FuzzyConfig(strict=True)
     with pytest.raises(ConfigError, match="NUMVAR_STRICT"):

@@ -230,6 +230,14 @@ def op_once(ctx: Ctx, func, args, kwargs):
     return _map_outputs(out, rnd)
 
 
+def rounded_once(ctx: Ctx, func, args, kwargs, why: str):
+    """A flop handler's fallback for a case it does not cover: :func:`op_once`, reported
+    to the fuzzy block as an escape at flop granularity (``strict`` raises here)."""
+    if ctx.granularity == "flop" and ctx.on_escape is not None:
+        ctx.on_escape(func, f"rounded once at flop granularity: {why}")
+    return op_once(ctx, func, args, kwargs)
+
+
 def f64_once(ctx: Ctx, func, args, kwargs):
     """Transcendentals at flop granularity: one rounding of the float64 result."""
     return op_once(ctx, func, args, kwargs)
@@ -841,8 +849,10 @@ def _avg_pool2d(ctx, func, args, kwargs):
     ceil = _get(args, kwargs, 4, "ceil_mode", False)
     cip = _get(args, kwargs, 5, "count_include_pad", True)
     dov = _get(args, kwargs, 6, "divisor_override")
-    if ceil or x.dtype not in FLOATS:
+    if x.dtype not in FLOATS:
         return op_once(ctx, func, args, kwargs)
+    if ceil:
+        return rounded_once(ctx, func, args, kwargs, "ceil_mode windows")
     lead = x.shape[:-2]
     xx = x.reshape(-1, 1, *x.shape[-2:])
     cols, ls = flop.im2col(xx, ks, stride, padding, (1, 1))  # (B, kh*kw, L)
@@ -858,8 +868,10 @@ def _avg_pool2d_backward(ctx, func, args, kwargs):
     gout, x = args[0], args[1]
     ks, stride, padding = _pool_params(args[2], args[3], args[4])
     ceil, cip, dov = args[5], args[6], args[7]
-    if ceil or any(k > s for k, s in zip(ks, stride)) or gout.dtype not in FLOATS:
+    if gout.dtype not in FLOATS:
         return op_once(ctx, func, args, kwargs)
+    if ceil or any(k > s for k, s in zip(ks, stride)):
+        return rounded_once(ctx, func, args, kwargs, "ceil_mode or overlapping windows")
     div = _avg_divisor(x, ks, stride, padding, cip, dov)
     g = gout.reshape(-1, 1, gout.shape[-2] * gout.shape[-1])
     q = ctx.div(g, div)  # (B, 1, L)
@@ -1086,7 +1098,7 @@ def _maxpool_backward(ctx, func, args, kwargs):
     dilation = list(dilation) * nd if len(dilation) == 1 else list(dilation)
     if all(d * (k - 1) + 1 <= s for k, s, d in zip(ks, stride, dilation)):
         return EXACT
-    return op_once(ctx, func, args, kwargs)
+    return rounded_once(ctx, func, args, kwargs, "overlapping windows")
 
 
 def _foreach(ctx, func, args, kwargs, mode=None):
@@ -1166,5 +1178,5 @@ EXACT_IMPLS["aten.all.dim"] = _all_dim
 FOREACH_PREFIX = "aten._foreach_"
 
 
-__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "PER_TENSOR", "HOW", "OP_HOW", "EXACT", "EXACT_IMPLS", "op_once", "f64_once",
+__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "PER_TENSOR", "HOW", "OP_HOW", "EXACT", "EXACT_IMPLS", "op_once", "f64_once", "rounded_once",
            "register"]

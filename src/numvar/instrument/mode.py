@@ -601,18 +601,23 @@ class Fuzzy:
 
     def _escape(self, info: _OpInfo, reason: str, error: BaseException | None = None) -> None:
         """An op is not perturbed as asked: count it, or raise under ``strict``."""
+        name = info.name
         if self.config.strict:
             where = self._modules.where() if self._modules is not None else "?"
             raise UninstrumentedOpError(
-                f"numvar (strict): {info.name} in {where}: {reason}. To fix: give it a "
+                f"numvar (strict): {name} in {where}: {reason}. To fix: give it a "
                 f"handler (numvar.instrument.handlers) or a decomposition "
                 f"(numvar.instrument.ops.DECOMPOSED_OPS); or accept it running natively with "
                 f"exclude=['{info.packet}']; or use granularity='op' or strict=False "
                 f"(`numvar ops` shows how every op is handled)",
-                op=info.name, module=where, reason=reason) from error
-        self._count("escaped", info.name)
-        self._block[info.name] += 1
-        self._reasons.setdefault(info.name, reason)
+                op=name, module=where, reason=reason) from error
+        self._count("escaped", name)
+        self._block[name] += 1
+        self._reasons.setdefault(name, reason)
+
+    def _handler_escape(self, func, reason: str) -> None:
+        """``Ctx.on_escape``: a handler fell back below flop granularity."""
+        self._escape(_OpInfo(O.full_name(func), O.packet_name(func), K_OPONCE), reason)
 
     @property
     def stream(self) -> R.Stream | None:
@@ -626,7 +631,8 @@ class Fuzzy:
         if any(isinstance(m, FuzzyMode) for m in _get_current_dispatch_mode_stack()):
             raise ConfigError("numvar.fuzzy blocks cannot be nested")
         c = self.config
-        self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend)
+        self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend,
+                        on_escape=self._handler_escape)
         if c.modules is not None:
             self._filter = _ModuleFilter(c.modules, c.model)
             self._filter.install()
