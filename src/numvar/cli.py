@@ -443,9 +443,9 @@ def ops_cmd(
 
     Handlings: flop kernel, decomposition, rounded once, exact, in place, not reached;
     'rounded once (ESCAPE)' marks an op that flop granularity does not cover. Generated
-    from the handler table (numvar.instrument.ops_table). Example: numvar ops --format json
+    from the handler table (numvar.instrument.optable). Example: numvar ops --format json
     """
-    from .instrument.ops_table import render
+    from .instrument.optable import render
 
     text = render(fmt)
     if output:
