@@ -12,7 +12,9 @@ every aten op reaches the mode:
   tensors (the fast path writes 0 at padded positions; the composite path computes them);
 * ``torch._C._set_mkldnn_enabled(False)``: ``nn.LSTM``/``GRU``/``RNN`` by their cell
   arithmetic (``addmm``, gates) instead of ``mkldnn_rnn_layer``, which has no float64
-  kernel, and so forward and backward at flop granularity.
+  kernel, and so forward and backward at flop granularity;
+* ``torch.backends.cudnn.enabled = False``: the same on CUDA (``_cudnn_rnn``), and batch
+  norm as ``native_batch_norm``.
 
 :func:`fast_paths_off` does exactly this; :class:`numvar.instrument.Fuzzy` enters it,
 and :func:`reference_path` enters it with a pass-through dispatch mode, so that the IEEE
@@ -40,12 +42,14 @@ AVOIDED_OPS: dict[str, str] = {
     "aten._nested_tensor_from_mask": "torch.backends.mha fast path off (no nested tensors)",
     "aten.mkldnn_rnn_layer": "mkldnn off: LSTM by its cell arithmetic",
     "aten.mkldnn_rnn_layer_backward": "mkldnn off: LSTM by its cell arithmetic",
+    "aten._cudnn_rnn": "cudnn off: LSTM/GRU by their cell arithmetic",
+    "aten._cudnn_rnn_backward": "cudnn off: LSTM/GRU by their cell arithmetic",
 }
 
 
 @contextlib.contextmanager
 def fast_paths_off() -> Iterator[None]:
-    """SDPA math path, no MHA/Transformer fast path, no mkldnn (restored on exit)."""
+    """SDPA math path, no MHA/Transformer fast path, no mkldnn, no cudnn (restored on exit)."""
     with contextlib.ExitStack() as stack:
         try:
             from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -61,6 +65,9 @@ def fast_paths_off() -> Iterator[None]:
         mkldnn = torch._C._get_mkldnn_enabled()
         torch._C._set_mkldnn_enabled(False)
         stack.callback(torch._C._set_mkldnn_enabled, mkldnn)
+        cudnn = torch.backends.cudnn.enabled
+        torch.backends.cudnn.enabled = False
+        stack.callback(setattr, torch.backends.cudnn, "enabled", cudnn)
         yield
 
 
