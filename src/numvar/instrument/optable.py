@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 import torch
 
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__: list[Any] = ["ops_table", "render", "to_markdown", "COLUMNS"]
+__all__ = ["ops_table", "render", "to_markdown", "COLUMNS"]
 
 if __name__ == "__main__":
     sys.exit(main())
