@@ -561,3 +561,21 @@ def test_numvar_run_reference_path_and_strict(tmp_path):
     rec = RunStore.open(out3).manifest["realizations"][0]
     assert rec["status"] == "failed" and "UninstrumentedOpError" in rec.get("stderr_tail", "")
     assert "numvar_script.twice.default" in rec["stderr_tail"]
+
+
+def test_fused_parts_kernel_equals_its_reference():
+    from numvar.instrument import oplevel as OL
+
+    a, b = gen(300, seed=61), gen(300, seed=62)
+    c = gen(300, seed=63)
+    c[:5] = 0.0  # division by zero: inf quotients carry no residual
+    a[5], b[6] = float("inf"), float("nan")
+    for op in (OL.OP_AXPY, OL.OP_ADDCMUL, OL.OP_ADDCDIV, OL.OP_LERP):
+        s = 1.0 if op == OL.OP_LERP else float(torch.tensor(0.3))
+        hi = torch.empty(300, dtype=torch.float64)
+        lo = torch.empty(300, dtype=torch.float64)
+        OL._parts_kernel(op, a.numpy(), b.numpy(), c.numpy(), s, hi.numpy(), lo.numpy())
+        rh, rl = OL.parts_reference(op, a.double(), b.double(), c.double(), s)
+        assert torch.equal(hi.isnan(), rh.isnan()), op
+        ok = ~hi.isnan()
+        assert torch.equal(hi[ok], rh[ok]) and torch.equal(lo[ok], rl[ok]), op

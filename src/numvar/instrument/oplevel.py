@@ -13,6 +13,8 @@ Scalars are taken as the op's kernel takes them: operands are converted to the r
 dtype (PyTorch's type promotion) and a Python-number multiplier to binary32 for
 binary32/bfloat16/float16 results (the kernels' ``opmath`` type). binary64 results go
 through :func:`~numvar.instrument.handlers.op_once` (the native result counts as exact).
+The exact value is computed by a numba kernel (:func:`_parts_kernel`) whose slow
+reference, :func:`parts_reference`, does the same in torch; tests compare them.
 The contractions with ``alpha``/``beta`` (``addmm``, ``baddbmm``, ``addbmm``, ``addmv``,
 ``addr``) are computed in float64 with their scalars so converted and rounded once.
 ``alpha == 1`` keeps the elementwise kernels (a single operation, rounded once anyway).
@@ -20,8 +22,11 @@ The contractions with ``alpha``/``beta`` (``addmm``, ``baddbmm``, ``addbmm``, ``
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from numba import njit
 
+from numvar.rounding import kernels as K
 from numvar.rounding._torch import two_prod, two_sum
 
 from ._core import FLOATS, operands, result_dtype
@@ -45,14 +50,89 @@ def _f64(*xs):
     return [t.to(_F64) for t in operands(*xs)]
 
 
-def _renorm(hi, lo):
-    """``hi + lo`` with non-finite parts cleaned (inf/NaN results carry no residual)."""
-    lo = torch.where(torch.isfinite(hi) & torch.isfinite(lo), lo, torch.zeros((), dtype=_F64))
+OP_AXPY, OP_ADDCMUL, OP_ADDCDIV, OP_LERP = range(4)
+_ZERO = torch.zeros((), dtype=_F64)
+
+
+def parts_reference(op: int, a, b, c, s: float):
+    """``(hi, lo)``, float64 tensors whose sum is the exact result of ``op`` on float64
+    tensors ``a, b, c`` holding values of a format of at most 24 bits, and a binary32
+    scalar ``s`` (the slow reference of :func:`_parts_kernel`):
+
+    * OP_AXPY ``a + s·b`` (the product is exact in float64: 24 + 24 bits);
+    * OP_ADDCMUL ``a + (s·b)·c`` (TwoProduct for the second product);
+    * OP_ADDCDIV ``a + (s·b)/c`` (the quotient and its residual ``(n − q·c)/c``: exact
+      up to a relative 2^-100);
+    * OP_LERP ``a + c·(b − a)`` (TwoSum for the difference, TwoProduct for the scaling).
+    """
+    if op == OP_AXPY:
+        hi, lo = two_sum(a, b * s)
+    elif op == OP_ADDCMUL:
+        ph, pl = two_prod(b * s, c)
+        hi, e = two_sum(a, ph)
+        lo = e + pl
+    elif op == OP_ADDCDIV:
+        n = b * s
+        q = n / c
+        qp, ql = two_prod(q, c)
+        r = torch.where(torch.isfinite(q), ((n - qp) - ql) / c, _ZERO)
+        hi, e = two_sum(a, q)
+        lo = e + r
+    else:
+        d, de = two_sum(b, -a)
+        ph, pl = two_prod(d, c)
+        hi, e = two_sum(a, ph)
+        lo = e + (pl + de * c)
+    lo = torch.where(torch.isfinite(hi) & torch.isfinite(lo), lo, _ZERO)
     return hi, lo
 
 
-def _once(ctx, hi, lo, dtype):
-    hi, lo = _renorm(hi, lo)
+@njit(cache=True, error_model="numpy")
+def _parts_kernel(op, a, b, c, s, hi, lo):  # pragma: no cover - compiled
+    """:func:`parts_reference` on binary32 arrays of one shape, element by element."""
+    for i in range(hi.size):
+        x = np.float64(a[i])
+        y = np.float64(b[i])
+        if op == OP_AXPY:
+            h, lw = K.two_sum(x, y * s)
+        elif op == OP_ADDCMUL:
+            ph, pl = K.two_prod(y * s, np.float64(c[i]))
+            h, e = K.two_sum(x, ph)
+            lw = e + pl
+        elif op == OP_ADDCDIV:
+            z = np.float64(c[i])
+            n = y * s
+            q = n / z
+            qp, ql = K.two_prod(q, z)
+            r = ((n - qp) - ql) / z if abs(q) < np.inf else 0.0
+            h, e = K.two_sum(x, q)
+            lw = e + r
+        else:
+            w = np.float64(c[i])
+            d, de = K.two_sum(y, -x)
+            ph, pl = K.two_prod(d, w)
+            h, e = K.two_sum(x, ph)
+            lw = e + (pl + de * w)
+        hi[i] = h
+        lo[i] = lw if (abs(h) < np.inf and abs(lw) < np.inf) else 0.0
+
+
+def _round_parts(ctx, op: int, dtype, s: float, *xs, weight=None):
+    """Round the exact result of ``op`` (see :func:`parts_reference`) on ``xs`` (converted
+    to ``dtype`` by type promotion) and ``weight`` (lerp's, as given) once to ``dtype``.
+    CPU operands with numba take :func:`_parts_kernel`; others the torch reference."""
+    ts = operands(*xs) + ([weight] if weight is not None else [])
+    ts = torch.broadcast_tensors(*ts)
+    if ctx._numba and all(t.is_cpu for t in ts):
+        arrs = [t.to(torch.float32).contiguous().view(-1).numpy() for t in ts]
+        hi = torch.empty(ts[0].shape, dtype=_F64)
+        lo = torch.empty(ts[0].shape, dtype=_F64)
+        if hi.numel():
+            c = arrs[2] if len(arrs) > 2 else arrs[0]
+            _parts_kernel(op, arrs[0], arrs[1], c, s, hi.view(-1).numpy(), lo.view(-1).numpy())
+    else:
+        f = [t.to(_F64) for t in ts]
+        hi, lo = parts_reference(op, f[0], f[1], f[2] if len(f) > 2 else None, s)
     return ctx.round(hi, dtype, lo)
 
 
@@ -67,12 +147,9 @@ def _axpy(ctx, func, args, kwargs, sign: float, reverse: bool = False):
         return _with_alpha(ctx, args, kwargs, ctx.add if sign > 0 else ctx.sub, reverse)
     if dtype is _F64 or dtype not in FLOATS:
         return op_once(ctx, func, args, kwargs)
-    x, y = _f64(a, b)
     if reverse:
-        x, y = y, x
-    ph, pl = two_prod(y, sign * opmath_scalar(alpha, dtype))
-    h, e = two_sum(x, ph)
-    return _once(ctx, h, e + pl, dtype)
+        a, b = b, a
+    return _round_parts(ctx, OP_AXPY, dtype, sign * opmath_scalar(alpha, dtype), a, b)
 
 
 @register("aten.add", table=OP_HANDLERS, how="rounded once (op)")
@@ -90,47 +167,28 @@ def _rsub_once(ctx, func, args, kwargs):
     return _axpy(ctx, func, args, kwargs, -1.0, reverse=True)
 
 
-def _ternary(ctx, func, args, kwargs):
-    """(s, t1, t2, value, dtype) of addcmul/addcdiv, or None where op_once applies."""
+def _ternary(ctx, func, args, kwargs, op: int):
+    """addcmul/addcdiv: ``self + value·t1 ∘ t2`` rounded once."""
     s, t1, t2 = args[:3]
+    if not _float_result(s, t1, t2):
+        return EXACT
     dtype = result_dtype(s, t1, t2)
     if dtype is _F64 or dtype not in FLOATS:
-        return None
+        return op_once(ctx, func, args, kwargs)
     value = opmath_scalar(_get(args, kwargs, 3, "value", 1), dtype)
-    return (*_f64(s, t1, t2), value, dtype)
+    return _round_parts(ctx, op, dtype, value, s, t1, t2)
 
 
 @register("aten.addcmul", table=OP_HANDLERS, how="rounded once (op)")
 def _addcmul_once(ctx, func, args, kwargs):
-    """``self + value·t1·t2`` exactly: two TwoProducts, one TwoSum, one rounding."""
-    if not _float_result(*args[:3]):
-        return EXACT
-    parts = _ternary(ctx, func, args, kwargs)
-    if parts is None:
-        return op_once(ctx, func, args, kwargs)
-    s, t1, t2, v, dtype = parts
-    n, nl = two_prod(t1, v)
-    ph, pl = two_prod(n, t2)
-    h, e = two_sum(s, ph)
-    return _once(ctx, h, e + (pl + nl * t2), dtype)
+    """``self + value·t1·t2`` exactly: one TwoProduct, one TwoSum, one rounding."""
+    return _ternary(ctx, func, args, kwargs, OP_ADDCMUL)
 
 
 @register("aten.addcdiv", table=OP_HANDLERS, how="rounded once (op)")
 def _addcdiv_once(ctx, func, args, kwargs):
-    """``self + value·t1/t2``: the quotient and its residual ``(n − q·t2)/t2``, one rounding."""
-    if not _float_result(*args[:3]):
-        return EXACT
-    parts = _ternary(ctx, func, args, kwargs)
-    if parts is None:
-        return op_once(ctx, func, args, kwargs)
-    s, t1, t2, v, dtype = parts
-    n, nl = two_prod(t1, v)
-    q = n / t2
-    qp, ql = two_prod(q, t2)
-    r = (((n - qp) - ql) + nl) / t2
-    r = torch.where(torch.isfinite(q), r, torch.zeros((), dtype=_F64))
-    h, e = two_sum(s, q)
-    return _once(ctx, h, e + r, dtype)
+    """``self + value·t1/t2``: the quotient and its residual, one rounding."""
+    return _ternary(ctx, func, args, kwargs, OP_ADDCDIV)
 
 
 @register("aten.lerp", table=OP_HANDLERS, how="rounded once (op)")
@@ -142,12 +200,9 @@ def _lerp_once(ctx, func, args, kwargs):
     dtype = result_dtype(a, b)
     if dtype is _F64 or dtype not in FLOATS:
         return op_once(ctx, func, args, kwargs)
-    x, y = _f64(a, b)
-    wt = opmath_scalar(w, dtype)
-    d, de = two_sum(y, -x)
-    ph, pl = two_prod(d, wt)
-    h, e = two_sum(x, ph)
-    return _once(ctx, h, e + (pl + de * wt), dtype)
+    if not isinstance(w, torch.Tensor):
+        w = torch.tensor(opmath_scalar(w, dtype), dtype=torch.float32)
+    return _round_parts(ctx, OP_LERP, dtype, 1.0, a, b, weight=w)
 
 
 #: contractions with scalar multipliers: (index of beta, index of alpha) in the schema
