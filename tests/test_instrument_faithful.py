@@ -578,4 +578,13 @@ def test_fused_parts_kernel_equals_its_reference():
         rh, rl = OL.parts_reference(op, a.double(), b.double(), c.double(), s)
         assert torch.equal(hi.isnan(), rh.isnan()), op
         ok = ~hi.isnan()
-        assert torch.equal(hi[ok], rh[ok]) and torch.equal(lo[ok], rl[ok]), op
+        assert torch.equal(lo[ok], rl[ok]), op
+        odd = OL.round_to_odd(rh, rl)
+        assert torch.equal(hi[ok].view(torch.int64), odd[ok].view(torch.int64)), op
+        # round to odd: hi when exact, else an odd significand on lo's side of hi
+        inexact = ok & (rl != 0)
+        assert (odd[inexact].view(torch.int64) & 1 == 1).all()
+        assert (((odd - rh) * rl)[inexact] >= 0).all()  # the same side as the exact value
+        step = (torch.nextafter(rh, rl.sign() * math.inf) - rh).abs()
+        assert ((odd - rh).abs()[inexact] <= step[inexact]).all()
+        assert torch.equal(odd[ok & (rl == 0)], rh[ok & (rl == 0)])

@@ -3,9 +3,10 @@
 At ``op`` granularity every op's result is rounded once. For ``add``/``sub``/``rsub``
 with ``alpha``, ``addcmul``, ``addcdiv`` and ``lerp`` numvar computes the exact value of
 the whole op as an unevaluated sum ``hi + lo`` of float64 tensors (error-free
-transformations: TwoSum, TwoProduct by Veltkamp splitting, the division residual) and
-rounds it once (``numvar.rounding.round(hi, lo)``), so that ``mode="ieee"`` gives the
-correctly rounded result. That is what PyTorch's CPU ``add(x, y, alpha=a)`` returns for
+transformations: TwoSum, TwoProduct by Veltkamp splitting, the division residual),
+folds it into one binary64 number by rounding to odd (:func:`round_to_odd`) and rounds
+that once to the result format, so that ``mode="ieee"`` gives the correctly rounded
+result (tested against Fractions). That is what PyTorch's CPU ``add(x, y, alpha=a)`` returns for
 binary32 (a fused multiply-add); rounding ``a·y`` first and the sum second (two roundings)
 differs from it in about a quarter of the elements.
 
@@ -87,9 +88,27 @@ def parts_reference(op: int, a, b, c, s: float):
     return hi, lo
 
 
+def round_to_odd(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """``hi + lo`` (``hi = RN(hi + lo)``) rounded to odd in binary64: ``hi`` when ``lo``
+    is 0, else whichever of the two binary64 numbers around the exact value has an odd
+    significand. Rounding that once more to a format of at most 51 bits is exact the
+    same as rounding ``hi + lo`` (Boldo & Melquiond, "Emulation of FMA and correctly
+    rounded sums: proved algorithms using rounding to odd", IEEE TC 2008) for round to
+    nearest; for SR the probability moves by less than 2^-29 of the binary32 ulp (the
+    resolution of the binary64 → binary32 SR step anyway), and an inexact value never
+    becomes exact. The torch form (reference) of the kernel's last step."""
+    bits = hi.view(torch.int64)
+    mag = bits & 0x7FFFFFFFFFFFFFFF
+    away = (lo > 0) != (hi < 0)
+    odd = torch.where(away, mag | 1, (mag - 1) | 1)
+    mag = torch.where(lo != 0, odd, mag)
+    return ((bits & -0x8000000000000000) | mag).view(torch.float64)
+
+
 @njit(cache=True, error_model="numpy")
 def _parts_kernel(op, a, b, c, s, hi, lo):  # pragma: no cover - compiled
-    """:func:`parts_reference` on binary32 arrays of one shape, element by element."""
+    """:func:`parts_reference` on binary32 arrays of one shape, element by element, then
+    ``hi`` := :func:`round_to_odd` (hi, lo)."""
     for i in range(hi.size):
         x = np.float64(a[i])
         y = np.float64(b[i])
@@ -115,6 +134,22 @@ def _parts_kernel(op, a, b, c, s, hi, lo):  # pragma: no cover - compiled
             lw = e + (pl + de * w)
         hi[i] = h
         lo[i] = lw if (abs(h) < np.inf and abs(lw) < np.inf) else 0.0
+    _to_odd(hi, lo)
+
+
+@njit(cache=True, error_model="numpy")
+def _to_odd(hi, lo):  # pragma: no cover - compiled
+    """hi := hi + lo rounded to odd in binary64 (see :func:`round_to_odd`), in place."""
+    bits = hi.view(np.int64)
+    for i in range(hi.size):
+        lw = lo[i]
+        if lw != 0.0:
+            m = bits[i] & 0x7FFFFFFFFFFFFFFF
+            if (lw > 0.0) != (hi[i] < 0.0):  # the exact value lies farther from zero
+                m = m | 1
+            else:
+                m = (m - 1) | 1
+            bits[i] = (bits[i] & np.int64(-0x8000000000000000)) | m
 
 
 def _round_parts(ctx, op: int, dtype, s: float, *xs, weight=None):
@@ -130,10 +165,12 @@ def _round_parts(ctx, op: int, dtype, s: float, *xs, weight=None):
         if hi.numel():
             c = arrs[2] if len(arrs) > 2 else arrs[0]
             _parts_kernel(op, arrs[0], arrs[1], c, s, hi.view(-1).numpy(), lo.view(-1).numpy())
+        # hi now holds hi + lo rounded to odd
     else:
         f = [t.to(_F64) for t in ts]
         hi, lo = parts_reference(op, f[0], f[1], f[2] if len(f) > 2 else None, s)
-    return ctx.round(hi, dtype, lo)
+        hi = round_to_odd(hi, lo)
+    return ctx.round(hi, dtype)
 
 
 def _axpy(ctx, func, args, kwargs, sign: float, reverse: bool = False):
