@@ -238,7 +238,7 @@ def _lerp_once(ctx, func, args, kwargs):
     if dtype is _F64 or dtype not in FLOATS:
         return op_once(ctx, func, args, kwargs)
     if not isinstance(w, torch.Tensor):
-        w = torch.tensor(opmath_scalar(w, dtype), dtype=torch.float32)
+        w = torch.tensor(opmath_scalar(w, dtype), dtype=torch.float32, device=b.device)
     return _round_parts(ctx, OP_LERP, dtype, 1.0, a, b, weight=w)
 
 
