@@ -7,7 +7,7 @@
 from .config import ENV_VARS, GRANULARITIES, MODES, FuzzyConfig
 from .mode import Fuzzy, FuzzyMode, FuzzyReport, fuzzy
 from .ops import OP_KINDS
-from .paths import reference_path
+from .codepath import reference_path
 
 __all__ = ["fuzzy", "Fuzzy", "FuzzyMode", "FuzzyReport", "FuzzyConfig", "OP_KINDS", "MODES",
            "GRANULARITIES", "ENV_VARS", "reference_path", "ops_table"]

@@ -29,7 +29,7 @@ usually never reach a dispatch mode: their aten pieces do. Under ``torch.inferen
 they do reach it (autograd's dispatch key is off); numvar then runs their
 CompositeImplicitAutograd kernel with the mode re-entered (``func.decompose``), so the
 pieces are perturbed as under ``no_grad``. Fused optimizer steps run per tensor
-(:mod:`numvar.instrument.optim`). The switches of :func:`numvar.instrument.paths.fast_paths_off`
+(:mod:`numvar.instrument.optim`). The switches of :func:`numvar.instrument.codepath.codepath`
 (SDPA math path, no MHA fast path, no mkldnn: LSTM/GRU by their cell arithmetic) hold
 inside the block. Code compiled with ``torch.compile`` runs eagerly while a dispatch
 mode is active.
@@ -56,7 +56,7 @@ from . import optim as _optim  # noqa: F401  (registers its handlers)
 from . import replay as RP
 from ._core import FLOATS, Ctx
 from .config import FuzzyConfig
-from .paths import fast_paths_off
+from .codepath import codepath
 
 logger = logging.getLogger("numvar.instrument")
 
@@ -586,7 +586,7 @@ class Fuzzy:
         self._filter: _ModuleFilter | None = None
         self._ctx: Ctx | None = None
         self._mode: FuzzyMode | None = None
-        self._paths = None
+        self._codepath = None
 
     def _selection(self, func) -> tuple[bool, bool]:
         key = (func, self._include, self._exclude)
@@ -645,8 +645,8 @@ class Fuzzy:
         self._block = Counter()
         # fused kernels without a decomposition (SDPA flash, MHA fast path, mkldnn RNN)
         # off: the composite paths run (numvar.instrument.paths)
-        self._paths = fast_paths_off()
-        self._paths.__enter__()
+        self._codepath = codepath()
+        self._codepath.__enter__()
         self._mode = FuzzyMode(self)
         self._mode.__enter__()
         return self
@@ -657,9 +657,9 @@ class Fuzzy:
                 self._mode.__exit__(*exc)
         finally:
             self._mode = None
-            if self._paths is not None:
-                self._paths.__exit__(*exc)
-                self._paths = None
+            if self._codepath is not None:
+                self._codepath.__exit__(*exc)
+                self._codepath = None
             if self._filter is not None:
                 self._filter.remove()
             if self._modules is not None:

@@ -36,7 +36,7 @@ import torch
 from . import handlers as H
 from . import mode as M
 from . import ops as O
-from .paths import AVOIDED_OPS
+from .codepath import AVOIDED_OPS
 
 #: columns of the table
 COLUMNS = ("op", "flop", "op granularity", "why")
