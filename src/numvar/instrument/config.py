@@ -174,6 +174,13 @@ class FuzzyConfig:
                 _check_glob(g, var)
         return cls(**kw)
 
+    def replace(self, **overrides: Any) -> FuzzyConfig:
+        """This configuration with some fields changed (``cfg.replace(seed=cfg.seed + i)``);
+        run it with ``numvar.instrument.Fuzzy(cfg)``."""
+        from dataclasses import replace
+
+        return replace(self, **overrides)
+
     def to_env(self) -> dict[str, str]:
         """The environment variables that :meth:`from_env` turns back into this configuration."""
         env = {

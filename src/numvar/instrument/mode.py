@@ -556,7 +556,7 @@ class Fuzzy:
     """A fuzzy block: ``with Fuzzy(config) as fz: ...; fz.report()``.
 
     ``Fuzzy(config)`` runs a :class:`FuzzyConfig` (e.g. ``FuzzyConfig.from_env()``;
-    ``Fuzzy(dataclasses.replace(config, seed=s))`` for another seed). Each entry starts a
+    ``Fuzzy(config.replace(seed=s))`` for another seed). Each entry starts a
     fresh random stream from ``config.seed``, so the same seed reproduces a realization
     bit for bit. The report accumulates over entries; the escape warning at the end of
     each entry lists that entry's escapes.
