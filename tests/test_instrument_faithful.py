@@ -366,7 +366,7 @@ def test_reference_path_matches_ieee_realizations_transformer_padding():
     assert (r - ref).abs().max() <= 2.5e-4
     from numvar.analysis import analyze
 
-    d = analyze(s)["captures"]["output"]["digits"]
+    d = analyze(s, basis=2)["captures"]["output"]["digits"]
     assert d["undefined"] == 0 and d["min"] > 10, d
 
 

@@ -30,6 +30,7 @@ from numba import njit
 from numvar.rounding import kernels as K
 from numvar.rounding._torch import two_prod, two_sum
 
+from . import cplx
 from ._core import FLOATS, operands, result_dtype
 from .handlers import EXACT, OP_HANDLERS, _float_result, _get, _with_alpha, op_once, register
 
@@ -176,12 +177,12 @@ def _round_parts(ctx, op: int, dtype, s: float, *xs, weight=None):
 def _axpy(ctx, func, args, kwargs, sign: float, reverse: bool = False):
     """``a + sign·alpha·b`` (``reverse``: ``b + sign·alpha·a``, as rsub) rounded once."""
     a, b = args[0], args[1]
+    alpha = _get(args, kwargs, 2, "alpha", 1)
+    if alpha == 1 or cplx.any_complex(a, b):  # one op anyway; complex: handlers' own
+        return _with_alpha(ctx, func, args, kwargs, ctx.add if sign > 0 else ctx.sub, reverse)
     if not _float_result(a, b):
         return EXACT
-    alpha = _get(args, kwargs, 2, "alpha", 1)
     dtype = result_dtype(a, b)
-    if alpha == 1:
-        return _with_alpha(ctx, args, kwargs, ctx.add if sign > 0 else ctx.sub, reverse)
     if dtype is _F64 or dtype not in FLOATS:
         return op_once(ctx, func, args, kwargs)
     if reverse:
@@ -207,6 +208,8 @@ def _rsub_once(ctx, func, args, kwargs):
 def _ternary(ctx, func, args, kwargs, op: int):
     """addcmul/addcdiv: ``self + value·t1 ∘ t2`` rounded once."""
     s, t1, t2 = args[:3]
+    if cplx.any_complex(s, t1, t2):
+        return op_once(ctx, func, args, kwargs)
     if not _float_result(s, t1, t2):
         return EXACT
     dtype = result_dtype(s, t1, t2)
@@ -232,6 +235,8 @@ def _addcdiv_once(ctx, func, args, kwargs):
 def _lerp_once(ctx, func, args, kwargs):
     """``a + w·(b − a)`` exactly (TwoSum for b − a, TwoProduct for the scaling)."""
     a, b, w = args[:3]
+    if cplx.any_complex(a, b, w):
+        return op_once(ctx, func, args, kwargs)
     if not _float_result(a, b):
         return EXACT
     dtype = result_dtype(a, b)
