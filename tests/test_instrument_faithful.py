@@ -588,3 +588,23 @@ def test_fused_parts_kernel_equals_its_reference():
         step = (torch.nextafter(rh, rl.sign() * math.inf) - rh).abs()
         assert ((odd - rh).abs()[inexact] <= step[inexact]).all()
         assert torch.equal(odd[ok & (rl == 0)], rh[ok & (rl == 0)])
+
+
+def test_adaptive_avg_pool_backward_at_flop_granularity():
+    x = gen(2, 3, 4, 6, seed=71).requires_grad_()
+
+    def grad(mode=None, seed=0, size=(2, 2)):  # 2×3 windows: division by 6 is inexact
+        x.grad = None
+        if mode is None:
+            F.adaptive_avg_pool2d(x, size).mul(gen(2, 3, *size, seed=72)).sum().backward()
+            return x.grad.clone(), None
+        with fuzzy(mode=mode, seed=seed) as fz:
+            F.adaptive_avg_pool2d(x, size).mul(gen(2, 3, *size, seed=72)).sum().backward()
+        return x.grad.clone(), fz.report()
+
+    native, _ = grad()
+    ieee, rep = grad("ieee")
+    assert torch.equal(ieee, native) and not rep.escaped  # one division per term, as ATen
+    assert not torch.equal(grad("sr", 0)[0], grad("sr", 1)[0])
+    _, rep = grad("sr", 0, size=(3, 4))  # overlapping adaptive windows: named
+    assert "aten._adaptive_avg_pool2d_backward.default" in rep.escaped

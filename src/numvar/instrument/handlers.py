@@ -882,6 +882,23 @@ def _avg_pool2d_backward(ctx, func, args, kwargs):
     return out.reshape(x.shape)
 
 
+@register("aten._adaptive_avg_pool2d_backward")
+def _adaptive_avg_pool2d_backward(ctx, func, args, kwargs):
+    """Windows that tile the input (sizes divisible by the output's): each input element
+    gets its window's gradient divided by the window size (one rounded division per
+    output element, then an exact scatter, as ATen's single-term sums); other sizes:
+    rounded once (an escape at flop granularity)."""
+    gout, x = args[0], args[1]
+    if gout.dtype not in FLOATS:
+        return op_once(ctx, func, args, kwargs)
+    (h, w), (oh, ow) = x.shape[-2:], gout.shape[-2:]
+    if oh == 0 or ow == 0 or h % oh or w % ow:
+        return rounded_once(ctx, func, args, kwargs, "adaptive windows of unequal sizes")
+    kh, kw = h // oh, w // ow
+    q = ctx.div(gout, float(kh * kw))
+    return q.repeat_interleave(kh, -2).repeat_interleave(kw, -1).reshape(x.shape)
+
+
 # ------------------------------------------------------------- complex and FFT
 def _complex_inexact(ctx, func, args, kwargs):
     """``abs``/``sgn``: exact on real tensors; on complex ones library functions

@@ -155,6 +155,7 @@ DECOMPOSED_OPS: tuple[str, ...] = (
     # weighted sums of gathered values as pointwise ops and reductions
     "aten.grid_sampler_2d", "aten._weight_norm_interface", "aten.upsample_bicubic2d",
     "aten.upsample_trilinear3d", "aten.upsample_linear1d",
+    "aten.affine_grid_generator",  # base grid (linspace) times θᵀ: a batched matmul
     # numvar's own (numvar.instrument.decompositions)
     "aten.addbmm", "aten.logcumsumexp", "aten._weight_norm_interface_backward",
     "aten.upsample_linear1d_backward", "aten.upsample_bilinear2d_backward",
