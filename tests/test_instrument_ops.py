@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from numvar.instrument import OP_KINDS, fuzzy
+from numvar.instrument import handlers as H
 from numvar.instrument.config import FuzzyConfig
 from numvar.instrument.mode import Fuzzy
 
@@ -433,22 +434,31 @@ def test_bfloat16_and_float16(granularity):
         assert not torch.equal(ys[0], ys[1])
 
 
-def test_fallback_is_reported_and_warned_once(caplog):
-    import numvar.instrument.mode as M
+def test_fallback_is_reported_and_warned_once_per_block(caplog):
+    # an op without a flop handler (forced by removing its table entries for the test)
+    from numvar.instrument import mode as M
 
-    name = "aten._upsample_bilinear2d_aa_backward.default"
-    M._WARNED.discard(name)
-    x = gen(1, 2, 6, 8, seed=24).requires_grad_()
-    with caplog.at_level(logging.WARNING, logger="numvar.instrument"):
-        with fuzzy(mode="sr", seed=0) as fz:
-            for _ in range(2):
-                F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True).sum().backward()
-    msgs = [r for r in caplog.records if "_upsample_bilinear2d_aa_backward" in r.getMessage()]
-    assert len(msgs) == 1
+    name = "aten.avg_pool2d.default"
+    saved = H.FLOP_HANDLERS.pop("aten.avg_pool2d")
+    M._CLASSIFIED.clear()
+    x = gen(1, 2, 6, 6, seed=24)
+    try:
+        for block in range(2):  # every block warns again
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="numvar.instrument"):
+                with fuzzy(mode="sr", seed=0) as fz:
+                    for _ in range(2):
+                        F.avg_pool2d(x, 2)
+            msgs = [r for r in caplog.records if "avg_pool2d" in r.getMessage()]
+            assert len(msgs) == 1, block
+            assert "       2  aten.avg_pool2d.default" in msgs[0].getMessage()
+    finally:
+        H.FLOP_HANDLERS["aten.avg_pool2d"] = saved
+        M._CLASSIFIED.clear()
     rep = fz.report()
-    assert rep.instrumented[name] == 2
-    assert "no flop handler" in rep.how[name]
-    assert "_upsample_bilinear2d_aa_backward" in str(rep)
+    assert rep.instrumented[name] == 2 and rep.escaped[name] == 2
+    assert "no flop handler" in rep.how[name] and "no flop handler" in rep.escape_reasons[name]
+    assert str(rep).splitlines()[1].startswith("ESCAPED")
 
 
 def test_op_kinds_select_whole_families():

@@ -256,6 +256,9 @@ def run(
     modules: str = typer.Option(None, "--modules",
                                 help="Instrument only inside submodules matching these "
                                      "named_modules() globs."),
+    strict: bool = typer.Option(None, "--strict",
+                                help="Fail a realization at the first op numvar cannot perturb "
+                                     "at the requested granularity (NUMVAR_STRICT=1)."),
     executor: str = typer.Option(None, "--executor", help="local | dask (default: local)."),
     scheduler: str = typer.Option(None, "--scheduler",
                                   help="Dask scheduler address (tcp://host:8786); without "
@@ -299,7 +302,8 @@ def run(
         given = {"-n": n, "--mode": mode, "--granularity": granularity, "--precision": precision,
                  "--seed": seed, "--out": out, "--capture": capture,
                  "--capture-layers": capture_layers, "--files": files, "--exclude": exclude,
-                 "--include": include, "--modules": modules, "script": command}
+                 "--include": include, "--modules": modules, "--strict": strict,
+                 "script": command}
         extra = [k for k, v in given.items() if v not in (None, [], ())]
         if extra:
             raise ConfigError(f"--resume takes its configuration from {resume}/manifest.json; "
@@ -313,7 +317,7 @@ def run(
                 granularity=granularity or "flop", precision=precision,
                 seed=0 if seed is None else seed, jobs=jobs, out=out, capture=capture,
                 capture_layers=capture_layers, files=files, exclude=exclude, include=include,
-                modules=modules,
+                modules=modules, strict=bool(strict),
                 executor=executor or "local", scheduler=scheduler, progress=progress)
     try:
         with bar:
@@ -428,6 +432,26 @@ def _emit(fmt: str, output: str | None, data: dict, renderables, html, wide: boo
         console = Console()
         for r in renderables(wide):
             console.print(r)
+
+
+@app.command("ops")
+def ops_cmd(
+    fmt: str = typer.Option("markdown", "--format", help="markdown | json."),
+    output: str = typer.Option(None, "--output", "-o", help="Write to this file."),
+) -> None:
+    """Every aten op numvar knows and how it is handled at each granularity.
+
+    Handlings: flop kernel, decomposition, rounded once, exact, in place, not reached;
+    'rounded once (ESCAPE)' marks an op that flop granularity does not cover. Generated
+    from the handler table (numvar.instrument.optable). Example: numvar ops --format json
+    """
+    from .instrument.optable import render
+
+    text = render(fmt)
+    if output:
+        _write_output(output, text)
+    else:
+        typer.echo(text, nl=False)
 
 
 @app.command("report")

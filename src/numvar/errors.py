@@ -23,6 +23,21 @@ class InstrumentError(NumvarError):
     """The instrumentation cannot handle a model or an op as asked."""
 
 
+class UninstrumentedOpError(InstrumentError):
+    """Under ``strict=True``: an op would run natively or below the requested granularity.
+
+    ``op`` is the aten op name (``aten.linear.default``), ``module`` the module path it
+    ran in (``""`` outside any module; ``"backward of X"`` in autograd), ``reason`` why
+    numvar cannot instrument it as asked.
+    """
+
+    def __init__(self, message: str, op: str = "", module: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.op = op
+        self.module = module
+        self.reason = reason
+
+
 class StoreError(NumvarError):
     """A run directory or reference file is missing, corrupt or inconsistent."""
 

@@ -9,7 +9,10 @@ its ``sys.argv`` and ``sys.path[0]`` as Python would set them), except that:
 - when ``NUMVAR_MODE`` is set, the instrumentation is entered before the script's first
   line (``numvar.instrument.FuzzyConfig.from_env()``: ``NUMVAR_MODE``,
   ``NUMVAR_GRANULARITY``, ``NUMVAR_PRECISION``, ``NUMVAR_SEED``, ``NUMVAR_EXCLUDE``,
-  ``NUMVAR_INCLUDE``, ``NUMVAR_MODULES``) and left after its last;
+  ``NUMVAR_INCLUDE``, ``NUMVAR_MODULES``, ``NUMVAR_STRICT``) and left after its last;
+  ops that escaped it are written to the result (``escapes``);
+- when ``NUMVAR_REFERENCE=1`` (the IEEE reference of ``numvar run``), the script runs
+  natively inside :func:`numvar.instrument.reference_path`, the realizations' code path;
 - when ``NUMVAR_RUNNER`` holds a runner spec (JSON, set by ``numvar run``), captures
   are recorded (``numvar.capture`` calls, top-level module outputs, ``layers``
   globs) and written to the spec's ``result`` file when the script ends.
@@ -96,10 +99,14 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx = None
     if os.environ.get("NUMVAR_MODE"):
-        from .instrument import FuzzyConfig
+        from .instrument import Fuzzy, FuzzyConfig
 
         cfg = FuzzyConfig.from_env()
-        ctx = cfg.fuzzy() if cfg is not None else None
+        ctx = Fuzzy(cfg) if cfg is not None else None
+    elif os.environ.get("NUMVAR_REFERENCE") == "1":
+        from .instrument import reference_path
+
+        ctx = reference_path()
     if spec and spec.get("threads"):
         from .runner.engine import limit_threads
 
@@ -139,17 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     sys.stdout.flush()
     if spec and spec.get("result"):
-        code = _write_result(spec["result"], collector, code, wall) or code
+        escapes = ctx.report().escapes() if hasattr(ctx, "report") else None
+        code = _write_result(spec["result"], collector, code, wall, escapes) or code
     return code
 
 
-def _write_result(path: str, collector: Any, code: int, wall: float) -> int:
+def _write_result(path: str, collector: Any, code: int, wall: float,
+                  escapes: dict | None = None) -> int:
     """Write the captures (or the capture error) to ``path``; returns 2 on capture errors."""
     from ._io import atomic_write_bytes
     from .errors import CaptureError
     from .runner.transport import pack
 
     info: dict[str, Any] = {"status": "ok" if code == 0 else "failed", "wall_s": wall}
+    if escapes:
+        info["escapes"] = escapes
     tensors: dict = {}
     ret = 0
     if code == 0:

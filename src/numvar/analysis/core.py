@@ -194,7 +194,8 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
     result: dict[str, Any] = AnalysisResult({
         "schema": SCHEMA,
         "run": {"path": path, "config": samples.config, "n": R, "seeds": list(samples.seeds),
-                "failed": len(samples.failed), "has_reference": bool(samples.reference)},
+                "failed": len(samples.failed), "has_reference": bool(samples.reference),
+                "escapes": dict(getattr(samples, "escapes", None) or {})},
         "settings": {"method": method, "basis": basis, "error": error, "against": against,
                      "probability": probability, "confidence": confidence,
                      "minimum_trials": mt, "enough_trials": R >= mt, "task": task},

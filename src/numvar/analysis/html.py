@@ -282,6 +282,11 @@ def render_html(result: dict, samples=None, path=None, *,
                  f"in <b>{unit}</b>: {html.escape(st['method'].upper())}, "
                  f"{html.escape(st['error'])} error, probability {st['probability']}, "
                  f"confidence {st['confidence']}, against {html.escape(st['against'])}.</p>")
+    if run.get("escapes"):
+        from .text import escapes_text
+
+        text = escapes_text(run["escapes"], run.get("config", {}).get("granularity", "flop"))
+        parts.append(f"<pre class='note' id='escapes' style='color:#b00'>{html.escape(text)}</pre>")
     for n in result["notes"]:
         parts.append(f"<p class='note'>note: {html.escape(n)}</p>")
 

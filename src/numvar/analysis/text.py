@@ -193,6 +193,16 @@ def report_header(result: dict) -> str:
             f"{st['confidence']}, against {st['against']})")
 
 
+def escapes_text(escapes: dict, granularity: str) -> str:
+    """The warning at the top of a report: ops not perturbed as asked, with counts."""
+    lines = [f"WARNING: {len(escapes)} op(s) were NOT perturbed at {granularity} granularity "
+             f"(ran natively or rounded once); the variability they cause is missing:"]
+    for op, e in escapes.items():
+        lines.append(f"  {op}: {e['count']} calls in {e['realizations']} realization(s): "
+                     f"{e['reason']}")
+    return "\n".join(lines)
+
+
 def report_renderables(result: dict, wide: bool = False) -> list:
     """Rich renderables (tables and notes) for one analysis result.
 
@@ -204,6 +214,11 @@ def report_renderables(result: dict, wide: bool = False) -> list:
     st = result["settings"]
     u = unit_name(st["basis"], short=True)
     out.append(Text(report_header(result)))
+    run = result["run"]
+    if run.get("escapes"):  # first: parts of the model these numbers do NOT cover
+        out.append(Text(escapes_text(run["escapes"], run.get("config", {}).get("granularity",
+                                                                               "flop")),
+                        style="bold red"))
 
     cols = capture_columns(st["basis"], wide)
     rows = []

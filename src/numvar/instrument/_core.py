@@ -31,6 +31,9 @@ class Ctx:
     precision: int | None
     stream: R.Stream
     backend: str = "auto"
+    #: ``on_escape(func, reason)``: set by the fuzzy block; handlers call it (through
+    #: :func:`numvar.instrument.handlers.rounded_once`) when they fall back below flop
+    on_escape: object = None
 
     def __post_init__(self) -> None:
         self.code = RK.mode_code(self.mode)

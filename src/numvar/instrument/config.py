@@ -13,6 +13,7 @@ variable               value
 ``NUMVAR_EXCLUDE``     comma-separated globs over aten op names (``aten.exp*,aten.log*``)
 ``NUMVAR_INCLUDE``     comma-separated globs, or op kinds of :data:`OP_KINDS` (``matmul``)
 ``NUMVAR_MODULES``     comma-separated globs over ``named_modules()`` paths
+``NUMVAR_STRICT``      ``1`` raises at the first op that would escape (default ``0``)
 =====================  ============================================================
 
 ``NUMVAR_FLOP_BACKEND`` (``auto`` | ``numba`` | ``triton``) is not part of a
@@ -40,6 +41,7 @@ ENV_VARS = (
     "NUMVAR_EXCLUDE",
     "NUMVAR_INCLUDE",
     "NUMVAR_MODULES",
+    "NUMVAR_STRICT",
 )
 
 
@@ -78,7 +80,10 @@ class FuzzyConfig:
     aten op names (``aten.exp``, ``aten.exp.default``, ``aten.nll_loss*``) or op kinds of
     :data:`numvar.instrument.OP_KINDS`. ``modules``: globs over ``named_modules()`` paths
     of ``model`` (or of the outermost module called). ``model`` is not part of the
-    environment form.
+    environment form. ``strict``: raise
+    :class:`numvar.errors.UninstrumentedOpError` at the first op that would run
+    natively or below the requested granularity (default: run it, and list it in the
+    block's summary).
     """
 
     mode: str = "sr"
@@ -88,6 +93,7 @@ class FuzzyConfig:
     exclude: tuple[str, ...] = ()
     include: tuple[str, ...] | None = None
     modules: tuple[str, ...] | None = None
+    strict: bool = False
     model: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -109,6 +115,8 @@ class FuzzyConfig:
             object.__setattr__(self, "include", _globs(self.include, "include"))
         if self.modules is not None:
             object.__setattr__(self, "modules", _globs(self.modules, "modules"))
+        if not isinstance(self.strict, bool):
+            raise ConfigError(f"strict must be True or False; got {self.strict!r}")
 
     # ------------------------------------------------------------------ environment
     @classmethod
@@ -156,10 +164,22 @@ class FuzzyConfig:
             kw["include"] = _split_env(env["NUMVAR_INCLUDE"])
         if env.get("NUMVAR_MODULES", "").strip():
             kw["modules"] = _split_env(env["NUMVAR_MODULES"])
+        strict = env.get("NUMVAR_STRICT", "").strip().lower()
+        if strict:
+            if strict not in ("0", "1", "true", "false"):
+                raise ConfigError(f"NUMVAR_STRICT must be 0 or 1; got {env['NUMVAR_STRICT']!r}")
+            kw["strict"] = strict in ("1", "true")
         for var, key in (("NUMVAR_EXCLUDE", "exclude"), ("NUMVAR_INCLUDE", "include")):
             for g in kw.get(key, ()):
                 _check_glob(g, var)
         return cls(**kw)
+
+    def replace(self, **overrides: Any) -> FuzzyConfig:
+        """This configuration with some fields changed (``cfg.replace(seed=cfg.seed + i)``);
+        run it with ``numvar.instrument.Fuzzy(cfg)``."""
+        from dataclasses import replace
+
+        return replace(self, **overrides)
 
     def to_env(self) -> dict[str, str]:
         """The environment variables that :meth:`from_env` turns back into this configuration."""
@@ -175,27 +195,12 @@ class FuzzyConfig:
             env["NUMVAR_INCLUDE"] = ",".join(self.include)
         if self.modules is not None:
             env["NUMVAR_MODULES"] = ",".join(self.modules)
+        if self.strict:
+            env["NUMVAR_STRICT"] = "1"
         for g in (*self.exclude, *(self.include or ()), *(self.modules or ())):
             if "," in g:
                 raise ConfigError(f"glob {g!r} contains a comma and cannot be put in an environment variable")
         return env
-
-    def fuzzy(self, **overrides: Any):
-        """A :func:`numvar.instrument.fuzzy` context with this configuration (fields overridable)."""
-        from .mode import fuzzy
-
-        kw = dict(
-            mode=self.mode,
-            granularity=self.granularity,
-            precision=self.precision,
-            seed=self.seed,
-            exclude=self.exclude,
-            include=self.include,
-            modules=self.modules,
-            model=self.model,
-        )
-        kw.update(overrides)
-        return fuzzy(**kw)
 
 
 def _check_glob(g: str, var: str) -> None:

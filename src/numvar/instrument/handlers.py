@@ -24,6 +24,10 @@ from ._core import FLOATS, Ctx, is_float_tensor, result_dtype
 
 Handler = Callable[[Ctx, object, tuple, dict], object]
 FLOP_HANDLERS: dict[str, Handler] = {}
+#: ops run at both granularities with the mode re-entered, one tensor of their lists at
+#: a time (fused optimizers, :mod:`numvar.instrument.optim`); the ``_foreach_*`` family
+#: goes through :func:`_foreach` the same way
+PER_TENSOR: dict[str, Handler] = {}
 OP_HANDLERS: dict[str, Handler] = {}
 #: how each registered handler rounds (for the report)
 HOW: dict[str, str] = {}
@@ -35,10 +39,12 @@ EXACT = object()
 
 
 def register(*names: str, table: dict[str, Handler] = FLOP_HANDLERS, how: str = "flop"):
+    hows = OP_HOW if table is OP_HANDLERS else HOW
+
     def deco(fn: Handler) -> Handler:
         for n in names:
             table[n] = fn
-            HOW.setdefault(n, how)
+            hows.setdefault(n, how)
         return fn
 
     return deco
@@ -222,6 +228,14 @@ def op_once(ctx: Ctx, func, args, kwargs):
         return ctx.round(o, target) if target in FLOATS else o
 
     return _map_outputs(out, rnd)
+
+
+def rounded_once(ctx: Ctx, func, args, kwargs, why: str):
+    """A flop handler's fallback for a case it does not cover: :func:`op_once`, reported
+    to the fuzzy block as an escape at flop granularity (``strict`` raises here)."""
+    if ctx.granularity == "flop" and ctx.on_escape is not None:
+        ctx.on_escape(func, f"rounded once at flop granularity: {why}")
+    return op_once(ctx, func, args, kwargs)
 
 
 def f64_once(ctx: Ctx, func, args, kwargs):
@@ -835,8 +849,10 @@ def _avg_pool2d(ctx, func, args, kwargs):
     ceil = _get(args, kwargs, 4, "ceil_mode", False)
     cip = _get(args, kwargs, 5, "count_include_pad", True)
     dov = _get(args, kwargs, 6, "divisor_override")
-    if ceil or x.dtype not in FLOATS:
+    if x.dtype not in FLOATS:
         return op_once(ctx, func, args, kwargs)
+    if ceil:
+        return rounded_once(ctx, func, args, kwargs, "ceil_mode windows")
     lead = x.shape[:-2]
     xx = x.reshape(-1, 1, *x.shape[-2:])
     cols, ls = flop.im2col(xx, ks, stride, padding, (1, 1))  # (B, kh*kw, L)
@@ -852,8 +868,10 @@ def _avg_pool2d_backward(ctx, func, args, kwargs):
     gout, x = args[0], args[1]
     ks, stride, padding = _pool_params(args[2], args[3], args[4])
     ceil, cip, dov = args[5], args[6], args[7]
-    if ceil or any(k > s for k, s in zip(ks, stride)) or gout.dtype not in FLOATS:
+    if gout.dtype not in FLOATS:
         return op_once(ctx, func, args, kwargs)
+    if ceil or any(k > s for k, s in zip(ks, stride)):
+        return rounded_once(ctx, func, args, kwargs, "ceil_mode or overlapping windows")
     div = _avg_divisor(x, ks, stride, padding, cip, dov)
     g = gout.reshape(-1, 1, gout.shape[-2] * gout.shape[-1])
     q = ctx.div(g, div)  # (B, 1, L)
@@ -862,6 +880,23 @@ def _avg_pool2d_backward(ctx, func, args, kwargs):
     out = F.fold(cols, (h + 2 * padding[0], w + 2 * padding[1]), ks, stride=stride)  # no overlap: exact
     out = out[..., padding[0]:padding[0] + h, padding[1]:padding[1] + w]
     return out.reshape(x.shape)
+
+
+@register("aten._adaptive_avg_pool2d_backward")
+def _adaptive_avg_pool2d_backward(ctx, func, args, kwargs):
+    """Windows that tile the input (sizes divisible by the output's): each input element
+    gets its window's gradient divided by the window size (one rounded division per
+    output element, then an exact scatter, as ATen's single-term sums); other sizes:
+    rounded once (an escape at flop granularity)."""
+    gout, x = args[0], args[1]
+    if gout.dtype not in FLOATS:
+        return op_once(ctx, func, args, kwargs)
+    (h, w), (oh, ow) = x.shape[-2:], gout.shape[-2:]
+    if oh == 0 or ow == 0 or h % oh or w % ow:
+        return rounded_once(ctx, func, args, kwargs, "adaptive windows of unequal sizes")
+    kh, kw = h // oh, w // ow
+    q = ctx.div(gout, float(kh * kw))
+    return q.repeat_interleave(kh, -2).repeat_interleave(kw, -1).reshape(x.shape)
 
 
 # ------------------------------------------------------------- complex and FFT
@@ -1080,7 +1115,7 @@ def _maxpool_backward(ctx, func, args, kwargs):
     dilation = list(dilation) * nd if len(dilation) == 1 else list(dilation)
     if all(d * (k - 1) + 1 <= s for k, s, d in zip(ks, stride, dilation)):
         return EXACT
-    return op_once(ctx, func, args, kwargs)
+    return rounded_once(ctx, func, args, kwargs, "overlapping windows")
 
 
 def _foreach(ctx, func, args, kwargs, mode=None):
@@ -1160,5 +1195,5 @@ EXACT_IMPLS["aten.all.dim"] = _all_dim
 FOREACH_PREFIX = "aten._foreach_"
 
 
-__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "HOW", "EXACT", "EXACT_IMPLS", "op_once", "f64_once",
+__all__ = ["FLOP_HANDLERS", "OP_HANDLERS", "PER_TENSOR", "HOW", "OP_HOW", "EXACT", "EXACT_IMPLS", "op_once", "f64_once", "rounded_once",
            "register"]

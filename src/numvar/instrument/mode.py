@@ -16,14 +16,23 @@ the block (forward, backward, optimizer step) reaches :class:`FuzzyMode`, which
    (transcendental and other pointwise functions);
    at ``op`` granularity: rounds each float result once (computed in float64 for
    binary32/16);
-5. runs anything else natively, logs a warning once per op name and lists it in
-   :meth:`Fuzzy.report`.
+5. runs anything else natively.
+
+Ops that run natively for want of a handler, or that are rounded once although
+``granularity="flop"``, *escape*: each ``with`` block ends with a warning that lists
+them with their counts (also in :meth:`Fuzzy.report` and in a run's metadata), and under
+``strict=True`` the first one raises :class:`numvar.errors.UninstrumentedOpError`
+naming the op and the module it ran in (a module stack kept by global forward hooks).
 
 Composite-implicit ops (``linear``, ``matmul``, ``einsum``, ``scaled_dot_product_attention``)
-never reach a dispatch mode: their aten pieces do. Scaled dot-product attention is forced
-to its math path inside the block so that forward and backward are consistent, and the
-fused transformer fast path is off (:func:`numvar.instrument.codepath.codepath`). Code
-compiled with ``torch.compile`` runs eagerly while a dispatch mode is active.
+usually never reach a dispatch mode: their aten pieces do. Under ``torch.inference_mode``
+they do reach it (autograd's dispatch key is off); numvar then runs their
+CompositeImplicitAutograd kernel with the mode re-entered (``func.decompose``), so the
+pieces are perturbed as under ``no_grad``. Fused optimizer steps run per tensor
+(:mod:`numvar.instrument.optim`). The switches of :func:`numvar.instrument.codepath.codepath`
+(SDPA math path, no MHA fast path, no mkldnn: LSTM/GRU by their cell arithmetic) hold
+inside the block. Code compiled with ``torch.compile`` runs eagerly while a dispatch
+mode is active.
 """
 
 from __future__ import annotations
@@ -39,17 +48,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import numvar.rounding as R
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UninstrumentedOpError
 from . import handlers as H
+from . import oplevel as _oplevel  # noqa: F401  (registers its handlers)
 from . import ops as O
+from . import optim as _optim  # noqa: F401  (registers its handlers)
 from . import replay as RP
 from ._core import FLOATS, Ctx
-from .codepath import codepath
 from .config import FuzzyConfig
+from .codepath import codepath
 
 logger = logging.getLogger("numvar.instrument")
 
-_WARNED: set[str] = set()
+#: why an op escapes (report, summary, strict error)
+ROUNDED_ONCE = "rounded once: no flop handler (op granularity although flop was asked)"
 
 # op kinds of the dispatch decision
 K_EXACT, K_HANDLER, K_DECOMP, K_F64, K_OPONCE, K_FOREACH = range(6)
@@ -139,6 +151,15 @@ def _returns_alias(func) -> bool:
                for r in func._schema.returns)
 
 
+COMPOSITE = "decomposed (CompositeImplicitAutograd kernel)"
+
+
+def composite_implicit(func) -> bool:
+    """The op has a CompositeImplicitAutograd kernel (it reaches a dispatch mode only
+    where autograd's key is off, as under ``torch.inference_mode``)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+
+
 def _classify(func, granularity: str) -> _OpInfo:
     packet = O.packet_name(func)
     name = O.full_name(func)
@@ -149,11 +170,12 @@ def _classify(func, granularity: str) -> _OpInfo:
         return info
     tags = getattr(func, "tags", ())
     if (torch.Tag.nondeterministic_seeded in tags and packet not in H.FLOP_HANDLERS
-            and packet not in H.OP_HANDLERS):
+            and packet not in H.OP_HANDLERS and not composite_implicit(func)):
         info.kind = K_EXACT  # random draws: torch's RNG, never perturbed
         return info
-    if packet.startswith(H.FOREACH_PREFIX):
-        info.kind, info.how = K_FOREACH, "per tensor"
+    if packet.startswith(H.FOREACH_PREFIX) or packet in H.PER_TENSOR:
+        info.kind, info.how = K_FOREACH, H.HOW.get(packet, "per tensor")
+        info.handler = H.PER_TENSOR.get(packet, H._foreach)
         return info
     fv = _functional_variant(func)
     if fv is not None:
@@ -162,12 +184,16 @@ def _classify(func, granularity: str) -> _OpInfo:
     if granularity == "op":
         if packet in H.OP_HANDLERS:
             info.kind, info.handler = K_HANDLER, H.OP_HANDLERS[packet]
-            info.how = H.OP_HOW.get(packet, H.HOW[packet])
+            info.how = H.OP_HOW.get(packet) or H.HOW.get(packet, "rounded once (op)")
         elif packet in _ELEMENTWISE_OP_LEVEL:
             info.kind, info.handler, info.how = K_HANDLER, H.FLOP_HANDLERS[packet], "elementwise"
+        elif composite_implicit(func):
+            info.kind, info.handler, info.how = K_DECOMP, func.decompose, COMPOSITE
         return info
     if packet in H.FLOP_HANDLERS:
         info.kind, info.handler, info.how = K_HANDLER, H.FLOP_HANDLERS[packet], H.HOW[packet]
+    elif composite_implicit(func):
+        info.kind, info.handler, info.how = K_DECOMP, func.decompose, COMPOSITE
     elif func in _decomps():
         info.kind, info.handler, info.how = K_DECOMP, _decomps()[func], "decomposed"
     elif packet in O.TRANSCENDENTAL_OPS or torch.Tag.pointwise in tags:
@@ -224,6 +250,9 @@ class FuzzyReport:
     (NOT perturbed). ``exact``: never-perturbed ops (data movement, exact float ops,
     integer tensors). ``excluded``: ops left native by ``exclude``/``include``.
     ``outside_modules``: ops that ran outside the ``modules`` selection.
+    ``escaped``: ops NOT perturbed at the requested granularity (run natively, or rounded
+    once at ``flop`` granularity), with ``escape_reasons`` saying why and where each
+    was first seen; printed first.
     """
 
     mode: str
@@ -235,12 +264,21 @@ class FuzzyReport:
     exact: dict[str, int] = field(default_factory=dict)
     excluded: dict[str, int] = field(default_factory=dict)
     outside_modules: dict[str, int] = field(default_factory=dict)
+    escaped: dict[str, int] = field(default_factory=dict)
+    escape_reasons: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
 
+    def escapes(self) -> dict[str, dict]:
+        """``{op: {"count": n, "reason": why}}`` (what a run stores in its metadata)."""
+        return {k: {"count": n, "reason": self.escape_reasons.get(k, "")}
+                for k, n in self.escaped.items()}
+
     def __str__(self) -> str:
         lines = [f"numvar fuzzy report: mode={self.mode} granularity={self.granularity}"]
+        if self.escaped:
+            lines.append(escape_summary(self.escaped, self.escape_reasons, self.granularity))
         for title, d in (("instrumented", self.instrumented), ("decomposed", self.decomposed),
                          ("native (NOT perturbed: no handler)", self.native),
                          ("excluded", self.excluded), ("outside modules", self.outside_modules),
@@ -252,6 +290,63 @@ class FuzzyReport:
                 extra = f"  [{self.how[name]}]" if title == "instrumented" and name in self.how else ""
                 lines.append(f"  {n:8d}  {name}{extra}")
         return "\n".join(lines)
+
+
+def escape_summary(counts: dict[str, int], reasons: dict[str, str], granularity: str) -> str:
+    """The lines that list escaped ops (block summary, report)."""
+    lines = [f"ESCAPED (NOT perturbed at {granularity} granularity): "
+             f"{sum(counts.values())} calls, {len(counts)} ops"]
+    for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"  {n:8d}  {name}: {reasons.get(name, '')}")
+    return "\n".join(lines)
+
+
+class _ModuleStack:
+    """The module whose forward is running (global forward hooks), to name where an op
+    ran; in backward, the autograd node."""
+
+    def __init__(self, model) -> None:
+        self.paths: dict[int, str] = {}
+        self.fixed = isinstance(model, torch.nn.Module)
+        if self.fixed:
+            self._index(model)
+        self.stack: list = []
+        self.handles: list = []
+
+    def _index(self, root) -> None:
+        top = type(root).__name__
+        for path, mod in root.named_modules(remove_duplicate=True):
+            self.paths.setdefault(id(mod), f"{top}.{path}" if path else top)
+
+    def pre(self, module, args):
+        if not self.stack and not self.fixed and id(module) not in self.paths:
+            self._index(module)
+        self.stack.append(module)
+
+    def post(self, module, args, output):
+        if self.stack:
+            self.stack.pop()
+
+    def where(self) -> str:
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            return f"the backward node {node.name()}"
+        if not self.stack:
+            return "no module (top-level code)"
+        m = self.stack[-1]
+        return f"module {self.paths.get(id(m), '?')} ({type(m).__name__})"
+
+    def install(self) -> None:
+        from torch.nn.modules import module as M
+
+        self.handles = [M.register_module_forward_pre_hook(self.pre),
+                        M.register_module_forward_hook(self.post, always_call=True)]
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.stack.clear()
 
 
 # ------------------------------------------------------------------------ modules filter
@@ -419,20 +514,16 @@ class FuzzyMode(TorchDispatchMode):
                 return self._decompose(func, info, args, kwargs)
             elif kind == K_FOREACH:
                 fz._count("decomposed", info.name)
-                return self._reenter(H._foreach, ctx, func, args, kwargs)
+                return self._reenter(info.handler, ctx, func, args, kwargs)
             else:  # K_F64, K_OPONCE
                 out = H.op_once(ctx, func, args, kwargs)
         except (NotImplementedError, RuntimeError, TypeError) as e:
-            if info.name not in _WARNED:
-                _WARNED.add(info.name)
-                logger.warning("numvar: %s could not be instrumented (%s: %s); it runs natively "
-                               "and is NOT perturbed", info.name, type(e).__name__, e)
+            fz._escape(info, f"runs natively, NOT perturbed ({type(e).__name__}: "
+                             f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})", e)
             fz._count("native", info.name)
             return func(*args, **kwargs)
-        if kind == K_OPONCE and fz.config.granularity == "flop" and info.name not in _WARNED:
-            _WARNED.add(info.name)
-            logger.warning("numvar: %s has no flop-level handler; its result is rounded once "
-                           "(op granularity)", info.name)
+        if kind == K_OPONCE and fz.config.granularity == "flop":
+            fz._escape(info, ROUNDED_ONCE)
         fz._count("instrumented", info.name, info.how)
         return out
 
@@ -443,6 +534,10 @@ class FuzzyMode(TorchDispatchMode):
         if info.inplace:
             res = self._reenter(info.functional, *args, **kwargs)
             dest = args[0]
+            if isinstance(dest, (list, tuple)):  # e.g. a list op returning new tensors
+                for d, r in zip(dest, res):
+                    d.copy_(r)
+                return None
             dest.copy_(res)  # this mode is popped here: the copy itself is not seen
             return dest
         kw = {k: v for k, v in kwargs.items() if k not in info.out_args}
@@ -450,17 +545,21 @@ class FuzzyMode(TorchDispatchMode):
         outs = [kwargs[k] for k in info.out_args]
         res_l = list(res) if isinstance(res, (tuple, list)) else [res]
         for o, r in zip(outs, res_l):
-            if o.shape != r.shape:
-                o.resize_(r.shape)
-            o.copy_(r)
+            for oo, rr in (zip(o, r) if isinstance(o, (list, tuple)) else ((o, r),)):
+                if oo.shape != rr.shape:
+                    oo.resize_(rr.shape)
+                oo.copy_(rr)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 class Fuzzy:
     """A fuzzy block: ``with Fuzzy(config) as fz: ...; fz.report()``.
 
-    Each entry starts a fresh random stream from ``config.seed``, so the same seed
-    reproduces a realization bit for bit. The report accumulates over entries.
+    ``Fuzzy(config)`` runs a :class:`FuzzyConfig` (e.g. ``FuzzyConfig.from_env()``;
+    ``Fuzzy(config.replace(seed=s))`` for another seed). Each entry starts a
+    fresh random stream from ``config.seed``, so the same seed reproduces a realization
+    bit for bit. The report accumulates over entries; the escape warning at the end of
+    each entry lists that entry's escapes.
     """
 
     def __init__(self, config: FuzzyConfig, *, backend: str = "auto") -> None:
@@ -468,8 +567,12 @@ class Fuzzy:
         self.backend = backend  # numvar.rounding backend of elementwise roundings
         self._infos: dict = {}  # OpOverload -> (_OpInfo, included, excluded)
         self._counts: dict[str, Counter] = {k: Counter() for k in (
-            "instrumented", "decomposed", "native", "exact", "excluded", "outside_modules")}
+            "instrumented", "decomposed", "native", "exact", "excluded", "outside_modules",
+            "escaped")}
         self._how: dict[str, str] = {}
+        self._reasons: dict[str, str] = {}  # escaped op -> why, and where first seen
+        self._block: Counter = Counter()  # escapes of the current entry
+        self._modules: _ModuleStack | None = None
         self._include = O.expand_kinds(config.include) if config.include is not None else None
         self._exclude = O.expand_kinds(config.exclude)
         unknown = [g for g in (config.include or ()) if not _looks_like_op_glob(g)]
@@ -499,6 +602,26 @@ class Fuzzy:
         if how is not None:
             self._how[name] = how
 
+    def _escape(self, info: _OpInfo, reason: str, error: BaseException | None = None) -> None:
+        """An op is not perturbed as asked: count it, or raise under ``strict``."""
+        name = info.name
+        if self.config.strict:
+            where = self._modules.where() if self._modules is not None else "?"
+            raise UninstrumentedOpError(
+                f"numvar (strict): {name} in {where}: {reason}. To fix: give it a "
+                f"handler (numvar.instrument.handlers) or a decomposition "
+                f"(numvar.instrument.ops.DECOMPOSED_OPS); or accept it running natively with "
+                f"exclude=['{info.packet}']; or use granularity='op' or strict=False "
+                f"(`numvar ops` shows how every op is handled)",
+                op=name, module=where, reason=reason) from error
+        self._count("escaped", name)
+        self._block[name] += 1
+        self._reasons.setdefault(name, reason)
+
+    def _handler_escape(self, func, reason: str) -> None:
+        """``Ctx.on_escape``: a handler fell back below flop granularity."""
+        self._escape(_OpInfo(O.full_name(func), O.packet_name(func), K_OPONCE), reason)
+
     @property
     def stream(self) -> R.Stream | None:
         return None if self._ctx is None else self._ctx.stream
@@ -511,11 +634,17 @@ class Fuzzy:
         if any(isinstance(m, FuzzyMode) for m in _get_current_dispatch_mode_stack()):
             raise ConfigError("numvar.fuzzy blocks cannot be nested")
         c = self.config
-        self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend)
+        self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend,
+                        on_escape=self._handler_escape)
         if c.modules is not None:
             self._filter = _ModuleFilter(c.modules, c.model)
             self._filter.install()
-        # SDPA math path, fused transformer fast path off (numvar.instrument.codepath)
+        if c.strict:  # global module hooks cost ~8 µs per module call: only when asked
+            self._modules = _ModuleStack(c.model)
+            self._modules.install()
+        self._block = Counter()
+        # fused kernels without a decomposition (SDPA flash, MHA fast path, mkldnn RNN)
+        # off: the composite paths run (numvar.instrument.paths)
         self._codepath = codepath()
         self._codepath.__enter__()
         self._mode = FuzzyMode(self)
@@ -533,6 +662,13 @@ class Fuzzy:
                 self._codepath = None
             if self._filter is not None:
                 self._filter.remove()
+            if self._modules is not None:
+                self._modules.remove()
+                self._modules = None
+        if self._block:
+            logger.warning("numvar: %s\n(strict=True raises at the first of them, naming "
+                           "its module; `numvar ops` shows how each op is handled)",
+                           escape_summary(self._block, self._reasons, self.config.granularity))
         return None
 
     def report(self) -> FuzzyReport:
@@ -543,6 +679,7 @@ class Fuzzy:
             instrumented=dict(c["instrumented"]), how=dict(self._how),
             decomposed=dict(c["decomposed"]), native=dict(c["native"]), exact=dict(c["exact"]),
             excluded=dict(c["excluded"]), outside_modules=dict(c["outside_modules"]),
+            escaped=dict(c["escaped"]), escape_reasons=dict(self._reasons),
         )
 
     @property
@@ -556,7 +693,8 @@ def _looks_like_op_glob(g: str) -> bool:
 
 
 def fuzzy(mode: str = "sr", granularity: str = "flop", precision: int | None = None,
-          seed: int = 0, exclude=(), include=None, modules=None, model=None) -> Fuzzy:
+          seed: int = 0, exclude=(), include=None, modules=None, model=None,
+          strict: bool = False) -> Fuzzy:
     """Instrument every aten op run in the ``with`` block (forward, backward, optimizer).
 
     ``mode``: ieee | sr | ud | random; ``granularity``: flop | op; ``precision``: virtual
@@ -565,7 +703,11 @@ def fuzzy(mode: str = "sr", granularity: str = "flop", precision: int | None = N
     (include selects the outermost ops; the sub-ops of a selected decomposition follow
     it, exclusions apply at every level); ``modules``: globs over ``named_modules()``
     paths of ``model`` (or of the outermost module called), so that only ops run inside
-    those modules' forward, and their backward, are perturbed.
+    those modules' forward, and their backward, are perturbed; ``strict``: raise
+    :class:`numvar.errors.UninstrumentedOpError` at the first op that would run natively
+    or below the requested granularity (default: run it, and list it in the block's
+    summary warning and in :meth:`Fuzzy.report`).
     """
     return Fuzzy(FuzzyConfig(mode=mode, granularity=granularity, precision=precision, seed=seed,
-                             exclude=exclude, include=include, modules=modules, model=model))
+                             exclude=exclude, include=include, modules=modules, model=model,
+                             strict=strict))

@@ -95,7 +95,7 @@ EXACT_OPS: frozenset[str] = frozenset(
     _functional_assert_async sym_size sym_stride sym_numel sym_storage_offset is_same_size
     _has_compatible_shallow_copy_type conj resolve_conj resolve_neg _conj _neg_view positive real
     imag _pin_memory record_stream to_dense set_ _version copysign nan_to_num nan_to_num_
-    hardshrink softshrink heaviside _to_dense dropout feature_dropout alpha_dropout
+    hardshrink softshrink heaviside _to_dense
     channel_shuffle pixel_shuffle pixel_unshuffle native_channel_shuffle im2col
     upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d
     _upsample_nearest_exact2d _upsample_nearest_exact3d fill_diagonal_ diag_embed diag
@@ -105,6 +105,8 @@ EXACT_OPS: frozenset[str] = frozenset(
     new_zeros_like stack_ _reshape_copy view_copy expand_copy
     permute_copy transpose_copy t_copy unsqueeze_copy squeeze_copy alias_copy
     max_unpool1d index_fill index_fill_ masked_scatter_ gather_backward
+    unsafe_split unsafe_chunk unsafe_split_with_sizes narrow_copy split_with_sizes_copy
+    unbind_copy conj_physical conj_physical_ _conj_physical
 
     """.split()
 ) | frozenset(
@@ -153,6 +155,7 @@ DECOMPOSED_OPS: tuple[str, ...] = (
     # weighted sums of gathered values as pointwise ops and reductions
     "aten.grid_sampler_2d", "aten._weight_norm_interface", "aten.upsample_bicubic2d",
     "aten.upsample_trilinear3d", "aten.upsample_linear1d",
+    "aten.affine_grid_generator",  # base grid (linspace) times θᵀ: a batched matmul
     # numvar's own (numvar.instrument.decompositions)
     "aten.addbmm", "aten.logcumsumexp", "aten._weight_norm_interface_backward",
     "aten.upsample_linear1d_backward", "aten.upsample_bilinear2d_backward",

@@ -15,7 +15,7 @@ import torch
 
 from .._io import atomic_write_text, load_tensors
 from ..errors import RunError
-from .store import REFERENCE, RunStore, Samples, stack_realizations
+from .store import REFERENCE, RunStore, Samples, merge_escapes, stack_realizations
 from .transport import unpack
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class Recorder:
         tensors, info = unpack(blob)
         tag = tag_of(index)
         rec: dict[str, Any] = {
-            k: info[k] for k in ("exit_code", "wall_s", "host", "error", "stderr_tail")
+            k: info[k] for k in ("exit_code", "wall_s", "host", "error", "stderr_tail", "escapes")
             if info.get(k) is not None
         }
         ok = info.get("status") == "ok"
@@ -183,6 +183,7 @@ class Recorder:
             seeds=[self.seeds[i] for i in order],
             timings=[float(self._records[i].get("wall_s", float("nan"))) for i in order],
             failed=[r for r in self.failed],
+            escapes=merge_escapes([self._records[i] for i in order]),
         )
 
 

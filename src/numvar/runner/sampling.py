@@ -1,7 +1,10 @@
 """``numvar.sample``: R realizations of a Python function.
 
 Realization ``i`` runs ``fn(*args)`` under ``numvar.instrument.fuzzy(mode, granularity,
-seed=seed + i, ...)``; the reference runs it with no instrumentation at all.
+seed=seed + i, ...)``; the reference runs it natively along the same code path
+(:func:`numvar.instrument.reference_path`: the fast-path switches of a fuzzy block and a
+pass-through dispatch mode), so that an ``ieee`` realization matches it up to summation
+order.
 
 Executors:
 
@@ -42,9 +45,12 @@ _PAYLOAD: dict[str, Any] | None = None
 
 
 def fuzzy_context(mode: str | None, **kw: Any):
-    """The instrumentation context for one realization (``mode=None``: none at all)."""
+    """The instrumentation context for one realization (``mode=None``: the IEEE
+    reference, :func:`numvar.instrument.reference_path`)."""
     if mode is None:
-        return contextlib.nullcontext()
+        from ..instrument import reference_path
+
+        return reference_path()
     from ..instrument import fuzzy
 
     return fuzzy(mode=mode, **kw)
@@ -65,8 +71,11 @@ def realize(fn: Callable[..., Any], args: tuple, *, index: int | None, seed: int
             kw = dict(fuzzy_kw)
             if model is not None:
                 kw["model"] = model
-            with fuzzy_context(mode, seed=seed, **kw):
+            with fuzzy_context(mode, seed=seed, **kw) as fz:
                 out = fn(*args)
+            escapes = fz.report().escapes() if fz is not None else None
+            if escapes:  # ops not perturbed as asked: stored with the realization
+                info["escapes"] = escapes
             collector.add("output", out, kind="api", unique=True)
         tensors, kinds = collector.finish()
         info.update(status="ok", kinds=kinds)

@@ -111,7 +111,8 @@ def fuzzy_env(config: dict[str, Any], seed: int) -> dict[str, str]:
     """NUMVAR_* variables for a realization with ``seed`` (via ``FuzzyConfig.to_env``)."""
     from ..instrument import FuzzyConfig
 
-    kw = {k: config[k] for k in ("granularity", "precision", "exclude", "include", "modules")
+    kw = {k: config[k] for k in ("granularity", "precision", "exclude", "include", "modules",
+                                 "strict")
           if config.get(k) not in (None, [], ())}
     for k in ("exclude", "include", "modules"):
         if k in kw:
@@ -262,6 +263,8 @@ def run_script_task(task: dict[str, Any]) -> bytes:
             info.update(status="failed", error=child_info.get("error") or "capture failed")
         else:
             kinds = dict(child_info.get("kinds") or {})
+            if child_info.get("escapes"):
+                info["escapes"] = child_info["escapes"]
             if "stdout" in task["capture"]:
                 tensors["stdout"] = torch.tensor(stdout_numbers(out_text), dtype=torch.float64)
                 kinds["stdout"] = "stdout"
@@ -297,7 +300,8 @@ def make_tasks(config: dict[str, Any], indices: list[int | None],
     tasks = []
     for i in indices:
         seed = config["seed"] if i is None else seeds[i]
-        env = {} if i is None else fuzzy_env(config, seed)
+        # the reference: natively, along the realizations' code path (numvar.exec)
+        env = {"NUMVAR_REFERENCE": "1"} if i is None else fuzzy_env(config, seed)
         tasks.append({"tag": tag_of(i), "index": i, "seed": seed, "env": env,
                       "argv": config["argv"], "invoke_dir": config["invoke_dir"],
                       "capture": config["capture"], "layers": config["capture_layers"],
@@ -362,10 +366,13 @@ def run_script(command: list[str], *, n: int = 10, mode: str = "sr",
                files: str | list[str] | None = None, executor: str = "local",
                scheduler: str | None = None, precision: int | None = None,
                exclude: str | list[str] | None = None, include: str | list[str] | None = None,
-               modules: str | list[str] | None = None,
+               modules: str | list[str] | None = None, strict: bool = False,
                invoke_dir: str | os.PathLike | None = None,
                progress: Callable[[str, Any], None] | None = None) -> "RunResult":
-    """Create ``out`` and run the IEEE reference, then ``n`` realizations of ``command``."""
+    """Create ``out`` and run the IEEE reference, then ``n`` realizations of ``command``.
+
+    ``strict``: each realization raises (and fails) at the first op that numvar cannot
+    perturb as asked (``NUMVAR_STRICT=1``)."""
     invoke_dir = str(Path(invoke_dir or os.getcwd()).resolve())
     if n < 1:
         raise ConfigError(f"-n must be >= 1, got {n}")
@@ -384,7 +391,8 @@ def run_script(command: list[str], *, n: int = 10, mode: str = "sr",
         "kind": "script", "argv": argv, "invoke_dir": invoke_dir,
         "mode": mode, "granularity": granularity, "precision": precision, "seed": seed,
         "n": n, "exclude": parse_globs(exclude), "include": parse_globs(include),
-        "modules": parse_globs(modules), "capture": parse_capture(capture),
+        "modules": parse_globs(modules), "strict": bool(strict),
+        "capture": parse_capture(capture),
         "capture_layers": parse_globs(capture_layers),
         "files": _check_files(parse_globs(files)), "jobs": jobs, "executor": executor,
         "threads": thread_share(min(jobs, n)),

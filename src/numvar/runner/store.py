@@ -70,6 +70,9 @@ class Samples:
     seeds: list[int] = field(default_factory=list)
     timings: list[float] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
+    #: ops that escaped perturbation, over the realizations: op -> {"count", "reason",
+    #: "realizations"} (see :func:`merge_escapes`)
+    escapes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -90,6 +93,19 @@ class Samples:
             if m:
                 groups.setdefault(m["base"], []).append((int(m["step"]), name))
         return {b: [n for _, n in sorted(v)] for b, v in groups.items()}
+
+
+def merge_escapes(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Merge the ``escapes`` of realization records (ops numvar ran natively or below the
+    requested granularity): per op, the calls summed over realizations, the first
+    reason, and in how many realizations it escaped."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        for op, e in (r.get("escapes") or {}).items():
+            m = out.setdefault(op, {"count": 0, "reason": e.get("reason", ""), "realizations": 0})
+            m["count"] += int(e.get("count", 0))
+            m["realizations"] += 1
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1]["count"], kv[0])))
 
 
 def stack_realizations(per_run: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -220,6 +236,7 @@ class RunStore:
             seeds=[r["seed"] for r in ok],
             timings=[float(r.get("wall_s", float("nan"))) for r in ok],
             failed=[r for r in self.manifest["realizations"] if r["status"] == "failed"],
+            escapes=merge_escapes(ok),
         )
 
 
