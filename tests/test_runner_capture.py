@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from numvar.errors import CaptureError, StoreError
 import numvar.runner.collect as capture_api
 from numvar.runner.collect import Collector, ModuleHooks, collecting, flatten
-from numvar.runner.engine import Recorder, mismatch
+from numvar.runner.engine import Recorder
 from numvar.runner.transport import pack, stdout_numbers, unpack
 
 
@@ -174,18 +174,22 @@ def test_transport_roundtrip_is_bitwise_and_ordered():
         unpack(struct.pack("<Q", 5) + b"{bad")
 
 
-def test_recorder_rejects_shape_dtype_and_name_mismatches(tmp_path):
+def test_recorder_keeps_differing_captures_and_reports_their_presence(tmp_path):
+    """Realizations whose captures differ from the reference's are kept (issue 14 #3):
+    the shared captures are stacked, the others described by presence and shape."""
     ok = {"y": torch.zeros(3), "stdout": torch.zeros(2, dtype=torch.float64)}
-    assert mismatch({"y": ((3,), "float32")}, {"y": torch.zeros(3)}, "ref") is None
     rec = Recorder(None, seeds=[0, 1, 2, 3])
     blob = lambda t: pack(t, {"status": "ok", "kinds": {k: "api" for k in t}})  # noqa: E731
     assert rec.record(None, blob(ok))["status"] == "ok"
-    r = rec.record(0, blob({"y": torch.zeros(4), "stdout": ok["stdout"]}))
-    assert r["status"] == "failed" and "'y' has shape (4,)" in r["error"]
+    assert rec.record(0, blob({"y": torch.zeros(4), "stdout": ok["stdout"]}))["status"] == "ok"
     r = rec.record(1, blob({"y": torch.zeros(3, dtype=torch.float64), "stdout": ok["stdout"]}))
-    assert "dtype float64" in r["error"] and "the reference has shape (3,) dtype float32" in r["error"]
-    r = rec.record(2, blob({"y": torch.zeros(3)}))
-    assert "missing 'stdout'" in r["error"]
-    assert rec.record(3, blob(ok))["status"] == "ok"
+    assert r["status"] == "ok"
+    assert rec.record(2, blob({"y": torch.zeros(3)}))["status"] == "ok"
+    assert rec.record(3, pack({}, {"status": "failed", "error": "boom"}))["status"] == "failed"
     s = rec.samples()
-    assert s.indices == [3] and [f["index"] for f in s.failed] == [0, 1, 2]
+    assert s.indices == [0, 1, 2] and [f["index"] for f in s.failed] == [3]
+    assert list(s.captures) == []  # y differs in shape or dtype, stdout is missing in r2
+    assert s.partial["y"] == {"present": 3, "of": 3, "reference": True,
+                              "shapes": {"(4,) float32": 1, "(3,) float64": 1, "(3,) float32": 1}}
+    assert s.partial["stdout"] == {"present": 2, "of": 3, "reference": True,
+                                   "shapes": {"(2,) float64": 2}}

@@ -35,6 +35,15 @@ print(f"mean {y.mean().item():.9e} max {y.max().item():.9e}")
 """
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_warmup():
+    """The kernels' warm-up has its own test (test_runner_realizations); here it would
+    only add a compilation on a cold CI cache to the kill/Ctrl-C tests' deadlines."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NUMVAR_WARMUP", "0")
+        yield
+
+
 def run_cli(*args):
     return main(["run", *map(str, args)])
 
@@ -287,16 +296,17 @@ def test_files_and_clear_capture_errors(tmp_path, monkeypatch, capsys):
     rc = run_cli("-n", 4, "--mode", "ieee", "--jobs", 2, "--files", "out/*", "--out", "runs/e",
                  "--", "edges.py")
     err = capsys.readouterr().err
-    assert rc == 1 and "3 of 4 realizations failed" in err
+    assert rc == 1 and "2 of 4 realizations failed" in err
     m = RunStore.open(tmp_path / "runs/e").manifest
     r = m["realizations"]
-    assert [x["status"] for x in r] == ["ok", "failed", "failed", "failed"]
-    assert "capture 'stdout' has shape (2,)" in r[1]["error"] and "reference has shape (1,)" in r[1]["error"]
+    # r1 printed one number more: kept (differing captures are reported, not rejected)
+    assert [x["status"] for x in r] == ["ok", "ok", "failed", "failed"]
     assert "capture 'label': non-numeric value of type str" in r[2]["stderr_tail"]
     assert "files/out/pred.npy: cannot load without unpickling" in r[3]["error"]
     s = load_run(tmp_path / "runs/e")
-    assert s.kinds == {"stdout": "stdout", "files/out/pred.npy": "file",
-                       "files/out/t.safetensors/w": "file"}
+    assert s.kinds == {"files/out/pred.npy": "file", "files/out/t.safetensors/w": "file"}
+    assert s.partial["stdout"] == {"present": 2, "of": 2, "reference": True,
+                                   "shapes": {"(1,) float64": 1, "(2,) float64": 1}}
     assert torch.equal(s["files/out/pred.npy"][0], torch.linspace(0, 1, 5))
     assert torch.equal(s["files/out/t.safetensors/w"][0], 2 * torch.linspace(0, 1, 5))
     assert not list(tmp_path.glob("out"))  # the script wrote into its own working directory

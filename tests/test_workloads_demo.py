@@ -59,6 +59,17 @@ def test_demo_writes_everything(demo):
         assert (mode, "total") in events
         assert sum(1 for e in events if e == (mode, "done")) == N + 1
     assert res.images == IMAGES
+    # what it wrote, as printed: every file under out counted once
+    total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    assert sum(res.written.values()) == total
+    assert set(res.written) == {"report.html", "sr.html", "ud.html", "sr.json", "ud.json",
+                                "runs/sr", "runs/ud"}
+    # layers are stored for the first layer_images images only (the footprint)
+    from numvar.runner import load_run
+
+    s = load_run(out / "runs" / "sr")
+    assert s["layers/conv1#0"].shape[1] == min(IMAGES, DemoConfig().layer_images)
+    assert s["output.logits"].shape[1] == IMAGES
 
 
 def test_demo_report_numbers_equal_analysis_api(demo):

@@ -90,6 +90,15 @@ def demo(
     tasks: dict[str, int] = {}
 
     def progress(mode: str, event: str, payload) -> None:
+        if event == "compile":  # numvar's kernels, before any realization
+            if "estimate_s" in payload:
+                tasks[mode] = bar.add_task(f"compiling numvar's kernels: first run only, "
+                                           f"~{payload['estimate_s']} s", total=None)
+            else:
+                bar.remove_task(tasks.pop(mode))
+                if (payload.get("compile_s") or 0) > 1.0:
+                    bar.console.print(_kernels_ready(payload["compile_s"]))
+            return
         if mode not in tasks:
             tasks[mode] = bar.add_task(f"{mode.upper()} realizations (+ IEEE)", total=None)
         if event == "total":
@@ -115,6 +124,9 @@ def demo(
                       f"{row['flipped']} of {row['samples']}",
                       "—" if row["accuracy_mean"] is None else f"{100 * row['accuracy_mean']:.2f} %")
     Console().print(table)
+    total = sum(res.written.values())
+    parts = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in res.written.items())
+    Console().print(f"wrote {out} ({total / 1e6:.1f} MB: {parts})", soft_wrap=True)
     Console().print(f"report: [bold]{res.report.resolve()}[/bold]")
 
 
@@ -263,76 +275,150 @@ def run(
     scheduler: str = typer.Option(None, "--scheduler",
                                   help="Dask scheduler address (tcp://host:8786); without "
                                        "it --executor dask starts a LocalCluster."),
+    capture_limit: str = typer.Option(
+        None, "--capture-limit", metavar="SIZE",
+        help="Most bytes one realization may capture, e.g. 1GB, 200MB, or none; captures "
+             "past it are dropped and reported (default: 1GiB)."),
     resume: str = typer.Option(None, "--resume", metavar="RUN_DIR",
-                               help="Complete an interrupted run: only what is missing runs."),
+                               help="Complete an interrupted run: what is missing or corrupt "
+                                    "runs again; -n larger than the run's adds realizations."),
 ) -> None:
     """Run an unmodified script N times under random rounding, after one IEEE reference.
 
     Each realization is a fresh `python -m numvar.exec` process, instrumented before
-    the script starts; results are stored atomically in the run directory.
+    the script starts, with the same random state, threads and inputs as the
+    reference; results are stored atomically in the run directory.
 
     Example: numvar run -n 10 --jobs 2 --out runs/mnist -- python infer.py --batch 64
     """
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
-
     from functools import partial
+
+    from rich.console import Console
 
     from .errors import ConfigError
     from .runner.script import resume_script, run_script
 
     console = Console(stderr=True)
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("[red]{task.fields[failed]} failed"), TimeElapsedColumn(),
-                   TextColumn("ETA"), TimeRemainingColumn(), console=console,
-                   transient=False)
-    state: dict = {"task": None, "failed": 0}
-
-    def progress(event: str, payload) -> None:
-        if event == "store":
-            state["path"] = payload
-        elif event == "total":
-            state["task"] = bar.add_task("realizations", total=payload, failed=0)
-        elif event == "done":
-            state["failed"] += payload["status"] != "ok"
-            bar.update(state["task"], advance=1, failed=state["failed"])
-
     if resume is not None:
-        given = {"-n": n, "--mode": mode, "--granularity": granularity, "--precision": precision,
+        given = {"--mode": mode, "--granularity": granularity, "--precision": precision,
                  "--seed": seed, "--out": out, "--capture": capture,
                  "--capture-layers": capture_layers, "--files": files, "--exclude": exclude,
                  "--include": include, "--modules": modules, "--strict": strict,
+                 "--capture-limit": capture_limit,
                  "script": command}
         extra = [k for k, v in given.items() if v not in (None, [], ())]
         if extra:
             raise ConfigError(f"--resume takes its configuration from {resume}/manifest.json; "
-                              f"drop {', '.join(extra)} (only --jobs, --executor and "
-                              f"--scheduler may change)")
-        call = partial(resume_script, resume, jobs=jobs, executor=executor,
-                       scheduler=scheduler, progress=progress)
+                              f"drop {', '.join(extra)} (only -n (to add realizations), "
+                              f"--jobs, --executor and --scheduler may change)")
+    show = _RunProgress(console)
+    if resume is not None:
+        call = partial(resume_script, resume, n=n, jobs=jobs, executor=executor,
+                       scheduler=scheduler, progress=show)
     else:
         call = partial(
                 run_script, command or [], n=10 if n is None else n, mode=mode or "sr",
                 granularity=granularity or "flop", precision=precision,
                 seed=0 if seed is None else seed, jobs=jobs, out=out, capture=capture,
                 capture_layers=capture_layers, files=files, exclude=exclude, include=include,
-                modules=modules, strict=bool(strict),
-                executor=executor or "local", scheduler=scheduler, progress=progress)
+                modules=modules, strict=bool(strict), capture_limit=capture_limit,
+                executor=executor or "local", scheduler=scheduler, progress=show)
     try:
-        with bar:
+        with show.bar:
             result = call()
     except KeyboardInterrupt:
-        where = state.get("path")
+        where = show.path
         console.print("interrupted: what finished is stored"
                       + (f"; complete it with numvar run --resume {where}" if where else ""),
                       soft_wrap=True)
         raise typer.Exit(130)
+    _run_summary(console, result)
+
+
+class _RunProgress:
+    """``numvar run``'s progress display: the bar, the kernel compilation, the ETA, the
+    files ``--resume`` found missing or corrupt."""
+
+    def __init__(self, console) -> None:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                                   TextColumn, TimeElapsedColumn)
+
+        self.console = console
+        self.bar = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+                            MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
+                            TimeElapsedColumn(), console=console, transient=False)
+        self.task = None
+        self.compile_task = None
+        self.failed = 0
+        self.path = None
+
+    def __call__(self, event: str, payload) -> None:
+        say = self.bar.console.print
+        if event == "store":
+            self.path = payload
+        elif event == "added":
+            say(f"adding realizations {payload[0]}..{payload[-1]}", soft_wrap=True)
+        elif event == "problems":
+            for index, why in payload:
+                tag = "reference" if index is None else f"r{index:04d}"
+                say(f"[yellow]{tag}: {why}; running it again[/]", soft_wrap=True)
+        elif event == "total":
+            self.task = self.bar.add_task("reference + realizations", total=payload, note="")
+        elif event == "compile" and "estimate_s" in payload:
+            self.compile_task = self.bar.add_task(
+                f"compiling numvar's kernels: first run only, ~{payload['estimate_s']} s",
+                total=None, note="")
+        elif event == "compile":
+            if self.compile_task is not None:
+                self.bar.remove_task(self.compile_task)
+                self.compile_task = None
+            if (payload.get("compile_s") or 0) > 1.0:
+                say(_kernels_ready(payload["compile_s"]), soft_wrap=True)
+        elif event == "eta":
+            ref = payload.get("reference_s")
+            say(("" if ref is None else f"reference {ref:.1f} s, ")
+                + f"first realization {payload['first_s']:.1f} s: ETA ~{_duration(payload['seconds'])}"
+                f" for the remaining {payload['remaining']} ({payload['jobs']} at a time)",
+                soft_wrap=True)
+        elif event == "done":
+            self.failed += payload["status"] != "ok"
+            self.bar.update(self.task, advance=1,
+                            note=f"[red]{self.failed} failed[/]" if self.failed else "")
+
+
+def _kernels_ready(seconds: float) -> str:
+    return (f"numvar's kernels ready in {seconds:.0f} s (compiled on the first run, loaded "
+            f"from numba's cache later; not counted in realization times)")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _run_summary(console, result) -> None:
+    """What ``numvar run`` stored, what failed or was dropped, and what to do next."""
     m = result.store.manifest
-    ok = sum(r["status"] == "ok" for r in m["realizations"])
-    console.print(f"{ok} of {len(m['realizations'])} realizations stored in "
-                  f"[bold]{result.path}[/] ({len(m['captures'])} captures, "
-                  f"{result.wall_s:.1f} s); next: numvar report {result.path}", soft_wrap=True)
+    reals = m["realizations"]
+    ok = sum(r["status"] == "ok" for r in reals)
+    console.print(f"{ok} of {len(reals)} realizations stored in [bold]{result.path}[/] "
+                  f"({len(m['captures'])} captures, {result.wall_s:.1f} s)", soft_wrap=True)
+    dropped = [r for r in reals if r["status"] == "ok" and r.get("dropped")]
+    if dropped:
+        calls = sum(d["calls"] for r in dropped for d in r["dropped"].values())
+        limit = m["config"].get("capture_limit")
+        console.print(f"[yellow]the capture limit ({limit / 2**20:.0f} MiB per realization) "
+                      f"dropped {calls} capture call(s) in {len(dropped)} realization(s); "
+                      f"raise it with --capture-limit (the report lists them)[/]",
+                      soft_wrap=True)
+    if ok >= 2:
+        console.print(f"next: numvar report {result.path}", soft_wrap=True)
+    else:
+        console.print(f"[red]{ok} usable realization(s): a report needs at least 2[/]",
+                      soft_wrap=True)
     if result.failed:
         from .runner.engine import failure_summary
 
@@ -563,8 +649,32 @@ def compare_cmd(
     for r in (run_a, run_b):
         RunStore.open(r)         # a missing or corrupt run fails before any analysis
     cmp = compare(analyze_run(run_a, **opts), analyze_run(run_b, **opts))
+    _check_comparable(cmp, run_a, run_b)
     _emit(fmt, output, cmp, lambda w=False: compare_renderables(cmp, wide=w),
           lambda: render_compare_html(cmp), wide=wide)
+
+
+def _check_comparable(cmp: dict, run_a: str, run_b: str) -> None:
+    """Refuse two runs with no capture of one name and shape in common; warn, naming
+    it, about what else differs (the program, captures of other shapes)."""
+    from rich.console import Console
+
+    from .errors import ConfigError
+
+    diff = [f"{d['name']} {tuple(d['a'])} vs {tuple(d['b'])}" for d in cmp["shape_differs"]]
+    if not cmp["captures"]:
+        raise ConfigError(
+            f"{run_a} and {run_b} have no capture of the same name and shape to compare"
+            + (f" (program: {cmp['program_differs']})" if cmp["program_differs"] else "")
+            + (f"; shapes differ: {', '.join(diff[:5])}" if diff else "")
+            + (f"; only in the first: {', '.join(cmp['only_a'][:5])}" if cmp["only_a"] else "")
+            + (f"; only in the second: {', '.join(cmp['only_b'][:5])}" if cmp["only_b"] else ""))
+    warn = Console(stderr=True, highlight=False, soft_wrap=True)
+    if cmp["program_differs"]:
+        warn.print(f"[yellow]warning: the runs ran different programs: "
+                   f"{cmp['program_differs']}[/]")
+    if diff:
+        warn.print(f"[yellow]warning: not compared, shapes differ: {', '.join(diff)}[/]")
 
 
 # ---------------------------------------------------------------- determinism

@@ -15,7 +15,10 @@ its ``sys.argv`` and ``sys.path[0]`` as Python would set them), except that:
   natively inside :func:`numvar.instrument.reference_path`, the realizations' code path;
 - when ``NUMVAR_RUNNER`` holds a runner spec (JSON, set by ``numvar run``), captures
   are recorded (``numvar.capture`` calls, top-level module outputs, ``layers``
-  globs) and written to the spec's ``result`` file when the script ends.
+  globs; at most ``capture_limit`` bytes) and written to the spec's ``result`` file
+  when the script ends, with the thread counts in effect, the digests of the random
+  states the script started from (restored from the spec's ``rng``), the script's
+  time and the part of it numba spent compiling (``compile_s``).
 
 Exit status: the script's own (``sys.exit(n)`` → n, an uncaught exception → 1 with its
 traceback on stderr); 2 for a usage error of this launcher.
@@ -107,20 +110,26 @@ def main(argv: list[str] | None = None) -> int:
         from .instrument import reference_path
 
         ctx = reference_path()
+    info: dict[str, Any] = {}
     if spec and spec.get("threads"):
         from .runner.engine import limit_threads
 
         # numba's pool only when instrumented: an uninstrumented run should not start it
-        limit_threads(int(spec["threads"]), numba=ctx is not None)
+        info["threads"] = limit_threads(int(spec["threads"]), numba=ctx is not None)
 
     capture = set((spec or {}).get("capture") or ())
-    collector = Collector()
+    limit = (spec or {}).get("capture_limit")
+    collector = Collector(limit=int(limit) if limit else None)
     hooks = ModuleHooks(collector, top_level="modules" in capture,
                         layers=(spec or {}).get("layers") or ())
+    timer = _compile_timer(ctx is not None)
+    if spec and spec.get("rng"):  # the program state every realization starts from
+        from .runner.rng import restore
+
+        info["rng"] = restore(spec["rng"])
     code = 0
-    error: str | None = None
     t0 = time.perf_counter()
-    with collecting(collector) if spec else _null():
+    with collecting(collector) if spec else _null(), timer:
         with hooks if spec else _null():
             try:
                 if ctx is not None:
@@ -143,24 +152,35 @@ def main(argv: list[str] | None = None) -> int:
             except BaseException:
                 traceback.print_exc()
                 code = 1
-    wall = time.perf_counter() - t0
+    info["script_s"] = time.perf_counter() - t0
+    info["compile_s"] = getattr(timer, "seconds", 0.0)
+    if collector.dropped:
+        info["dropped"] = collector.dropped
     sys.stdout.flush()
     if spec and spec.get("result"):
         escapes = ctx.report().escapes() if hasattr(ctx, "report") else None
-        code = _write_result(spec["result"], collector, code, wall, escapes) or code
+        if escapes:
+            info["escapes"] = escapes
+        code = _write_result(spec["result"], collector, code, info) or code
     return code
 
 
-def _write_result(path: str, collector: Any, code: int, wall: float,
-                  escapes: dict | None = None) -> int:
+def _compile_timer(instrumented: bool) -> Any:
+    """Time numba spends compiling inside the script (only instrumented runs compile)."""
+    if not instrumented:
+        return _null()
+    from .runner.warmup import CompileTimer
+
+    return CompileTimer()
+
+
+def _write_result(path: str, collector: Any, code: int, extra: dict[str, Any]) -> int:
     """Write the captures (or the capture error) to ``path``; returns 2 on capture errors."""
     from ._io import atomic_write_bytes
     from .errors import CaptureError
     from .runner.transport import pack
 
-    info: dict[str, Any] = {"status": "ok" if code == 0 else "failed", "wall_s": wall}
-    if escapes:
-        info["escapes"] = escapes
+    info: dict[str, Any] = {"status": "ok" if code == 0 else "failed", **extra}
     tensors: dict = {}
     ret = 0
     if code == 0:

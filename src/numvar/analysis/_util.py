@@ -52,3 +52,20 @@ def mode_along0(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         best = np.where(better, s[i], best)
         bestc = np.where(better, run, bestc)
     return best, bestc
+
+
+def centred_moments(x: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and sample standard deviation (R−1) along ``axis``, in float64, two-pass and
+    centred on the first realization: ``d = x - x[0]``, ``mean = x[0] + mean(d)``,
+    ``std = sqrt(sum((d - mean(d))**2) / (R-1))``.
+
+    Bitwise-identical realizations give ``d = 0`` exactly, hence std exactly 0 and the
+    mean exactly the common value (``numpy.std`` gives ~1e-16 there: the rounding error
+    of its own mean); centring also keeps the tiny spread of large values accurate."""
+    x = np.moveaxis(np.asarray(x, dtype=np.float64), axis, 0)
+    R = x.shape[0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = x - x[:1]
+        md = d.mean(axis=0)
+        var = ((d - md) ** 2).sum(axis=0) / max(R - 1, 1)
+    return x[0] + md, np.sqrt(var)

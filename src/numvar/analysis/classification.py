@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import AnalysisError
-from ._util import fnum, gnum, mode_along0, to_numpy
+from ._util import centred_moments, fnum, gnum, mode_along0, to_numpy
 
 SCORE_RE = re.compile(r"logits|probs", re.IGNORECASE)
 LABEL_RE = re.compile(r"(^|[./])(labels|targets)$", re.IGNORECASE)
@@ -75,7 +75,7 @@ def classify(scores: torch.Tensor, reference: torch.Tensor | None = None,
     unstable = ~np.all(preds == preds[:1], axis=0)
     varying = ~np.all(x == x[:1], axis=0)  # (N, C)
     vary_sample = varying.any(axis=1)
-    std = x.std(axis=0, ddof=1) if R > 1 else np.zeros((N, C))
+    std = centred_moments(x)[1] if R > 1 else np.zeros((N, C))
     flipped = k > 0
     # margin of the base decision: its score minus the best other score, per realization
     if C > 1:
@@ -84,7 +84,7 @@ def classify(scores: torch.Tensor, reference: torch.Tensor | None = None,
         other = np.where(np.arange(C)[None, None, :] == base[None, :, None], -np.inf, x).max(axis=2)
         margin = top - other  # (R, N)
         m_mean = margin.mean(axis=0)
-        m_std = margin.std(axis=0, ddof=1) if R > 1 else np.zeros(N)
+        m_std = centred_moments(margin)[1] if R > 1 else np.zeros(N)
         pos = m_std > 0
         z = np.where(pos, m_mean / np.where(pos, m_std, 1.0), np.inf)
         margin_info = {"mean_min": gnum(m_mean.min()),
@@ -120,7 +120,7 @@ def classify(scores: torch.Tensor, reference: torch.Tensor | None = None,
         acc = (preds == lab[None, :]).mean(axis=1)
         out["accuracy"] = {
             "per_realization": [fnum(a) for a in acc],
-            "mean": fnum(acc.mean()), "std": fnum(acc.std(ddof=1)) if R > 1 else 0.0,
+            "mean": fnum(acc.mean()), "std": fnum(centred_moments(acc)[1]) if R > 1 else 0.0,
             "min": fnum(acc.min()), "max": fnum(acc.max()),
             "ieee": fnum((ref_pred == lab).mean()) if ref_pred is not None else None,
         }

@@ -14,6 +14,12 @@ Result keys (schema ``numvar.analysis/1``; documented in the README):
 - ``series``: [{name, steps, captures, mean, std, min, max, reference, digits_median}]
 - ``weights``: [{layer, tensors, numel, std, rel_std, digits_median, digits_min}]
 - ``classification`` / ``segmentation``: {capture name: see classify() / segment()}
+- ``presence``: [{name, present, of, reference, shapes}] captures not in every
+  realization with one shape and dtype (not analysed)
+- ``iterations``: {modules: [top-level module calls per realization], reference_modules,
+  series: {base: {steps, reference}}, varies}: a training loop that runs until it
+  converges takes a different number of steps under rounding (a finding, in ``notes``)
+- ``dropped``: per realization, what the capture limit dropped
 - ``notes``: human-readable remarks (too few realizations, missing reference, ...)
 """
 
@@ -29,7 +35,7 @@ import torch
 
 from ..errors import AnalysisError
 from ..runner.store import SERIES_RE, Samples
-from ._util import fnum, gnum, to_numpy
+from ._util import centred_moments, fnum, gnum, to_numpy
 from .classification import classify, is_label_name, is_score_name
 from .digits import (SigDigits, _check, minimum_trials, precision_of, significant_digits,
                      summarize_digits)
@@ -86,11 +92,11 @@ def _moments(x: np.ndarray, ref: np.ndarray | None) -> dict:
 
     ``std`` is the mean over elements of the per-element sample standard deviation (the
     dispersion of one execution); ``sem`` = ``std/√R`` only describes the estimated mean.
+    Both come from :func:`centred_moments` (identical realizations: exactly 0).
     """
     R = x.shape[0]
     flat = x.reshape(R, -1)
-    mean = flat.mean(axis=0)
-    std = flat.std(axis=0, ddof=1)
+    mean, std = centred_moments(flat)
     nz = mean != 0
     rel = np.abs(std[nz] / mean[nz])
     out = {
@@ -251,6 +257,7 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
     if samples.failed:
         notes.append(f"{len(samples.failed)} realization(s) failed and are left out: indices "
                      f"{[f.get('index') for f in samples.failed]}")
+    _presence_and_iterations(samples, result)
 
     # layers, in network order (manifest order)
     for name, e in result["captures"].items():
@@ -276,7 +283,7 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
             "name": base, "steps": [int(SERIES_RE.match(n)["step"]) for n in names],
             "captures": names, "scalar": all(samples.captures[n][0].numel() == 1 for n in names),
             "mean": [gnum(v) for v in vals.mean(axis=0)],
-            "std": [gnum(v) for v in vals.std(axis=0, ddof=1)],
+            "std": [gnum(v) for v in centred_moments(vals)[1]],
             "min": [gnum(v) for v in vals.min(axis=0)],
             "max": [gnum(v) for v in vals.max(axis=0)],
             "reference": ([gnum(to_numpy(r).astype(np.float64).mean()) for r in sref]
@@ -301,8 +308,8 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
         d = np.concatenate([sds[n].digits.reshape(-1) for n in names])
         xs = [to_numpy(samples.captures[n]).astype(np.float64).reshape(R, -1) for n in names]
         flat = np.concatenate(xs, axis=1)
-        std = flat.std(axis=0, ddof=1)
-        mabs = np.abs(flat.mean(axis=0))
+        mean_w, std = centred_moments(flat)
+        mabs = np.abs(mean_w)
         result["weights"].append({
             "layer": layer, "tensors": names, "numel": int(flat.shape[1]),
             "std": gnum(std.mean()),
@@ -345,6 +352,48 @@ def analyze(samples: Samples, *, task: str | None = None, method: str = "cnh", b
     return result
 
 
+def _presence_and_iterations(samples: Samples, result: dict[str, Any]) -> None:
+    """Captures not present in every realization (``presence``), the number of module
+    calls and series steps per realization (``iterations``), what the capture limit
+    dropped (``dropped``); a note for each."""
+    notes = result["notes"]
+    partial = getattr(samples, "partial", None) or {}
+    result["presence"] = [{"name": n, **p} for n, p in partial.items()]
+    if partial:
+        shown = ", ".join(f"{n} (present in {p['present']} of {p['of']}"
+                          + (", shapes differ" if len(p["shapes"]) > 1 else "") + ")"
+                          for n, p in list(partial.items())[:6])
+        notes.append(f"{len(partial)} capture(s) not in every realization with one shape are "
+                     f"not analysed: {shown}{' …' if len(partial) > 6 else ''}; the "
+                     f"{len(samples.captures)} present in all are")
+    counts = list(getattr(samples, "counts", None) or [])
+    ref = getattr(samples, "reference_counts", None)
+    it: dict[str, Any] = {"modules": [c["modules"] for c in counts],
+                          "reference_modules": None if ref is None else ref["modules"],
+                          "series": {}, "varies": False}
+    bases = sorted({b for c in counts for b in c["series"]})
+    for b in bases:
+        it["series"][b] = {"steps": [c["series"].get(b, 0) for c in counts],
+                           "reference": None if ref is None else ref["series"].get(b, 0)}
+    for what, vals, rv in [("top-level module calls", it["modules"], it["reference_modules"])] + [
+            (f"steps of series {b!r}", v["steps"], v["reference"]) for b, v in it["series"].items()]:
+        if len(set(vals)) > 1 or (rv is not None and vals and any(v != rv for v in vals)):
+            it["varies"] = True
+            notes.append(f"finding: the number of {what} varies under rounding: "
+                         f"{', '.join(map(str, vals))}"
+                         + ("" if rv is None else f" (IEEE reference {rv})")
+                         + f"; min {min(vals)}, max {max(vals)} over {len(vals)} realizations")
+    result["iterations"] = it
+    dropped = list(getattr(samples, "dropped", None) or [])
+    result["dropped"] = dropped
+    if dropped:
+        calls = sum(d["calls"] for r in dropped for k, d in r.items() if k != "index")
+        notes.append(f"the capture limit dropped {calls} capture call(s) in {len(dropped)} "
+                     f"realization(s) (first: "
+                     f"{next(d['first'] for k, d in dropped[0].items() if k != 'index')}); "
+                     f"raise it with numvar run --capture-limit")
+
+
 def median_output_digits(samples: Samples, names: list[str] | None = None, **kw) -> float:
     """Median significant digits over the elements of the output captures.
 
@@ -373,7 +422,9 @@ def compare(a: dict, b: dict) -> dict:
     Keys: ``runs`` [path a, path b], ``settings`` [a, b], ``captures`` [{name, a, b,
     delta_median}], ``layers`` [{name, a, b, a_varying, b_varying, cap}] (median digits
     of all elements, and of the elements that vary), ``classification`` [{name, a, b}],
-    ``only_a``, ``only_b``; each side holds digits_median, digits_min, std (or flip_rate,
+    ``only_a``, ``only_b``, ``shape_differs`` (same name, other shape: not compared),
+    ``program_differs`` (the two scripts or functions, when they differ); each side holds
+    digits_median, digits_min, std (or flip_rate,
     agreement_with_ieee for decisions). ``delta_median`` = b − a.
     """
     def side(e):
@@ -384,7 +435,8 @@ def compare(a: dict, b: dict) -> dict:
                 "no_variation": d.get("all_no_variation")}
 
     ca, cb = a["captures"], b["captures"]
-    names = [n for n in ca if n in cb]
+    differs = [n for n in ca if n in cb and ca[n].get("shape") != cb[n].get("shape")]
+    names = [n for n in ca if n in cb and n not in differs]
     caps = []
     for n in names:
         sa, sb = side(ca[n]), side(cb[n])
@@ -408,4 +460,18 @@ def compare(a: dict, b: dict) -> dict:
             "configs": [a["run"]["config"], b["run"]["config"]],
             "settings": [a["settings"], b["settings"]], "captures": caps, "layers": layers,
             "classification": cls, "only_a": [n for n in ca if n not in cb],
-            "only_b": [n for n in cb if n not in ca]})
+            "only_b": [n for n in cb if n not in ca],
+            "shape_differs": [{"name": n, "a": ca[n].get("shape"), "b": cb[n].get("shape")}
+                              for n in differs],
+            "program_differs": program_difference(a["run"]["config"], b["run"]["config"])})
+
+
+def program_difference(a: dict, b: dict) -> str | None:
+    """How the programs behind two runs' configs differ (script and arguments, or
+    function), or None when they ran the same one."""
+    def program(c: dict) -> str:
+        if c.get("argv"):
+            return "script " + " ".join(map(str, c["argv"]))
+        return f"function {c.get('function', '?')}"
+    pa, pb = program(a or {}), program(b or {})
+    return None if pa == pb else f"{pa} vs {pb}"

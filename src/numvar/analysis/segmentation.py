@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import AnalysisError
-from ._util import fnum, gnum, mode_along0, to_numpy
+from ._util import centred_moments, fnum, gnum, mode_along0, to_numpy
 
 
 def label_maps(x: torch.Tensor, name: str = "", *, per_realization: bool = True) -> np.ndarray:
@@ -75,7 +75,7 @@ def segment(maps: np.ndarray, reference: np.ndarray | None = None, *,
     for j in keep:
         v = vol[:, j].astype(np.float64)
         m = v.mean()
-        s = v.std(ddof=1) if R > 1 else 0.0
+        s = float(centred_moments(v)[1]) if R > 1 else 0.0
         per[str(int(labels[j]))] = {
             "dice_mean": fnum(dice[:, j].mean()), "dice_min": fnum(dice[:, j].min()),
             "dice_per_realization": [fnum(d) for d in dice[:, j]],

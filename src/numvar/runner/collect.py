@@ -31,6 +31,10 @@ RESERVED_PREFIXES = ("modules/", "layers/", "files/")
 RESERVED_NAMES = ("stdout",)
 
 _ACTIVE: "Collector | None" = None
+#: Depth of :func:`paused` blocks: while positive nothing is captured.
+_PAUSED = 0
+#: Default cap on the bytes one realization captures (``--capture-limit``): 1 GiB.
+DEFAULT_CAPTURE_LIMIT = 1 << 30
 #: Serializes in-process realizations: captures and global module hooks are
 #: process-wide, so two realizations must not overlap in one process.
 REALIZATION_LOCK = threading.RLock()
@@ -45,9 +49,23 @@ def capture(name: str, value: Any) -> None:
     non-numeric values and on names that collide.
     """
     c = _ACTIVE
-    if c is None:
+    if c is None or _PAUSED:
         return
     c.add(name, value, kind="api")
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Capture nothing inside the block: neither ``capture`` calls nor module outputs.
+
+    For set-up work that is not part of what realizations compare, and that not every
+    realization does (e.g. training a model that later runs load from a cache)."""
+    global _PAUSED
+    _PAUSED += 1
+    try:
+        yield
+    finally:
+        _PAUSED -= 1
 
 
 def active() -> "Collector | None":
@@ -147,17 +165,43 @@ def flatten(name: str, value: Any, *, strict: bool = True) -> list[tuple[str, to
     return out
 
 
+def nbytes(value: Any, depth: int = 0) -> int:
+    """Bytes a capture of ``value`` will hold, estimated before copying anything."""
+    if depth > 64 or value is None:
+        return 0
+    nb = getattr(value, "nbytes", None)  # torch tensors, numpy arrays and scalars
+    if isinstance(nb, int):
+        return nb
+    if isinstance(value, Mapping):
+        return sum(nbytes(v, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(nbytes(v, depth + 1) for v in value)
+    return 8
+
+
 class Collector:
     """Everything captured during one realization, in capture order.
 
+    ``limit`` caps the bytes kept (None: no cap). A capture that would take the total
+    past it is dropped, not copied, and counted in :attr:`dropped` (per kind: calls,
+    bytes, first and last name), so memory stays bounded by the limit.
     ``finish()`` resolves series (names captured more than once get ``@k``) and
     checks that no two final names collide.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         # (base name, kind, [tensors per call]) in first-capture order
         self._calls: dict[str, tuple[str, list[list[tuple[str, torch.Tensor]]]]] = {}
         self._lock = threading.Lock()
+        self.limit = limit
+        self.bytes = 0
+        self.dropped: dict[str, dict[str, Any]] = {}
+
+    def _drop(self, name: str, kind: str, size: int) -> None:
+        d = self.dropped.setdefault(kind, {"calls": 0, "bytes": 0, "first": name})
+        d["calls"] += 1
+        d["bytes"] += size
+        d["last"] = name
 
     def add(self, name: str, value: Any, *, kind: str = "api", strict: bool = True,
             unique: bool = False) -> None:
@@ -172,6 +216,13 @@ class Collector:
         if "@" in name and kind == "api":
             raise CaptureError(f"capture name {name!r}: '@' is reserved for series "
                                f"(capture the same name repeatedly instead)")
+        if self.limit is not None:
+            size = nbytes(value)
+            with self._lock:
+                if self.bytes + size > self.limit:
+                    self._drop(name, kind, size)
+                    return
+                self.bytes += size
         with no_dispatch():
             leaves = flatten(name, value, strict=strict)
         with self._lock:
@@ -254,10 +305,11 @@ class ModuleHooks:
         return found
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        self._stack.append(module)
+        if not _PAUSED:
+            self._stack.append(module)
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self._stack:
+        if not self._stack or _PAUSED:
             return
         # unwind to this module (a forward that raised may have left entries behind)
         while self._stack and self._stack[-1] is not module:

@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 import torch
 
-from .._io import atomic_write_text, load_tensors
+from .._io import atomic_write_text
 from ..errors import RunError
-from .store import REFERENCE, RunStore, Samples, merge_escapes, stack_realizations
+from .store import RunStore, Samples, combine, merge_escapes
 from .transport import unpack
 
 log = logging.getLogger(__name__)
@@ -38,59 +38,49 @@ def thread_share(jobs: int) -> int:
     return max(1, default_jobs() // max(1, jobs))
 
 
-def limit_threads(n: int, *, numba: bool = True) -> None:
-    """Use ``n`` threads in torch and (when imported, and ``numba``) in numba's pool,
-    which runs the instrumentation's parallel kernels."""
-    import sys
+def limit_threads(n: int, *, numba: bool = True) -> dict[str, int]:
+    """Use ``n`` threads in torch and (with ``numba``) in numba's pool, which runs the
+    instrumentation's parallel kernels; returns the counts now in effect.
 
-    torch.set_num_threads(n)
-    nb = sys.modules.get("numba") if numba else None
-    if nb is not None:
+    numba's pool is launched here (``numba.set_num_threads`` starts its threading layer),
+    before torch is set: launching numba's OpenMP layer resets torch's OpenMP thread
+    count to the number of cores, which is how forked realizations ended up with every
+    core each."""
+    counts: dict[str, int] = {}
+    if numba:
         try:
-            nb.set_num_threads(max(1, min(n, nb.config.NUMBA_NUM_THREADS)))
-        except Exception as exc:  # pragma: no cover - exotic threading layers
-            log.info("numba threads not limited: %s", exc)
+            import numba as nb
+        except ImportError:  # pragma: no cover - numba is a dependency
+            nb = None
+        if nb is not None:
+            try:
+                nb.set_num_threads(max(1, min(n, nb.config.NUMBA_NUM_THREADS)))
+                counts["numba"] = int(nb.get_num_threads())
+            except Exception as exc:  # pragma: no cover - exotic threading layers
+                log.info("numba threads not limited: %s", exc)
+    torch.set_num_threads(n)
+    counts["torch"] = int(torch.get_num_threads())
+    return counts
 
 
 def tag_of(index: int | None) -> str:
     return "reference" if index is None else f"r{index:04d}"
 
 
-def _signature(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {k: (tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in tensors.items()}
-
-
-def mismatch(sig: dict[str, tuple], tensors: dict[str, torch.Tensor], against: str) -> str | None:
-    """Describe how ``tensors`` differ from ``sig`` (names, shapes, dtypes), or None."""
-    got = _signature(tensors)
-    missing = [k for k in sig if k not in got]
-    extra = [k for k in got if k not in sig]
-    if missing or extra:
-        def show(names: list[str]) -> str:
-            return ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
-        parts = []
-        if missing:
-            parts.append(f"missing {show(missing)}")
-        if extra:
-            parts.append(f"extra {show(extra)}")
-        return f"captured a different set of values than {against}: " + "; ".join(parts)
-    for k, (shape, dtype) in sig.items():
-        if got[k] != (shape, dtype):
-            return (f"capture {k!r} has shape {got[k][0]} dtype {got[k][1]}, "
-                    f"{against} has shape {shape} dtype {dtype}")
-    return None
-
-
 @dataclass
 class Recorder:
-    """Stores results into ``store`` (or keeps them in memory when it is None)."""
+    """Stores results into ``store`` (or keeps them in memory when it is None).
+
+    A realization is rejected only when it failed: its process exited with an error,
+    or it started from another random state than the run's (``config["rng"]``).
+    Realizations whose captures differ from the others' (a training loop that runs
+    until it converges calls its modules a different number of times) are kept; the
+    analysis compares what they share and reports the rest."""
 
     store: RunStore | None
     seeds: list[int]
     config: dict[str, Any] = field(default_factory=dict)
     progress: Progress | None = None
-    _sig: dict[str, tuple] | None = None
-    _sig_from: str = ""
     _mem: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     _mem_ref: dict[str, torch.Tensor] = field(default_factory=dict)
     _kinds: dict[str, str] = field(default_factory=dict)
@@ -98,40 +88,25 @@ class Recorder:
     failed: list[dict[str, Any]] = field(default_factory=list)
     reference_record: dict[str, Any] | None = None
 
-    def __post_init__(self) -> None:
-        if self.store is None:
-            return
-        # resuming: shapes/dtypes must agree with what is stored already
-        ref = self.store.manifest["reference"]
-        if ref.get("status") == "ok" and (self.store.path / REFERENCE).is_file():
-            self._sig = _signature(load_tensors(self.store.path / REFERENCE))
-            self._sig_from = "the reference"
-        else:
-            for r in self.store.manifest["realizations"]:
-                if r["status"] == "ok" and (self.store.path / r["file"]).is_file():
-                    self._sig = _signature(load_tensors(self.store.path / r["file"]))
-                    self._sig_from = f"realization {r['index']}"
-                    break
-
     def record(self, index: int | None, blob: bytes) -> dict[str, Any]:
         """Check and store one result; returns its record (with ``status``)."""
         tensors, info = unpack(blob)
         tag = tag_of(index)
         rec: dict[str, Any] = {
-            k: info[k] for k in ("exit_code", "wall_s", "host", "error", "stderr_tail", "escapes")
-            if info.get(k) is not None
+            k: info[k] for k in RECORD_FIELDS if info.get(k) is not None
         }
         ok = info.get("status") == "ok"
-        if ok and self._sig is not None:
-            why = mismatch(self._sig, tensors, self._sig_from)
+        rng = self.config.get("rng")
+        if ok and rng:
+            from .rng import mismatch
+
+            why = mismatch(rng, info.get("rng"))
             if why is not None:
                 ok = False
                 rec["error"] = f"{tag}: {why}"
         if ok:
             rec.pop("stderr_tail", None)
-        if ok and self._sig is None:
-            self._sig = _signature(tensors)
-            self._sig_from = "the reference" if index is None else f"realization {index}"
+            rec.pop("error", None)
         kinds = info.get("kinds") or {}
         if self.store is not None:
             logs = self.store.path / "logs"
@@ -171,8 +146,9 @@ class Recorder:
         if self.store is not None:
             return self.store.load()
         order = sorted(self._mem)
-        captures = stack_realizations([self._mem[i] for i in order])
-        from .store import _default_kind
+        per_run = [self._mem[i] for i in order]
+        captures, partial = combine(per_run, self._mem_ref)
+        from .store import _default_kind, call_counts, realization_seconds
 
         return Samples(
             captures=captures,
@@ -181,10 +157,19 @@ class Recorder:
             kinds={k: self._kinds.get(k) or _default_kind(k) for k in captures},
             indices=order,
             seeds=[self.seeds[i] for i in order],
-            timings=[float(self._records[i].get("wall_s", float("nan"))) for i in order],
+            timings=[realization_seconds(self._records[i]) for i in order],
             failed=[r for r in self.failed],
             escapes=merge_escapes([self._records[i] for i in order]),
+            partial=partial,
+            counts=[call_counts(list(d)) for d in per_run],
+            reference_counts=call_counts(list(self._mem_ref)) if self._mem_ref else None,
         )
+
+
+#: fields of a worker's result kept in the realization's record
+RECORD_FIELDS = ("exit_code", "wall_s", "script_s", "compile_s", "threads", "rng", "dropped",
+                 "escapes",
+                 "host", "error", "stderr_tail")
 
 
 def failure_summary(failed: list[dict[str, Any]], total: int) -> str:

@@ -6,6 +6,10 @@ seed=seed + i, ...)``; the reference runs it natively along the same code path
 pass-through dispatch mode), so that an ``ieee`` realization matches it up to summation
 order.
 
+Every realization (and the reference) starts from the random state (torch, numpy,
+Python) the caller had when ``sample`` was called, so dropout masks and sampled inputs are
+the same in all of them; the caller's state is put back afterwards.
+
 Executors:
 
 - ``jobs=1`` (the default): in this process, one realization after the other.
@@ -37,6 +41,7 @@ import torch
 from ..errors import ConfigError, RunError
 from .collect import Collector, ModuleHooks, collecting, parse_globs
 from .engine import Recorder, limit_threads, raise_if_failed, tag_of, thread_share
+from .rng import ProcessState
 from .store import RunStore, Samples
 from .transport import pack
 
@@ -58,16 +63,26 @@ def fuzzy_context(mode: str | None, **kw: Any):
 
 def realize(fn: Callable[..., Any], args: tuple, *, index: int | None, seed: int,
             mode: str | None, fuzzy_kw: dict[str, Any], capture_layers: list[str],
-            model: torch.nn.Module | None) -> bytes:
+            model: torch.nn.Module | None, rng_state: Any = None) -> bytes:
     """Run one realization in this process; return its packed result (never raises
-    for errors of ``fn``: they become a failed record with the traceback)."""
+    for errors of ``fn``: they become a failed record with the traceback).
+
+    ``rng_state`` (a :class:`~numvar.runner.rng.ProcessState`) is restored first, so
+    every realization draws the same random numbers. The time numba spends compiling
+    is reported apart (``compile_s``) and left out of the realization's time."""
+    from .warmup import CompileTimer
+
+    if rng_state is not None:
+        rng_state.restore()
     collector = Collector()
     info: dict[str, Any] = {"tag": tag_of(index), "index": index, "seed": seed,
                             "host": socket.gethostname(), "pid": os.getpid()}
     tensors: dict[str, torch.Tensor] = {}
     t0 = time.perf_counter()
+    timer = CompileTimer()
     try:
-        with collecting(collector), ModuleHooks(collector, layers=capture_layers, model=model):
+        with timer, collecting(collector), ModuleHooks(collector, layers=capture_layers,
+                                                       model=model):
             kw = dict(fuzzy_kw)
             if model is not None:
                 kw["model"] = model
@@ -83,7 +98,8 @@ def realize(fn: Callable[..., Any], args: tuple, *, index: int | None, seed: int
         tb = traceback.format_exc()
         info.update(status="failed", error=f"{type(exc).__name__}: {exc}", stderr_tail=tb[-4000:])
         tensors = {}
-    info["wall_s"] = time.perf_counter() - t0
+    info["wall_s"] = info["script_s"] = time.perf_counter() - t0
+    info["compile_s"] = timer.seconds
     return pack(tensors, info)
 
 
@@ -102,7 +118,8 @@ def _pool_task(index: int | None, seed: int, mode: str | None) -> bytes:
     if p is None:  # pragma: no cover - defensive
         raise RuntimeError("numvar worker started without a payload")
     return realize(p["fn"], p["args"], index=index, seed=seed, mode=mode,
-                   fuzzy_kw=p["fuzzy_kw"], capture_layers=p["capture_layers"], model=p["model"])
+                   fuzzy_kw=p["fuzzy_kw"], capture_layers=p["capture_layers"], model=p["model"],
+                   rng_state=p.get("rng_state"))
 
 
 def _dask_task(payload: bytes, index: int | None, seed: int, mode: str | None,
@@ -113,7 +130,8 @@ def _dask_task(payload: bytes, index: int | None, seed: int, mode: str | None,
     if threads:
         limit_threads(threads)
     return realize(p["fn"], p["args"], index=index, seed=seed, mode=mode,
-                   fuzzy_kw=p["fuzzy_kw"], capture_layers=p["capture_layers"], model=p["model"])
+                   fuzzy_kw=p["fuzzy_kw"], capture_layers=p["capture_layers"], model=p["model"],
+                   rng_state=p.get("rng_state"))
 
 
 @contextlib.contextmanager
@@ -229,7 +247,9 @@ def sample(fn: Callable[..., Any], *args: Any, n: int = 10, mode: str = "sr",
     if progress is not None:
         progress("total", len(tasks))
     fk = dict(fuzzy_kw, granularity=granularity)
-    payload = {"fn": fn, "args": args, "fuzzy_kw": fk, "capture_layers": layers, "model": model}
+    caller_rng = ProcessState()  # every realization starts from it; put back at the end
+    payload = {"fn": fn, "args": args, "fuzzy_kw": fk, "capture_layers": layers, "model": model,
+               "rng_state": caller_rng}
 
     if executor == "dask":
         import cloudpickle
@@ -246,9 +266,12 @@ def sample(fn: Callable[..., Any], *args: Any, n: int = 10, mode: str = "sr",
             for fut in as_completed(futs):
                 rec.record(futs[fut], fut.result())
     elif jobs == 1:
-        for i, s, m in tasks:
-            rec.record(i, realize(fn, args, index=i, seed=s, mode=m, fuzzy_kw=fk,
-                                  capture_layers=layers, model=model))
+        try:
+            for i, s, m in tasks:
+                rec.record(i, realize(fn, args, index=i, seed=s, mode=m, fuzzy_kw=fk,
+                                      capture_layers=layers, model=model, rng_state=caller_rng))
+        finally:
+            caller_rng.restore()
     else:
         _run_pool(payload, tasks, jobs, start_method, rec)
 

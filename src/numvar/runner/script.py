@@ -33,10 +33,10 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import CaptureError, ConfigError, RunError
-from .collect import parse_globs
+from . import rng, zygote
+from .collect import DEFAULT_CAPTURE_LIMIT, parse_globs
 from .engine import Recorder, default_jobs, failure_summary, tag_of, thread_share
 from .store import RunStore, Samples
-from . import zygote
 from .transport import pack, stdout_numbers, unpack
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,9 @@ CAPTURE_KINDS = ("api", "modules", "stdout")
 DEFAULT_CAPTURE = ("api", "modules", "stdout")
 LOG_LIMIT = 1 << 20  # bytes of each stdout/stderr log kept (the tail)
 _PYTHON_RE = re.compile(r"^python[\d.]*(\.exe)?$")
+
+#: what a realization process reports about itself, kept in its manifest record
+CHILD_FIELDS = ("threads", "rng", "script_s", "compile_s", "dropped")
 
 _RUNNING: set[subprocess.Popen] = set()
 _RUNNING_LOCK = threading.Lock()
@@ -97,6 +100,32 @@ def parse_capture(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
         raise ConfigError(f"--capture: unknown kind {bad[0]!r} "
                           f"(choose from {', '.join(CAPTURE_KINDS)}, or none)")
     return [c for c in CAPTURE_KINDS if c in items]
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_size(spec: int | str | None) -> int | None:
+    """``--capture-limit``: ``"1GB"``/``"512MiB"``/``"200M"``/bytes → bytes; ``"none"``
+    or 0 → None (no cap); None → :data:`DEFAULT_CAPTURE_LIMIT` (1 GiB)."""
+    if spec is None:
+        return DEFAULT_CAPTURE_LIMIT
+    if isinstance(spec, int):
+        value = spec
+    elif str(spec).strip().lower() in ("none", "0"):
+        return None
+    else:
+        m = _SIZE_RE.match(str(spec))
+        if not m:
+            raise ConfigError(f"--capture-limit {spec!r}: expected a size such as 1GB, "
+                              f"500MB, 64MiB, a number of bytes, or none")
+        unit = (m[2] or "").lower().rstrip("b")
+        value = int(float(m[1]) * _UNITS[unit])
+    if value < 0:
+        raise ConfigError(f"--capture-limit must not be negative, got {spec!r}")
+    return value or None
 
 
 def _check_files(patterns: list[str]) -> list[str]:
@@ -209,6 +238,7 @@ def run_script_task(task: dict[str, Any]) -> bytes:
     """Run one realization of a script (task built by :func:`make_tasks`) → bytes."""
     tag = task["tag"]
     tmp = Path(tempfile.mkdtemp(prefix=f"numvar-{tag}-"))
+    zygote.mark_owner(tmp)
     workdir = tmp / "work"
     workdir.mkdir()
     result = tmp / "result.safetensors"
@@ -216,6 +246,9 @@ def run_script_task(task: dict[str, Any]) -> bytes:
     env.update(task["env"])
     threads = str(task["threads"])
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    rng = task.get("rng")
+    if rng:  # the string-hash seed is fixed at interpreter start (the zygote's too)
+        env["PYTHONHASHSEED"] = str(rng["hash_seed"])
     src = _numvar_src()
     if Path(src).name not in ("site-packages", "dist-packages"):  # a source checkout
         env["PYTHONPATH"] = os.pathsep.join(
@@ -223,7 +256,8 @@ def run_script_task(task: dict[str, Any]) -> bytes:
     invoke_dir = task["invoke_dir"]
     env["NUMVAR_RUNNER"] = json.dumps({
         "result": str(result), "capture": task["capture"], "layers": task["layers"],
-        "threads": task["threads"], "invoke_dir": invoke_dir, "parent_pid": os.getpid()})
+        "threads": task["threads"], "invoke_dir": invoke_dir, "parent_pid": os.getpid(),
+        "rng": rng, "capture_limit": task.get("capture_limit")})
     env["NUMVAR_REALIZATION"] = "reference" if task["index"] is None else str(task["index"])
     env["NUMVAR_WORKDIR"] = str(workdir)
     env["NUMVAR_INVOKE_DIR"] = invoke_dir
@@ -252,6 +286,7 @@ def run_script_task(task: dict[str, Any]) -> bytes:
         child_info: dict[str, Any] = {}
         if result.is_file():
             tensors, child_info = unpack(result.read_bytes())
+        info.update({k: child_info[k] for k in CHILD_FIELDS if k in child_info})
         if code < 0:
             info.update(status="failed", error=f"killed by signal {signal.Signals(-code).name}")
         elif code != 0:
@@ -305,7 +340,8 @@ def make_tasks(config: dict[str, Any], indices: list[int | None],
         tasks.append({"tag": tag_of(i), "index": i, "seed": seed, "env": env,
                       "argv": config["argv"], "invoke_dir": config["invoke_dir"],
                       "capture": config["capture"], "layers": config["capture_layers"],
-                      "files": config["files"], "threads": config["threads"]})
+                      "files": config["files"], "threads": config["threads"],
+                      "rng": config.get("rng"), "capture_limit": config.get("capture_limit")})
     return tasks
 
 
@@ -368,14 +404,18 @@ def run_script(command: list[str], *, n: int = 10, mode: str = "sr",
                exclude: str | list[str] | None = None, include: str | list[str] | None = None,
                modules: str | list[str] | None = None, strict: bool = False,
                invoke_dir: str | os.PathLike | None = None,
+               capture_limit: int | str | None = None,
                progress: Callable[[str, Any], None] | None = None) -> "RunResult":
     """Create ``out`` and run the IEEE reference, then ``n`` realizations of ``command``.
 
     ``strict``: each realization raises (and fails) at the first op that numvar cannot
-    perturb as asked (``NUMVAR_STRICT=1``)."""
+    perturb as asked (``NUMVAR_STRICT=1``). ``capture_limit``: bytes one realization may
+    capture (``"1GB"``, ``"200MB"``, an int; ``0`` or ``"none"``: no cap); default
+    :data:`DEFAULT_CAPTURE_LIMIT`."""
     invoke_dir = str(Path(invoke_dir or os.getcwd()).resolve())
-    if n < 1:
-        raise ConfigError(f"-n must be >= 1, got {n}")
+    if n < 2:
+        raise ConfigError(f"-n must be at least 2 (variability needs two realizations to "
+                          f"compare), got {n}")
     if executor not in ("local", "dask"):
         raise ConfigError(f"--executor must be 'local' or 'dask', got {executor!r}")
     if scheduler and executor != "dask":
@@ -396,6 +436,8 @@ def run_script(command: list[str], *, n: int = 10, mode: str = "sr",
         "capture_layers": parse_globs(capture_layers),
         "files": _check_files(parse_globs(files)), "jobs": jobs, "executor": executor,
         "threads": thread_share(min(jobs, n)),
+        "capture_limit": parse_size(capture_limit),
+        "rng": rng.spec(),
     }
     seeds = [seed + i for i in range(n)]
     fuzzy_env(config, seed)  # validates mode, granularity, ... before anything runs
@@ -422,17 +464,25 @@ def _canonical_command(config: dict[str, Any], out: Any, command: list[str]) -> 
         cmd += ["--files", g]
     if config["executor"] != "local":
         cmd += ["--executor", config["executor"]]
+    if config.get("capture_limit") != DEFAULT_CAPTURE_LIMIT:
+        cmd += ["--capture-limit", str(config.get("capture_limit") or "none")]
     return cmd + ["--", *command]
 
 
-def resume_script(path: str | os.PathLike, *, jobs: int | None = None,
+def resume_script(path: str | os.PathLike, *, n: int | None = None, jobs: int | None = None,
                   executor: str | None = None, scheduler: str | None = None,
                   progress: Callable[[str, Any], None] | None = None) -> "RunResult":
-    """Run what ``path`` is missing (the reference, pending and failed realizations)."""
+    """Run what ``path`` is missing: the reference, pending and failed realizations,
+    and every stored file that is missing or corrupt (checked against the manifest's
+    checksums). ``n`` larger than the run's adds realizations (seeds continue)."""
     store = RunStore.open(path)
     cfg = store.manifest["config"]
     if cfg.get("kind") != "script":
         raise ConfigError(f"{path} was not made by numvar run (kind {cfg.get('kind')!r})")
+    if n is not None:
+        added = store.extend(int(n))
+        if added and progress is not None:
+            progress("added", added)
     jobs = int(jobs) if jobs is not None else int(cfg.get("jobs") or default_jobs())
     executor = executor or cfg.get("executor", "local")
     return _drive(store, jobs=jobs, executor=executor, scheduler=scheduler, progress=progress)
@@ -468,16 +518,27 @@ class RunResult:
 def _drive(store: RunStore, *, jobs: int, executor: str, scheduler: str | None,
            progress: Callable[[str, Any], None] | None) -> RunResult:
     cfg = store.manifest["config"]
+    cleanup_leftovers()
+    problems = store.verify()  # missing or corrupt files run again
+    if problems and progress is not None:
+        progress("problems", problems)
     seeds = [r["seed"] for r in store.manifest["realizations"]]
-    rec = Recorder(store, seeds, config=cfg, progress=progress)
+    timing = _Eta(jobs, progress)
+    rec = Recorder(store, seeds, config=cfg, progress=timing)
     pending = store.pending()
     need_ref = store.manifest["reference"].get("status") != "ok"
     t0 = time.perf_counter()
     ran: list[int | None] = ([None] if need_ref else []) + pending
+    timing.remaining = len(pending)
     if progress is not None:
         progress("store", store.path)
         progress("total", len(ran))
     tasks = make_tasks(cfg, pending, seeds)  # builds every env first: errors come early
+    if ran and cfg.get("mode") and (executor != "dask" or not scheduler):
+        from .warmup import needed
+
+        if needed(cfg.get("granularity") or "flop"):
+            warm_up(cfg, progress)
     # the zygote stays up for later runs in this process (closed at exit)
     with open_executor(executor, jobs, scheduler) as client:
         if need_ref:  # the IEEE reference always comes first, alone
@@ -492,3 +553,129 @@ def _drive(store: RunStore, *, jobs: int, executor: str, scheduler: str | None,
                     + f"; no realization was run. Logs: {store.path / 'logs'}\n{why}")
         execute(tasks, rec, jobs=jobs, client=client)
     return RunResult(store, ran, list(rec.failed), time.perf_counter() - t0)
+
+
+class _Eta:
+    """Passes progress events on and, once the reference and the first realization are
+    in, announces an estimate of the time left (event ``"eta"``)."""
+
+    def __init__(self, jobs: int, progress: Callable[[str, Any], None] | None) -> None:
+        self.jobs, self.progress = max(1, jobs), progress
+        self.remaining = 0
+        self.reference_s: float | None = None
+        self.sent = False
+
+    def __call__(self, event: str, rec: Any) -> None:
+        if self.progress is None:
+            return
+        self.progress(event, rec)
+        if event != "done":
+            return
+        if rec["index"] is None:
+            self.reference_s = rec.get("wall_s")
+            return
+        self.remaining -= 1
+        if not self.sent and rec.get("status") == "ok" and rec.get("wall_s") is not None:
+            self.sent = True
+            per = float(rec["wall_s"])
+            left = per * -(-max(self.remaining, 0) // self.jobs)
+            self.progress("eta", {"reference_s": self.reference_s, "first_s": per,
+                                  "compile_s": rec.get("compile_s") or 0.0,
+                                  "remaining": max(self.remaining, 0), "jobs": self.jobs,
+                                  "seconds": left})
+
+
+def warm_up(cfg: dict[str, Any], progress: Callable[[str, Any], None] | None) -> None:
+    """Compile (or load from numba's cache) numvar's kernels in a process of their own,
+    before the reference: see :mod:`numvar.runner.warmup` (done once per installation;
+    ``NUMVAR_WARMUP=0`` skips it, realizations then compile what they need, still timed
+    apart). Events ``"compile"`` with
+    ``{"estimate_s"}`` before and ``{"seconds", "compile_s"}`` after."""
+    from .warmup import COLD_ESTIMATE_S, remember
+
+    gran = cfg.get("granularity") or "flop"
+    if progress is not None:
+        progress("compile", {"estimate_s": COLD_ESTIMATE_S.get(gran, 60)})
+    tmp = Path(tempfile.mkdtemp(prefix="numvar-warmup-"))
+    zygote.mark_owner(tmp)
+    t0 = time.perf_counter()
+    compile_s = None
+    try:
+        env = zygote.inheritable_env(dict(os.environ))
+        src = _numvar_src()
+        if Path(src).name not in ("site-packages", "dist-packages"):
+            env["PYTHONPATH"] = os.pathsep.join(
+                [src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        if cfg.get("rng"):
+            env["PYTHONHASHSEED"] = str(cfg["rng"]["hash_seed"])
+        threads = str(cfg.get("threads") or 1)
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        proc = _start(["-m", "numvar.runner.warmup", cfg["mode"], gran], env=env,
+                      cwd=str(tmp), stdout=tmp / "stdout", stderr=tmp / "stderr")
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
+        try:
+            code = proc.wait()
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
+        if code == 0:
+            remember(gran)
+            try:
+                compile_s = json.loads((tmp / "stdout").read_text().strip().splitlines()[-1])[
+                    "compile_s"]
+            except (ValueError, IndexError, KeyError):
+                pass
+        else:  # the realizations will compile what they need (timed apart all the same)
+            log.warning("compiling numvar's kernels ahead failed (exit code %s): %s", code,
+                        (tmp / "stderr").read_text(errors="replace")[-2000:])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if progress is not None:
+        progress("compile", {"seconds": time.perf_counter() - t0, "compile_s": compile_s})
+
+
+_LEFTOVER_PREFIXES = ("numvar-zygote-", "numvar-warmup-", "numvar-reference-", "numvar-r")
+def cleanup_leftovers(tmpdir: str | None = None) -> list[Path]:
+    """Remove numvar's temporary folders left behind by runs that were killed (kill -9
+    leaves no chance to clean up): those whose owner process is gone, and unmarked
+    ones older than a day. Returns what was removed."""
+    base = Path(tmpdir or tempfile.gettempdir())
+    removed = []
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return removed
+    for d in entries:
+        name = d.name
+        if not name.startswith(_LEFTOVER_PREFIXES) or not d.is_dir() or d.is_symlink():
+            continue
+        if name.startswith("numvar-r") and not re.match(r"numvar-r\d{4,}-", name):
+            continue
+        try:
+            if d.stat().st_uid != os.getuid():
+                continue
+            owner = d / zygote.OWNER_FILE
+            if owner.is_file():
+                pid = int(owner.read_text().strip() or 0)
+                if pid and _alive(pid):
+                    continue
+            elif time.time() - d.stat().st_mtime < 86400:
+                continue
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    if removed:
+        log.info("removed %d temporary folder(s) left by killed runs", len(removed))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -6,7 +6,9 @@ and numvar once, then forks a realization process per request. Each realization 
 still a separate process that has run no user code before: its environment, working
 directory, stdin/stdout/stderr, ``sys.argv`` and ``sys.path[0]`` are set as for
 ``python -m numvar.exec``, and Python's and numpy's global random generators are
-reseeded from the OS, as in a fresh interpreter.
+reseeded from the OS, as in a fresh interpreter (``numvar run`` then sets every
+generator to the run's recorded state: :mod:`numvar.runner.rng`). Torch's and numba's
+thread counts are set in the realization (:func:`numvar.runner.engine.limit_threads`).
 
 Per request the zygote forks a supervisor, which forks the realization, reports its
 pid, waits for it and reports its exit status (negative: killed by that signal, as
@@ -45,6 +47,19 @@ def inheritable_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in RUN_ENV_VARS}
 
 log = logging.getLogger(__name__)
+
+#: file holding the pid of the process that owns a numvar temporary folder
+OWNER_FILE = "numvar-owner"
+
+
+def mark_owner(folder: str | os.PathLike) -> None:
+    """Mark a temporary folder as this process's, so that a later run can remove it
+    once this process is gone (``numvar.runner.script.cleanup_leftovers``)."""
+    try:
+        with open(os.path.join(folder, OWNER_FILE), "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        pass
 
 
 def enabled() -> bool:
@@ -249,6 +264,7 @@ class Zygote:
 
     def __init__(self, env: dict[str, str]) -> None:
         self._dir = tempfile.mkdtemp(prefix="numvar-zygote-")
+        mark_owner(self._dir)
         self.path = os.path.join(self._dir, "z.sock")
         self._log = open(os.path.join(self._dir, "zygote.log"), "wb")
         self.proc = subprocess.Popen(
@@ -292,7 +308,7 @@ def get(env: dict[str, str]) -> Zygote | None:
     when disabled or when it cannot start (then callers use plain subprocesses)."""
     if not enabled():
         return None
-    key = (sys.executable, env.get("PYTHONPATH", ""), os.getpid())
+    key = (sys.executable, env.get("PYTHONPATH", ""), env.get("PYTHONHASHSEED"), os.getpid())
     with _LOCK:
         z = _ZYGOTES.get(key)
         if z is not None and z.alive():

@@ -120,6 +120,23 @@ def seeded(seed: int) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def outside_measurement() -> Iterator[None]:
+    """Set-up work that is not part of what realizations compare: nothing is captured
+    (``numvar.runner.collect.paused``) and nothing is instrumented (torch dispatch modes
+    are switched off) inside the block.
+
+    Training a workload's model is such work: under ``numvar run`` on an empty cache the
+    IEEE reference trains and caches the model, and the realizations load it; with the
+    training captured (269 module calls) every realization differed from the reference."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from ..runner.collect import paused
+
+    with paused(), _disable_current_modes():
+        yield
+
+
 def batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
     """Shuffled index batches covering ``range(n)`` once."""
     perm = torch.randperm(n, generator=generator)
@@ -161,7 +178,8 @@ def load_or_train_impl(name: str, config: Any, version: int, build, train,
             model.eval()
             weights, _ = cache_paths(name, config, version, directory)
             return Trained(model, config, dict(info.get("metrics", {})), weights, True)
-    model, metrics = train(config)
+    with outside_measurement():
+        model, metrics = train(config)
     model.eval()
     path = save_cached(name, config, version, model, metrics, directory) if save else None
     return Trained(model, config, metrics, path, False)
