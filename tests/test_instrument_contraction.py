@@ -105,3 +105,57 @@ def test_fma_differs_from_separate_and_halves_nothing_else():
     assert not np.array_equal(sep, KN.contract(a, b, 9, RK.MODE_SR, 24, contraction="fma"))
     with pytest.raises(ValueError):
         KN.contract(a, b, 9, RK.MODE_SR, 24, contraction="fused")
+
+
+# ------------------------------------------------------------------------------ plumbing
+def test_config_env_and_cli_forms():
+    assert FuzzyConfig().contraction == "separate"
+    cfg = FuzzyConfig(contraction="fma")
+    env = cfg.to_env()
+    assert env["NUMVAR_CONTRACTION"] == "fma"
+    assert FuzzyConfig.from_env(env) == cfg
+    assert "NUMVAR_CONTRACTION" not in FuzzyConfig().to_env()  # default: unchanged env
+    assert FuzzyConfig.from_env({"NUMVAR_MODE": "sr"}).contraction == "separate"
+    with pytest.raises(ConfigError):
+        FuzzyConfig(contraction="fused")
+    with pytest.raises(ConfigError):
+        FuzzyConfig.from_env({"NUMVAR_MODE": "sr", "NUMVAR_CONTRACTION": "fused"})
+    from numvar.runner.script import _canonical_command, fuzzy_env
+
+    conf = {"mode": "sr", "granularity": "flop", "precision": None, "contraction": "fma",
+            "n": 2, "seed": 0, "jobs": 1, "capture": [], "exclude": [], "include": [],
+            "modules": [], "capture_layers": [], "files": [], "executor": "local"}
+    assert fuzzy_env(conf, 3)["NUMVAR_CONTRACTION"] == "fma"
+    assert "--contraction" in _canonical_command(conf, "out", ["python", "x.py"])
+
+
+def test_mode_routes_contractions_through_the_fma_kernel():
+    """ieee needs no key: torch.mm and conv2d under fuzzy(contraction="fma") equal the fma
+    kernel's ieee result; sr is reproducible and differs from "separate"."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((5, 33)).astype(np.float32)
+    b = rng.standard_normal((33, 7)).astype(np.float32)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    with fuzzy(mode="ieee", contraction="fma"):
+        got = torch.mm(ta, tb)
+    want = KN.contract(a[None], b[None], 0, RK.MODE_IEEE, 24, contraction="fma")[0]
+    assert _same(got.numpy(), want)
+    outs = []
+    for con in ("fma", "fma", "separate"):
+        with fuzzy(mode="sr", seed=1, contraction=con):
+            outs.append(torch.mm(ta, tb))
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
+
+
+def test_sample_takes_the_contraction():
+    from numvar.runner import sample
+
+    x = torch.randn(4, 16)
+    w = torch.randn(16, 3)
+    s_fma = sample(lambda: x @ w, n=2, seed=0, contraction="fma")
+    s_sep = sample(lambda: x @ w, n=2, seed=0)
+    with fuzzy(mode="sr", seed=0, contraction="fma"):
+        first = x @ w
+    assert s_fma.config["contraction"] == "fma"
+    assert torch.equal(s_fma["output"][0], first)
+    assert not torch.equal(s_fma["output"][0], s_sep["output"][0])
