@@ -110,7 +110,9 @@ def _contract(a: torch.Tensor, b: torch.Tensor, key: int, ctx: Ctx, t: int,
               kd: torch.dtype) -> torch.Tensor:
     """The flop contraction kernel of :func:`flop_backend` on carriers of dtype ``kd``;
     the result on ``a``'s device, dtype ``kd``."""
-    if flop_backend(a.device) == "triton":
+    if flop_backend(a.device) == "triton" and not (ctx.contraction == "fma"
+                                                   and kd == torch.float64):
+        # (binary64 fma has no Triton kernel: the numba one, through the CPU, same bits)
         from . import triton_kernels as TK
 
         return TK.contract(a.detach().to(kd), b.detach().to(kd), key, ctx.code, t,
