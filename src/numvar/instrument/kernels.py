@@ -340,9 +340,13 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, fma=False):
     (``jg[jj] = (j0 + jj)·γ`` is precomputed).
 
     With ``fma`` (a constant): one rounding per multiply-add, ``RND(acc + a·b)`` with the
-    exact product and the term's bits ``r``. Its sums can cancel below binary32's normal
-    range (the products are not on the 2**-125 grid), so every mode checks the range of
-    the sum (at least 2**-126, 2**-125 for ud at 24 bits, or zero) besides exactness."""
+    exact product and the term's bits ``r``. The float64 sum of a 24-bit accumulator and
+    a 48-bit product is often inexact: its TwoSum residual ``e`` goes, at 24 bits, to the
+    rounding core's residual fast path (``numvar.rounding.kernels.lo32_fast``, identical
+    to ``round_core`` where it accepts, as the core's ``narrow_fma`` rounds); below 24
+    bits such a lane is recomputed. Its sums can cancel below binary32's normal range
+    (the products are not on the 2**-125 grid), so every mode checks the range of the sum
+    (at least 2**-126, 2**-125 for ud at 24 bits, or zero)."""
     ud_min = _UD_MIN if t == 24 else _UD_MIN_T
     fma_min = ud_min if (mode == _UD or t != 24) else _UD_MIN_T
     a0 = np.float64(arow[0])
@@ -365,8 +369,14 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, fma=False):
                 p = ak * np.float64(bk[jj])  # exact
                 c = acc[jj]
                 s = c + p
-                ok = (s - c == p) & (s - p == c) & ((abs(s) >= fma_min) | (s == 0.0))
+                bv = s - c
+                e = (c - (s - bv)) + (p - bv)  # TwoSum: s + e = c + p exactly
+                ok = (e == 0.0) & ((abs(s) >= fma_min) | (s == 0.0))
                 v = _round_term(s, r, mode, t, False)
+                if t == 24:  # an inexact float64 sum: the core's residual path
+                    w, okw = K.lo32_fast(s, e, r, mode)
+                    v = v if e == 0.0 else np.float64(w)
+                    ok = ok | ((e != 0.0) & okw)
                 acc[jj] = v if ok else np.nan
                 continue
             p = _round_term(ak * np.float64(bk[jj]), r, mode, t, False)
