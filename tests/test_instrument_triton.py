@@ -252,7 +252,8 @@ def test_compiles_for_a_gpu_without_fma_contraction():
     GPU. The SR binary32 contraction kernel compiles to PTX with no fused multiply-add
     (the error-free transformations need separately rounded products and sums) and with
     correctly rounded float64 division; the same kernel with Triton's default fp fusion
-    does contain FMAs, so the check is not vacuous. (Subprocess: the kernels must be
+    does contain FMAs, so the check is not vacuous. The ``contraction="fma"`` variant
+(``FMA``) has none either: its exact product and TwoSum need separate roundings too. (Subprocess: the kernels must be
     decorated without TRITON_INTERPRET.)"""
     code = (
         "import re, triton\n"
@@ -262,9 +263,10 @@ def test_compiles_for_a_gpu_without_fma_contraction():
         "sig = {'a_ptr': '*fp32', 'b_ptr': '*fp32', 'out_ptr': '*fp32', 'BA': 'i32',\n"
         "       'BB': 'i32', 'M': 'i32', 'N': 'i32', 'K': 'i32', 'key': 'u64',\n"
         "       'MODE': 'constexpr', 'T': 'constexpr', 'WIDE': 'constexpr',\n"
-        "       'BM': 'constexpr', 'BN': 'constexpr'}\n"
-        "cst = {'MODE': 1, 'T': 24, 'WIDE': False, 'BM': TK.BLOCK_M, 'BN': TK.BLOCK_N}\n"
-        "for fusion in (False, True):\n"
+        "       'BM': 'constexpr', 'BN': 'constexpr', 'FMA': 'constexpr'}\n"
+        "for fusion, fmac in ((False, False), (True, False), (False, True)):\n"
+        "    cst = {'MODE': 1, 'T': 24, 'WIDE': False, 'BM': TK.BLOCK_M, 'BN': TK.BLOCK_N,\n"
+        "           'FMA': fmac}\n"
         "    k = triton.compile(ASTSource(fn=TK._contract_kernel, signature=sig,\n"
         "                                 constexprs=cst), target=GPUTarget('cuda', 90, 32),\n"
         "                       options={'enable_fp_fusion': fusion})\n"
@@ -280,3 +282,20 @@ def test_compiles_for_a_gpu_without_fma_contraction():
     lines = res.stdout.split("\n")
     assert lines[0] == "False 0 ['div.rn.f64']", lines
     assert lines[1].startswith("True ") and int(lines[1].split()[1]) > 0, lines
+    assert lines[2] == "False 0 ['div.rn.f64']", lines  # contraction="fma"
+
+
+@pytest.mark.parametrize("t", [24, 8])
+@pytest.mark.parametrize("mode", MODES)
+def test_fma_contract_matches_numba_and_reference(t, mode):
+    """contraction="fma" (binary32 carriers): Triton = numba = the exact reference."""
+    a, b = operands(np.float32, 300 + mode)
+    a, b = a[:, [0, 1, 2, 4]], b  # finite rows: the exact reference has no inf·0 case
+    key = 0x9E3779B97F4A7C15 + 5 * mode
+    got = TK.contract(torch.from_numpy(a), torch.from_numpy(b), key, mode, t,
+                      "fma").numpy()
+    assert bits_equal(got, KN.contract(a, b, key, mode, t, contraction="fma"))
+    assert bits_equal(got, KN.contract_reference(a, b, key, mode, t, contraction="fma"))
+    with pytest.raises(TypeError):
+        TK.contract(torch.ones(1, 2, 2, dtype=torch.float64),
+                    torch.ones(1, 2, 2, dtype=torch.float64), key, mode, 53, "fma")

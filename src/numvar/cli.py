@@ -246,6 +246,10 @@ def run(
     granularity: str = typer.Option(None, "--granularity", help="flop | op (default: flop)."),
     precision: int = typer.Option(None, "--precision",
                                   help="Virtual precision in significand bits."),
+    contraction: str = typer.Option(None, "--contraction",
+                                    help="separate (default: every product and add of a "
+                                         "contraction rounded) | fma (one rounding per "
+                                         "multiply-add, as FMA hardware)."),
     seed: int = typer.Option(None, "--seed", help="Realization i uses seed+i (default: 0)."),
     jobs: int = typer.Option(None, "--jobs", "-j",
                              help="Realizations run at once (default: number of cores)."),
@@ -301,6 +305,7 @@ def run(
     console = Console(stderr=True)
     if resume is not None:
         given = {"--mode": mode, "--granularity": granularity, "--precision": precision,
+                 "--contraction": contraction,
                  "--seed": seed, "--out": out, "--capture": capture,
                  "--capture-layers": capture_layers, "--files": files, "--exclude": exclude,
                  "--include": include, "--modules": modules, "--strict": strict,
@@ -322,6 +327,7 @@ def run(
                 seed=0 if seed is None else seed, jobs=jobs, out=out, capture=capture,
                 capture_layers=capture_layers, files=files, exclude=exclude, include=include,
                 modules=modules, strict=bool(strict), capture_limit=capture_limit,
+                contraction=contraction or "separate",
                 executor=executor or "local", scheduler=scheduler, progress=show)
     try:
         with show.bar:

@@ -34,6 +34,7 @@ class Ctx:
     #: ``on_escape(func, reason)``: set by the fuzzy block; handlers call it (through
     #: :func:`numvar.instrument.handlers.rounded_once`) when they fall back below flop
     on_escape: object = None
+    contraction: str = "separate"  # flop contractions: "separate" | "fma"
 
     def __post_init__(self) -> None:
         self.code = RK.mode_code(self.mode)

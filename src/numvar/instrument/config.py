@@ -14,6 +14,7 @@ variable               value
 ``NUMVAR_INCLUDE``     comma-separated globs, or op kinds of :data:`OP_KINDS` (``matmul``)
 ``NUMVAR_MODULES``     comma-separated globs over ``named_modules()`` paths
 ``NUMVAR_STRICT``      ``1`` raises at the first op that would escape (default ``0``)
+``NUMVAR_CONTRACTION`` ``separate`` (default) | ``fma``
 =====================  ============================================================
 
 ``NUMVAR_FLOP_BACKEND`` (``auto`` | ``numba`` | ``triton``) is not part of a
@@ -32,6 +33,8 @@ from ..errors import ConfigError
 
 MODES = ("ieee", "sr", "ud", "random")
 GRANULARITIES = ("flop", "op")
+#: contraction semantics of the flop kernels (numvar.instrument.kernels.CONTRACTIONS)
+CONTRACTIONS = ("separate", "fma")
 
 ENV_VARS = (
     "NUMVAR_MODE",
@@ -42,6 +45,7 @@ ENV_VARS = (
     "NUMVAR_INCLUDE",
     "NUMVAR_MODULES",
     "NUMVAR_STRICT",
+    "NUMVAR_CONTRACTION",
 )
 
 
@@ -83,7 +87,10 @@ class FuzzyConfig:
     environment form. ``strict``: raise
     :class:`numvar.errors.UninstrumentedOpError` at the first op that would run
     natively or below the requested granularity (default: run it, and list it in the
-    block's summary).
+    block's summary). ``contraction`` (flop granularity): ``"separate"`` rounds every
+    product and every add of a matmul, convolution or other contraction (the default);
+    ``"fma"`` rounds once per multiply-add, ``acc = RND(acc + a·b)`` with the product
+    exact, as fused multiply-add hardware does (half the random draws).
     """
 
     mode: str = "sr"
@@ -95,8 +102,12 @@ class FuzzyConfig:
     modules: tuple[str, ...] | None = None
     strict: bool = False
     model: Any = field(default=None, compare=False, repr=False)
+    contraction: str = "separate"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.contraction, str) or self.contraction not in CONTRACTIONS:
+            raise ConfigError(f"contraction must be one of {', '.join(CONTRACTIONS)}; "
+                              f"got {self.contraction!r}")
         if not isinstance(self.mode, str) or self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
         if not isinstance(self.granularity, str) or self.granularity not in GRANULARITIES:
@@ -162,6 +173,12 @@ class FuzzyConfig:
             kw["exclude"] = _split_env(env["NUMVAR_EXCLUDE"])
         if env.get("NUMVAR_INCLUDE", "").strip():
             kw["include"] = _split_env(env["NUMVAR_INCLUDE"])
+        con = env.get("NUMVAR_CONTRACTION", "").strip().lower()
+        if con:
+            if con not in CONTRACTIONS:
+                raise ConfigError(f"NUMVAR_CONTRACTION must be one of {', '.join(CONTRACTIONS)}; "
+                                  f"got {con!r}")
+            kw["contraction"] = con
         if env.get("NUMVAR_MODULES", "").strip():
             kw["modules"] = _split_env(env["NUMVAR_MODULES"])
         strict = env.get("NUMVAR_STRICT", "").strip().lower()
@@ -197,6 +214,8 @@ class FuzzyConfig:
             env["NUMVAR_MODULES"] = ",".join(self.modules)
         if self.strict:
             env["NUMVAR_STRICT"] = "1"
+        if self.contraction != "separate":
+            env["NUMVAR_CONTRACTION"] = self.contraction
         for g in (*self.exclude, *(self.include or ()), *(self.modules or ())):
             if "," in g:
                 raise ConfigError(f"glob {g!r} contains a comma and cannot be put in an environment variable")

@@ -4,7 +4,9 @@
 Orders (every product and every add rounded):
 
 * matmul ``A (M×K) @ B (K×N)``: for each output element, the K products in increasing k,
-  accumulated left to right starting from the first product.
+  accumulated left to right starting from the first product. With the configuration's
+  ``contraction="fma"`` every multiply-add is rounded once instead (the product exact);
+  this applies to every contraction below (convolutions included), not to reductions.
 * ``addmm``/``baddbmm``/``addbmm``: ``RND(RND(β·C) + RND(α·Σ))``; the scalings are
   skipped when α or β is 1, C is ignored when β is 0 (PyTorch's rule).
 * convolution (1d/2d/3d, stride, zero padding, dilation, groups): im2col, then per output
@@ -108,11 +110,15 @@ def _contract(a: torch.Tensor, b: torch.Tensor, key: int, ctx: Ctx, t: int,
               kd: torch.dtype) -> torch.Tensor:
     """The flop contraction kernel of :func:`flop_backend` on carriers of dtype ``kd``;
     the result on ``a``'s device, dtype ``kd``."""
-    if flop_backend(a.device) == "triton":
+    if flop_backend(a.device) == "triton" and not (ctx.contraction == "fma"
+                                                   and kd == torch.float64):
+        # (binary64 fma has no Triton kernel: the numba one, through the CPU, same bits)
         from . import triton_kernels as TK
 
-        return TK.contract(a.detach().to(kd), b.detach().to(kd), key, ctx.code, t)
-    return _back(KN.contract(_np(a, kd), _np(b, kd), key, ctx.code, t), kd, a.device)
+        return TK.contract(a.detach().to(kd), b.detach().to(kd), key, ctx.code, t,
+                           ctx.contraction)
+    return _back(KN.contract(_np(a, kd), _np(b, kd), key, ctx.code, t, ctx.contraction), kd,
+                 a.device)
 
 
 def _scan(x: torch.Tensor, key: int, ctx: Ctx, t: int, kd: torch.dtype, *, mul: bool,

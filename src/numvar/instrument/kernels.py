@@ -17,6 +17,14 @@ Two kernels serve every contraction and every reduction of the ``flop`` granular
   ``acc = x[0, m]``, then ``acc = RND(acc ∘ x[k, m])`` for k = 1..K-1; random bits
   ``bits64(key, k·M + m)``. With ``cumulative`` every partial result is written.
 
+``contraction="fma"`` (:data:`CONTRACTIONS`) changes :func:`contract` to one rounding per
+multiply-add, what fused multiply-add hardware (MKL, oneDNN, GPU kernels) does:
+``acc = RND(a[i,0]·b[0,j])``, then ``acc = RND(acc + a[i,k]·b[k,j])`` with the product
+exact (``numvar.rounding.kernels.fma_f32`` / ``fma_f64``). Random stream: one draw per
+term, ``r = term_bits(key, line, j)`` (the same line and term numbering as above; the
+first term's product and every multiply-add are rounded with ``r``; ``rot(r)`` is not
+used). Half the random draws and roundings of the default ``"separate"``.
+
 Both compute binary32 arrays with binary32 roundings and binary64 arrays with binary64
 roundings, at ``t`` significand bits (24 / 53 for the formats' own precision), using the
 scalar functions of :mod:`numvar.rounding.kernels`.
@@ -27,6 +35,35 @@ front ("clean" rows, the usual case) run vectorised loops with no range checks a
 24 bits) or the scalar full path (below). Lanes a fast loop cannot round exactly are
 redone on the scalar full path. Every path gives the same bits (tests compare each with
 :func:`contract_reference`). binary64 products take the scalar kernel.
+
+Port-bound ceiling of the binary32 SR clean loop
+------------------------------------------------
+One pass of the innermost k >= 1 loop of :func:`_clean_loops` (sr, 24 bits) handles 8
+terms in 512-bit vectors of 8 float64 lanes. Its machine code (numba's ``inspect_asm``
+of ``_clean32`` on an AMD Zen 4, AVX-512) has 26 instructions, of which 21 are vector
+micro-ops that need a vector execution port (loads folded into an arithmetic
+instruction count once; the two pure loads, the store and the three scalar loop-control
+instructions go to the load/store and integer ports)::
+
+    random bits  vpaddq(h + j·γ, load jg)  vpsrlq 32  vpxorq  vpmullq  vpsrlq 29
+                 vpternlogq (r ^ r>>29, then ~r)                              6
+    product      vcvtps2pd (load b)  vmulpd                                   2
+    SR product   vpsrlq 35  vpaddq  vpandq                                    3
+    TwoSum test  vaddpd  vsubpd  vcmpeqpd  vsubpd  vcmpeqpd                   5
+    SR add       vpsrlq 6  vpandq  vmovdqa64  vpaddq  vpandq(masked → NaN)    5
+                                                                      total  21
+
+A 512-bit operation occupies one of Zen 4's four 256-bit vector pipes for two cycles,
+so at most two 512-bit micro-ops retire per cycle ("two 512-bit ports"; Intel parts with
+two 512-bit FMA units have the same bound). The ceiling is therefore
+``2 × clock × 8 / 21`` terms per second per core: 0.76 terms per cycle, 2.81 G terms/s
+at the 3.69 GHz measured on the reference machine. ``benchmarks/bench_kernels.py``
+recounts the micro-ops in the code generated on the host, measures the clock (a chain
+of dependent float64 adds) and prints the fraction of the ceiling :func:`contract`
+reaches. Measured there (one thread, 16×288 @ 288×1024, the product of a 32-channel 3×3
+convolution, best of 30 on a loaded 2-core machine): 2.17 G terms/s, 77 % of the
+ceiling; the rest is the per-k line hash and loop set-up (K = 288 passes over 128
+vectors per row), the first-product loop, the NaN scan and the clean-row test.
 """
 
 from __future__ import annotations
@@ -295,13 +332,23 @@ def _round_term(x, r, mode, t, add):
 
 
 @njit(inline="always")
-def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):
+def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, fma=False):
     """Every k-step of one clean row tile into ``acc`` (float64, binary32 values at ``t``
     bits). A lane whose float64 sum is inexact (or, for ud, below its fast step's range
     and nonzero) becomes NaN and stays NaN (the inputs are finite, so NaN marks exactly
     those lanes). Same bits as :func:`_term`/:func:`_rot`, one 64-bit multiply per term
-    (``jg[jj] = (j0 + jj)·γ`` is precomputed)."""
+    (``jg[jj] = (j0 + jj)·γ`` is precomputed).
+
+    With ``fma`` (a constant): one rounding per multiply-add, ``RND(acc + a·b)`` with the
+    exact product and the term's bits ``r``. The float64 sum of a 24-bit accumulator and
+    a 48-bit product is often inexact: its TwoSum residual ``e`` goes, at 24 bits, to the
+    rounding core's residual fast path (``numvar.rounding.kernels.lo32_fast``, identical
+    to ``round_core`` where it accepts, as the core's ``narrow_fma`` rounds); below 24
+    bits such a lane is recomputed. Its sums can cancel below binary32's normal range
+    (the products are not on the 2**-125 grid), so every mode checks the range of the sum
+    (at least 2**-126, 2**-125 for ud at 24 bits, or zero)."""
     ud_min = _UD_MIN if t == 24 else _UD_MIN_T
+    fma_min = ud_min if (mode == _UD or t != 24) else _UD_MIN_T
     a0 = np.float64(arow[0])
     b0 = bmat[0, j0:j0 + n]  # row slices indexed from 0: this form vectorises best
     h0 = _bits(ukey, base)
@@ -318,6 +365,20 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):
             z = hk + jg[jj]
             r = ((z ^ (z >> _U32)) * _M1)
             r = r ^ (r >> _U29)
+            if fma:
+                p = ak * np.float64(bk[jj])  # exact
+                c = acc[jj]
+                s = c + p
+                bv = s - c
+                e = (c - (s - bv)) + (p - bv)  # TwoSum: s + e = c + p exactly
+                ok = (e == 0.0) & ((abs(s) >= fma_min) | (s == 0.0))
+                v = _round_term(s, r, mode, t, False)
+                if t == 24:  # an inexact float64 sum: the core's residual path
+                    w, okw = K.lo32_fast(s, e, r, mode)
+                    v = v if e == 0.0 else np.float64(w)
+                    ok = ok | ((e != 0.0) & okw)
+                acc[jj] = v if ok else np.nan
+                continue
             p = _round_term(ak * np.float64(bk[jj]), r, mode, t, False)
             c = acc[jj]
             s = c + p
@@ -344,6 +405,33 @@ def _clean32(acc, jg, arow, bmat, ukey, base, j0, n, mode):  # pragma: no cover 
 
 
 _UD_MIN_T = 2.0 ** -126
+
+
+@njit(cache=True)
+def _cleanfma32(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):  # pragma: no cover
+    """:func:`_clean_loops` with ``fma``: one vectorised copy per mode, 24 bits folded
+    into a constant (t < 24: one more copy per mode), 512-bit vectors allowed."""
+    _wide_vectors()
+    if mode == _SR:
+        if t == 24:
+            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR, 24, True)
+        else:
+            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR, t, True)
+    elif mode == _IEEE:
+        if t == 24:
+            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, 24, True)
+        else:
+            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, t, True)
+    elif mode == _UD:
+        if t == 24:
+            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _UD, 24, True)
+        else:
+            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _UD, t, True)
+    else:
+        if t == 24:
+            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, 24, True)
+        else:
+            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, t, True)
 
 
 @njit(inline="always")
@@ -381,13 +469,18 @@ def _cleant32(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):  # pragma: no co
 
 
 @njit
-def _column32(arow, bmat, ukey, base, j, mode, t):  # pragma: no cover - compiled
+def _column32(arow, bmat, ukey, base, j, mode, t, fma=False):  # pragma: no cover - compiled
     """One output element on the full path (numvar.rounding's scalar functions): the
-    reference's loop, for the lanes a fast path gives up on."""
+    reference's loop, for the lanes a fast path gives up on (``fma``: one rounding per
+    multiply-add, see the module docstring)."""
     uj = np.uint64(j)
     acc = np.float32(0.0)
     for k in range(arow.size):
         r = _term(_bits(ukey, base + np.uint64(k)), uj)
+        if fma and k > 0:
+            acc = K.fma_f32(np.float64(arow[k]), np.float64(bmat[k, j]), np.float64(acc),
+                            mode, t, r)
+            continue
         p = K.mul_f32(np.float64(arow[k]), np.float64(bmat[k, j]), mode, t, r)
         acc = p if k == 0 else K.add_f32(np.float64(acc), np.float64(p), mode, t, _rot(r))
     return acc
@@ -511,10 +604,12 @@ def _tile32(o, arow, bmat, ukey, base, N, j0, mode, t, bad):  # pragma: no cover
 
 
 @njit(parallel=True, cache=True)
-def _contract_fast32(a, b, clean, out, key, mode, t):  # pragma: no cover - compiled
+def _contract_fast32(a, b, clean, out, key, mode, t, fma=False):  # pragma: no cover
     """binary32 at t <= 24 bits. Clean rows (see above): vectorised loops without range
     checks, NaN-poisoned lanes recomputed on the full path. Other rows: at 24 bits the
-    checked fast path per tile, full path for its rejects; below, the full path."""
+    checked fast path per tile, full path for its rejects; below, the full path.
+    ``fma``: one rounding per multiply-add (clean rows vectorised, other rows on the
+    full path)."""
     BO, M, N = out.shape
     Kd = b.shape[1]
     BA = a.shape[0]
@@ -538,7 +633,9 @@ def _contract_fast32(a, b, clean, out, key, mode, t):  # pragma: no cover - comp
             jg = np.empty(n, dtype=np.uint64)
             for jj in range(n):
                 jg[jj] = np.uint64(j0 + jj) * _G
-            if t == 24:
+            if fma:
+                _cleanfma32(acc, jg, arow, b[bb], ukey, base, j0, n, mode, t)
+            elif t == 24:
                 _clean32(acc, jg, arow, b[bb], ukey, base, j0, n, mode)
             else:
                 _cleant32(acc, jg, arow, b[bb], ukey, base, j0, n, mode, t)
@@ -547,7 +644,10 @@ def _contract_fast32(a, b, clean, out, key, mode, t):  # pragma: no cover - comp
                 if v == v:
                     o[j0 + jj] = np.float32(v)
                 else:
-                    o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t)
+                    o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t, fma)
+        elif fma:
+            for jj in range(n):
+                o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t, True)
         elif t == 24:
             bad = np.empty(n, dtype=np.bool_)
             _tile32(o[j0:j1], arow, b[bb], ukey, base, N, j0, mode, 24, bad)
@@ -557,8 +657,9 @@ def _contract_fast32(a, b, clean, out, key, mode, t):  # pragma: no cover - comp
 
 
 @njit(parallel=True, cache=True)
-def _contract_kernel(a, b, out, key, mode, t, is32):  # pragma: no cover - compiled
-    """Any precision, binary32 or binary64: numvar.rounding's scalar functions."""
+def _contract_kernel(a, b, out, key, mode, t, is32, fma=False):  # pragma: no cover
+    """Any precision, binary32 or binary64: numvar.rounding's scalar functions
+    (``fma``: one rounding per multiply-add)."""
     BO, M, N = out.shape
     Kd = b.shape[1]
     BA = a.shape[0]
@@ -576,7 +677,14 @@ def _contract_kernel(a, b, out, key, mode, t, is32):  # pragma: no cover - compi
             hk = _bits(ukey, base + np.uint64(k))
             for j in range(N):
                 r = _term(hk, np.uint64(j))
-                if is32:
+                if fma and k > 0:
+                    if is32:
+                        orow[j] = K.fma_f32(aik, np.float64(brow[j]), np.float64(orow[j]),
+                                            mode, t, r)
+                    else:
+                        orow[j] = K.fma_f64(aik, np.float64(brow[j]), np.float64(orow[j]),
+                                            mode, t, r)
+                elif is32:
                     p32 = K.mul_f32(aik, np.float64(brow[j]), mode, t, r)
                     if k == 0:
                         orow[j] = p32
@@ -693,13 +801,29 @@ def _check(arr: np.ndarray, name: str) -> None:
         raise TypeError(f"{name}: float32 or float64 array expected, got {arr.dtype}")
 
 
-def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int) -> np.ndarray:
+#: contraction semantics of :func:`contract`: every product and add rounded, or one
+#: rounding per multiply-add (exact product)
+CONTRACTIONS = ("separate", "fma")
+
+
+def _fma_flag(contraction: str) -> bool:
+    if contraction not in CONTRACTIONS:
+        raise ValueError(f"contraction must be one of {', '.join(CONTRACTIONS)}; "
+                         f"got {contraction!r}")
+    return contraction == "fma"
+
+
+def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
+             contraction: str = "separate") -> np.ndarray:
     """Batched randomly rounded product of ``a`` (BA, M, K) and ``b`` (BB, K, N).
 
     The batch of the result is ``max(BA, BB)``; ``a`` is indexed ``b % BA`` and ``b``
     ``b % BB`` (so BA or BB may be 1, or divide the batch: convolution groups). Order and
-    random bits: see the module docstring. ``K`` must be >= 1.
+    random bits: see the module docstring. ``K`` must be >= 1. ``contraction``:
+    ``"separate"`` (every product and add rounded) or ``"fma"`` (one rounding per
+    multiply-add).
     """
+    fma = _fma_flag(contraction)
     _check(a, "a")
     _check(b, "b")
     if a.dtype != b.dtype:
@@ -716,10 +840,10 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int) -> np.nd
         work = out.size * a.shape[2]
         if a.dtype == np.float32 and 1 <= t <= 24:
             launch(work, _contract_fast32, a, b, clean_rows(a, b, BO, t), out, np.uint64(key),
-                   mode, t)
+                   mode, t, fma)
         else:
             launch(work, _contract_kernel, a, b, out, np.uint64(key), mode, t,
-                   a.dtype == np.float32)
+                   a.dtype == np.float32, fma)
     return out
 
 
@@ -744,8 +868,14 @@ def scan(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
 
 
 # --------------------------------------------------------------------------- references
-def contract_reference(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int) -> np.ndarray:
-    """Slow obviously-sequential reference of :func:`contract` (same order, same bits)."""
+def contract_reference(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
+                       contraction: str = "separate") -> np.ndarray:
+    """Slow obviously-sequential reference of :func:`contract` (same order, same bits).
+
+    ``contraction="fma"`` computes every multiply-add exactly in rational arithmetic and
+    rounds it with ``numvar.rounding.reference.round_exact`` (tiny shapes only)."""
+    if _fma_flag(contraction):
+        return _contract_fma_exact(a, b, key, mode, t)
     is32 = a.dtype == np.float32
     mul = K.mul_f32 if is32 else K.mul_f64
     add = K.add_f32 if is32 else K.add_f64
@@ -788,4 +918,37 @@ def scan_reference(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = Fa
                 out[k, m] = acc
         if not cumulative:
             out[0, m] = acc
+    return out
+
+
+def _contract_fma_exact(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int) -> np.ndarray:
+    """``contraction="fma"`` in exact arithmetic: ``acc = RND(a0·b0)``, then
+    ``acc = RND(acc + a_k·b_k)`` with each exact value a Fraction, rounded by
+    :func:`numvar.rounding.reference.round_exact` with ``term_bits(key, line, j)``.
+    An exact zero takes IEEE's sign (the float64 ``a·b + acc``, exact there); non-finite
+    inputs give that float64 value."""
+    from fractions import Fraction
+
+    from numvar.rounding.reference import round_exact
+
+    fmt = "binary32" if a.dtype == np.float32 else "binary64"
+    BA, M, Kd = a.shape
+    BB, _, N = b.shape
+    BO = max(BA, BB)
+    out = np.empty((BO, M, N), dtype=a.dtype)
+    for bo in range(BO):
+        for i in range(M):
+            for j in range(N):
+                acc = 0.0
+                for k in range(Kd):
+                    x, y = float(a[bo % BA, i, k]), float(b[bo % BB, k, j])
+                    c = 0.0 if k == 0 else acc
+                    ieee = x * y if k == 0 else x * y + c
+                    r = term_bits(key, (bo * M + i) * Kd + k, j)
+                    if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(c)):
+                        acc = ieee
+                        continue
+                    v = Fraction(x) * Fraction(y) + (Fraction(c) if k else 0)
+                    acc = ieee if v == 0 else round_exact(abs(v), v < 0, fmt, t, mode, r)
+                out[bo, i, j] = acc
     return out

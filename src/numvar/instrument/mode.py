@@ -635,7 +635,7 @@ class Fuzzy:
             raise ConfigError("numvar.fuzzy blocks cannot be nested")
         c = self.config
         self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend,
-                        on_escape=self._handler_escape)
+                        on_escape=self._handler_escape, contraction=c.contraction)
         if c.modules is not None:
             self._filter = _ModuleFilter(c.modules, c.model)
             self._filter.install()
@@ -694,7 +694,7 @@ def _looks_like_op_glob(g: str) -> bool:
 
 def fuzzy(mode: str = "sr", granularity: str = "flop", precision: int | None = None,
           seed: int = 0, exclude=(), include=None, modules=None, model=None,
-          strict: bool = False) -> Fuzzy:
+          strict: bool = False, contraction: str = "separate") -> Fuzzy:
     """Instrument every aten op run in the ``with`` block (forward, backward, optimizer).
 
     ``mode``: ieee | sr | ud | random; ``granularity``: flop | op; ``precision``: virtual
@@ -706,8 +706,10 @@ def fuzzy(mode: str = "sr", granularity: str = "flop", precision: int | None = N
     those modules' forward, and their backward, are perturbed; ``strict``: raise
     :class:`numvar.errors.UninstrumentedOpError` at the first op that would run natively
     or below the requested granularity (default: run it, and list it in the block's
-    summary warning and in :meth:`Fuzzy.report`).
+    summary warning and in :meth:`Fuzzy.report`). ``contraction``
+    (flop): ``"separate"`` (every product and add of a contraction rounded) or ``"fma"``
+    (one rounding per multiply-add, the product exact).
     """
     return Fuzzy(FuzzyConfig(mode=mode, granularity=granularity, precision=precision, seed=seed,
                              exclude=exclude, include=include, modules=modules, model=model,
-                             strict=strict))
+                             strict=strict, contraction=contraction))

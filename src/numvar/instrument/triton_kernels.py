@@ -14,6 +14,11 @@ Order and random bits (as :mod:`numvar.instrument.kernels`)
   ``acc = RND(acc + RND(a[i,k]·b[k,j]))``. Term (bo, i, k, j) draws
   ``r = term_bits(key, (bo·M + i)·K + k, j)``; the product is rounded with ``r``, the add
   with ``r`` rotated left by 29 bits.
+* ``contraction="fma"`` (binary32 carriers: binary32, bf16, fp16): ``acc = RND(a[i,0]·b[0,j])``,
+  then ``acc = RND(acc + a[i,k]·b[k,j])`` with the exact product, every rounding with
+  ``r`` (one draw per term). binary64 with ``"fma"`` is not a Triton kernel:
+  :func:`numvar.instrument.flop.flop_backend`'s callers send it to the numba kernel
+  (same bits).
 * :func:`scan`: ``acc = x[0, m]``, then ``acc = RND(acc ∘ x[k, m])`` for k = 1..K-1 with
   ``bits64(key, k·M + m)``; ``cumulative`` writes every partial result.
 
@@ -383,6 +388,14 @@ def _round_wide(hi, lo, k, r, MODE: tl.constexpr, T: tl.constexpr):
 
 
 @triton.jit
+def _fma_narrow(acc, a, b, r, MODE: tl.constexpr, T: tl.constexpr):
+    """``numvar.rounding.kernels.fma_f32``: ``RND(a·b + acc)`` in one rounding, the float64
+    product exact, the sum's TwoSum residual carried."""
+    s, e = _two_sum(a * b, acc)
+    return _round_narrow(s, e, r, MODE, T)
+
+
+@triton.jit
 def _add_wide(a, b, r, MODE: tl.constexpr, T: tl.constexpr):
     """``numvar.rounding.kernels.add_f64`` (``wide_binary`` OP_ADD): TwoSum; a finite sum
     overflowing to inf is redone on the halves, one power of two down (k = -1)."""
@@ -445,7 +458,7 @@ def _step(acc, a, b, r, MODE: tl.constexpr, T: tl.constexpr, WIDE: tl.constexpr)
 @triton.jit(do_not_specialize=["BA", "BB", "M", "N", "K", "key"])
 def _contract_kernel(a_ptr, b_ptr, out_ptr, BA, BB, M, N, K, key, MODE: tl.constexpr,
                      T: tl.constexpr, WIDE: tl.constexpr, BM: tl.constexpr,
-                     BN: tl.constexpr):
+                     BN: tl.constexpr, FMA: tl.constexpr = False):
     pid = tl.program_id(0)
     tm = tl.cdiv(M, BM)
     tn = tl.cdiv(N, BN)
@@ -476,7 +489,10 @@ def _contract_kernel(a_ptr, b_ptr, out_ptr, BA, BB, M, N, K, key, MODE: tl.const
         av = tl.load(a_ptrs, mask=mi, other=0.0).to(tl.float64)
         bv = tl.load(b_ptrs, mask=mj, other=0.0).to(tl.float64)
         r = _term(_bits64(ukey, line)[:, None], jg[None, :])
-        acc = _step(acc, av[:, None], bv[None, :], r, MODE, T, WIDE)
+        if FMA:
+            acc = _fma_narrow(acc, av[:, None], bv[None, :], r, MODE, T)
+        else:
+            acc = _step(acc, av[:, None], bv[None, :], r, MODE, T, WIDE)
     optr = out_ptr + (bo64 * M + i64)[:, None] * N + j64[None, :]
     tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=mi[:, None] & mj[None, :])
 
@@ -521,9 +537,16 @@ def _bits_ok(dtype: torch.dtype, t: int) -> int:
     return int(t)
 
 
-def contract(a: torch.Tensor, b: torch.Tensor, key: int, mode: int, t: int) -> torch.Tensor:
+def contract(a: torch.Tensor, b: torch.Tensor, key: int, mode: int, t: int,
+             contraction: str = "separate") -> torch.Tensor:
     """Batched randomly rounded product of ``a`` (BA, M, K) and ``b`` (BB, K, N) on their
-    device: :func:`numvar.instrument.kernels.contract` (same batch rule, order, bits)."""
+    device: :func:`numvar.instrument.kernels.contract` (same batch rule, order, bits).
+    ``contraction="fma"`` (one rounding per multiply-add) takes binary32 tensors only."""
+    if contraction not in ("separate", "fma"):
+        raise ValueError(f"contraction must be separate or fma; got {contraction!r}")
+    if contraction == "fma" and a.dtype == torch.float64:
+        raise TypeError("contraction='fma' on binary64 has no Triton kernel: use the numba "
+                        "kernel (numvar.instrument.kernels.contract)")
     _check(a, "a")
     _check(b, "b")
     if a.dtype != b.dtype:
@@ -544,7 +567,7 @@ def contract(a: torch.Tensor, b: torch.Tensor, key: int, mode: int, t: int) -> t
         grid = (BO * triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
         _contract_kernel[grid](a, b, out, BA, BB, M, N, Kd, int(key) & ((1 << 64) - 1),
                                MODE=int(mode), T=t, WIDE=a.dtype == torch.float64,
-                               BM=BLOCK_M, BN=BLOCK_N, **_OPTS)
+                               BM=BLOCK_M, BN=BLOCK_N, FMA=contraction == "fma", **_OPTS)
     return out
 
 

@@ -207,7 +207,8 @@ def sample(fn: Callable[..., Any], *args: Any, n: int = 10, mode: str = "sr",
     and, with ``capture_layers`` (fnmatch globs over ``named_modules()`` paths of
     ``model``, or of the outermost module called), the outputs of matching submodules
     (``layers/path#k``). Realization ``i`` uses seed ``seed + i``; ``fuzzy_kw``
-    (``precision``, ``exclude``, ``include``, ``modules``) go to ``numvar.fuzzy``.
+    (``precision``, ``exclude``, ``include``, ``modules``, ``contraction``) go to
+    ``numvar.fuzzy``.
     With ``reference=True`` one uninstrumented run is stored in ``Samples.reference``.
     With ``out`` everything is also written to that run directory (``load_run`` reads it).
 

@@ -141,7 +141,7 @@ def fuzzy_env(config: dict[str, Any], seed: int) -> dict[str, str]:
     from ..instrument import FuzzyConfig
 
     kw = {k: config[k] for k in ("granularity", "precision", "exclude", "include", "modules",
-                                 "strict")
+                                 "strict", "contraction")
           if config.get(k) not in (None, [], ())}
     for k in ("exclude", "include", "modules"):
         if k in kw:
@@ -403,6 +403,7 @@ def run_script(command: list[str], *, n: int = 10, mode: str = "sr",
                scheduler: str | None = None, precision: int | None = None,
                exclude: str | list[str] | None = None, include: str | list[str] | None = None,
                modules: str | list[str] | None = None, strict: bool = False,
+               contraction: str = "separate",
                invoke_dir: str | os.PathLike | None = None,
                capture_limit: int | str | None = None,
                progress: Callable[[str, Any], None] | None = None) -> "RunResult":
@@ -430,6 +431,7 @@ def run_script(command: list[str], *, n: int = 10, mode: str = "sr",
     config = {
         "kind": "script", "argv": argv, "invoke_dir": invoke_dir,
         "mode": mode, "granularity": granularity, "precision": precision, "seed": seed,
+        "contraction": contraction,
         "n": n, "exclude": parse_globs(exclude), "include": parse_globs(include),
         "modules": parse_globs(modules), "strict": bool(strict),
         "capture": parse_capture(capture),
@@ -454,6 +456,8 @@ def _canonical_command(config: dict[str, Any], out: Any, command: list[str]) -> 
            "--capture", ",".join(config["capture"]) or "none"]
     if config["precision"] is not None:
         cmd += ["--precision", str(config["precision"])]
+    if config.get("contraction", "separate") != "separate":
+        cmd += ["--contraction", config["contraction"]]
     for key, opt in (("exclude", "--exclude"), ("include", "--include"),
                      ("modules", "--modules")):
         if config[key]:

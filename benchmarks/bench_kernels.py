@@ -1,0 +1,142 @@
+"""Contraction kernel throughput against its port-bound ceiling (one core).
+
+    python benchmarks/bench_kernels.py [--repeats 30] [--shape M K N] [--add-latency 3]
+
+For the binary32 SR clean-row loop of :mod:`numvar.instrument.kernels` it prints
+
+* the vector micro-ops per 8 terms of the loop, counted in the machine code numba
+  generated on this host (``inspect_asm`` of ``_clean32``: the innermost k >= 1 loop of
+  the SR branch, the one with the add's ``>> 35`` shift and the TwoSum ``vaddpd``);
+* the core clock, measured by a dependent chain of float64 adds (``--add-latency``
+  cycles each: 3 on AMD Zen 4, 4 on Intel Skylake-X and later);
+* the ceiling ``2 ports × clock × 8 / uops`` (two 512-bit vector ports, 8 float64 lanes
+  per 512-bit vector; the derivation is in the module docstring of
+  ``numvar.instrument.kernels``);
+* the measured rate of :func:`numvar.instrument.kernels.contract` (shape M × K × N,
+  best of ``--repeats``) in terms/s and as a fraction of the ceiling, for sr and fma-sr
+  (``contraction="fma"``) in binary32, and sr in binary64 (clean rows and scalar path).
+
+Run with ``OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1`` (one core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+
+import numpy as np
+from numba import njit
+
+from numvar.instrument import kernels as KN
+
+
+@njit(cache=True)
+def _add_chain(n, y):  # pragma: no cover - compiled
+    x = 0.0
+    for _ in range(n):
+        x = x + y  # one dependent add per iteration (no fast-math: not reassociated)
+    return x
+
+
+def clock_hz(latency: int) -> float:
+    """Core clock from the best of 50 short dependent-add chains (short: a loaded shared
+    machine preempts long ones; the best run is the undisturbed one)."""
+    n = 1_000_000
+    _add_chain(10, 1.0)
+    best = min(_timed(lambda: _add_chain(n, 1e-300)) for _ in range(50))
+    return latency * n / best
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+_PURE_LOAD = re.compile(r"^\s*v(movup[sd]|movdqu64|movdqa64|movap[sd])\s+-?\w*\(")
+_STORE = re.compile(r"^\s*v\w+\s+%[xyz]mm\d+,\s*-?\w*\(")
+
+
+def loop_uops(asm: str) -> tuple[int, list[str]]:
+    """Vector micro-ops per iteration of the SR k-loop in ``asm``: every instruction on
+    an xmm/ymm/zmm register except pure loads and stores (load/store ports, not the
+    two vector ports); a load folded into an arithmetic instruction counts once."""
+    lines = asm.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines)
+              if (m := re.match(r"^(\.LBB\S+):", ln))}
+    best = None
+    for i, ln in enumerate(lines):
+        m = re.match(r"\s+j\w+\s+(\.LBB\S+)$", ln)
+        if not m or m.group(1) not in labels or labels[m.group(1)] > i:
+            continue
+        body = [x for x in lines[labels[m.group(1)]:i + 1]
+                if x.startswith("\t") and not x.strip().startswith((".", "#"))]
+        text = "\n".join(body)
+        if "vpmullq" in text and "$35" in text and "vaddpd" in text and "zmm" in text:
+            if best is None or len(body) < len(best):
+                best = body
+    if best is None:
+        raise RuntimeError("SR clean loop not found in the generated code")
+    vec = [x for x in best if re.search(r"%[xyz]mm", x)
+           and not _PURE_LOAD.match(x) and not _STORE.match(x)]
+    return len(vec), best
+
+
+def clean_loop_asm() -> str:
+    """Machine code of ``_clean32`` (compiled afresh: a cached dispatcher holds none)."""
+    fn = njit(KN._clean32.py_func)
+    n = 64
+    acc = np.empty(n)
+    jg = np.arange(n, dtype=np.uint64) * np.uint64(KN._G)
+    fn(acc, jg, np.ones(8, np.float32), np.ones((8, n), np.float32), np.uint64(1),
+       np.uint64(0), 0, n, KN._SR)
+    return fn.inspect_asm(fn.signatures[0])
+
+
+def rate(dtype, shape, repeats: int, mode: int, contraction: str = "separate",
+         clean: bool = True) -> float:
+    rng = np.random.default_rng(0)
+    m, k, n = shape
+    a = rng.uniform(0.5, 1.0, (1, m, k)).astype(dtype)
+    b = rng.uniform(0.5, 1.0, (1, k, n)).astype(dtype)
+    if not clean:
+        a[0, :, 0] = 2.0 ** -140 if dtype == np.float32 else 2.0 ** -1070  # no clean row
+    kw = {} if contraction == "separate" else {"contraction": contraction}
+    KN.contract(a, b, 1, mode, 24 if dtype == np.float32 else 53, **kw)
+    t = min(_timed(lambda: KN.contract(a, b, 1, mode, 24 if dtype == np.float32 else 53, **kw))
+            for _ in range(repeats))
+    return m * k * n / t
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--shape", type=int, nargs=3, default=(16, 288, 1024),
+                    metavar=("M", "K", "N"), help="default: a 32-channel 3x3 convolution's "
+                    "product, 16 rows, K = 288, 1024 columns: ~2 ms calls, short enough to run "
+                    "undisturbed on a loaded machine")
+    ap.add_argument("--add-latency", type=int, default=3)
+    args = ap.parse_args(argv)
+    f = clock_hz(args.add_latency)
+    uops, body = loop_uops(clean_loop_asm())
+    ceiling = 2 * f * 8 / uops
+    print(f"clock {f / 1e9:.2f} GHz (dependent adds, latency {args.add_latency}); "
+          f"SR clean loop: {len(body)} instructions, {uops} vector uops per 8 terms; "
+          f"ceiling 2 x clock x 8 / {uops} = {ceiling / 1e9:.2f} G terms/s")
+    rows = [("binary32 sr separate (clean rows)", np.float32, "separate", True),
+            ("binary32 sr fma (clean rows)", np.float32, "fma", True),
+            ("binary32 sr separate (scalar rows)", np.float32, "separate", False),
+            ("binary64 sr separate (clean rows)", np.float64, "separate", True),
+            ("binary64 sr separate (scalar rows)", np.float64, "separate", False)]
+    print(f"{'kernel':38s} {'G terms/s':>10s} {'of ceiling':>11s}")
+    for name, dt, con, clean in rows:
+        try:
+            r = rate(dt, args.shape, args.repeats, KN._SR, con, clean)
+        except TypeError:  # a kernel without that option on this version
+            continue
+        print(f"{name:38s} {r / 1e9:10.3f} {100 * r / ceiling:10.1f}%")
+
+
+if __name__ == "__main__":
+    main()
