@@ -885,30 +885,16 @@ def scan_reference(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = Fa
 def _ref_ops(spec: tuple, name: str):
     """The exact Fraction reference of one rounded binary op on the format ``spec``
     (numvar.rounding.reference), as ``op(x, y, mode, t, r)`` on 64 random bits ``r``."""
-    from fractions import Fraction
-
     from numvar.rounding.formats import Format
-    from numvar.rounding.reference import round_exact
+    from numvar.rounding.reference import ref_op
 
     p, emin, emax, maxv, flags = spec
-    from numvar.rounding.kernels import FLAG_FLUSH, FLAG_UNSIGNED_ZERO
-
-    ovf = ("inf", "saturate", "nan")[flags & 3]
-    fmt = Format(p, emin, emax, not flags & FLAG_FLUSH, ovf, maxv or None,
-                 not flags & FLAG_UNSIGNED_ZERO)
+    fmt = Format(p, emin, emax, not flags & K.FLAG_FLUSH, ("inf", "saturate", "nan")[flags & 3],
+                 maxv or None, not flags & K.FLAG_UNSIGNED_ZERO)
 
     def op(x, y, mode, t, r):
         x, y = float(x), float(y)
-        v = x * y if name == "mul" else x + y
-        if not (math.isfinite(x) and math.isfinite(y)):
-            from numvar.rounding.reference import _with_rules
-
-            return _with_rules(v, fmt, t, mode)
-        ex = Fraction(x) * Fraction(y) if name == "mul" else Fraction(x) + Fraction(y)
-        if ex == 0:
-            from numvar.rounding.reference import _with_rules
-
-            return _with_rules(v, fmt, t, mode)
-        return round_exact(abs(ex), ex < 0, fmt, t, mode, int(r))
+        ieee = x * y if name == "mul" else x + y
+        return ref_op(name, (x, y), fmt, t, mode, 0, 0, ieee, r=int(r))
 
     return op

@@ -587,6 +587,23 @@ def _normal_in(x, lo, hi):
     return ax >= lo and ax <= hi
 
 
+@njit(inline="always", cache=True, error_model="numpy")
+def round_format(hi, lo, mode, t, p, emin, emax, maxv, flags, r):
+    """Round hi+lo (float64, hi = RN64(hi+lo)) to any format: the integer fast path of
+    round_narrow (p <= 24, lo == 0, hi normal and, without subnormals, above the lowest
+    binade; a result beyond the largest finite value redone) or round_gen."""
+    if lo == 0.0 and p <= 24:
+        be = np.int64((_f64_bits(hi) >> np.uint64(52)) & _EXPMASK)
+        lowb = 1023 + emin + (1 if (flags & FLAG_FLUSH) != 0 else 0)
+        if be >= lowb and be <= 1023 + emax:
+            b = _fast_bits(_f64_bits(hi), mode, t, p, emin, emax, r)
+            v = _bits_f64(b)
+            if np.int64((b >> np.uint64(52)) & _EXPMASK) <= 1023 + emax and \
+                    (maxv == 0.0 or abs(v) <= maxv):
+                return v
+    return round_gen(hi, lo, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
+
+
 @njit(cache=True, error_model="numpy")
 def format_binary(op, a, b, mode, t, p, emin, emax, maxv, flags, r):
     """a (op) b (float64 operands) rounded once to any format (p, emin, emax, maxv,
@@ -599,7 +616,7 @@ def format_binary(op, a, b, mode, t, p, emin, emax, maxv, flags, r):
         if not (abs(s) < np.inf) and abs(a) < np.inf and abs(bb) < np.inf:
             s, e = two_sum(0.5 * a, 0.5 * bb)
             return round_gen(s, e, 0.0, -1, mode, t, p, emin, emax, maxv, flags, r)
-        return round_gen(s, e, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
+        return round_format(s, e, mode, t, p, emin, emax, maxv, flags, r)
     finite = abs(a) < np.inf and abs(b) < np.inf and a != 0.0 and b != 0.0
     k = 0
     if op == OP_MUL:
@@ -607,11 +624,11 @@ def format_binary(op, a, b, mode, t, p, emin, emax, maxv, flags, r):
             return round_gen(a * b, 0.0, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
         if _normal_in(a, _SAFE_LO, _SAFE_HI) and _normal_in(b, _SAFE_LO, _SAFE_HI):
             s, e = two_prod(a, b)
-        else:
-            ea = exponent(abs(a))
-            eb = exponent(abs(b))
-            s, e = two_prod(scale2(a, -ea), scale2(b, -eb))
-            k = -(ea + eb)
+            return round_format(s, e, mode, t, p, emin, emax, maxv, flags, r)
+        ea = exponent(abs(a))
+        eb = exponent(abs(b))
+        s, e = two_prod(scale2(a, -ea), scale2(b, -eb))
+        k = -(ea + eb)
         return round_gen(s, e, 0.0, k, mode, t, p, emin, emax, maxv, flags, r)
     if not finite:
         return round_gen(a / b, 0.0, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
@@ -743,23 +760,6 @@ def format_fma(a, b, c, mode, t, p, emin, emax, maxv, flags, r):
 def wide_fma(a, b, c, mode, t, r):
     """binary64 a*b+c, one rounding: format_fma on binary64."""
     return format_fma(a, b, c, mode, t, 53, -1022, 1023, 0.0, 0, r)
-
-
-@njit(inline="always", cache=True, error_model="numpy")
-def round_format(hi, lo, mode, t, p, emin, emax, maxv, flags, r):
-    """Round hi+lo (float64, hi = RN64(hi+lo)) to any format: the integer fast path of
-    round_narrow (p <= 24, lo == 0, hi normal and, without subnormals, above the lowest
-    binade; a result beyond the largest finite value redone) or round_gen."""
-    if lo == 0.0 and p <= 24:
-        be = np.int64((_f64_bits(hi) >> np.uint64(52)) & _EXPMASK)
-        lowb = 1023 + emin + (1 if (flags & FLAG_FLUSH) != 0 else 0)
-        if be >= lowb and be <= 1023 + emax:
-            b = _fast_bits(_f64_bits(hi), mode, t, p, emin, emax, r)
-            v = _bits_f64(b)
-            if np.int64((b >> np.uint64(52)) & _EXPMASK) <= 1023 + emax and \
-                    (maxv == 0.0 or abs(v) <= maxv):
-                return v
-    return round_gen(hi, lo, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
 
 
 #: op codes of k_format beyond the binary ones

@@ -178,11 +178,13 @@ def _special(x: float) -> bool:
 
 
 def ref_op(op: str, args: tuple[float, ...], fmt, t: int, mode: int, key: int,
-           j: int, ieee_value: float) -> float:
+           j: int, ieee_value: float, r: int | None = None) -> float:
     """Reference of one element of ``op`` ("add", "sub", "mul", "div", "sqrt", "fma",
     "round") on Python floats (exact values of the inputs). ``ieee_value`` is the
     float64 IEEE result of the same op, used only for non-finite inputs and exact-zero
-    results (IEEE decides the sign of zero; the format's rules then apply)."""
+    results (IEEE decides the sign of zero; the format's rules then apply). Random bits:
+    ``bits(key, j)``, or ``r`` when given."""
+    rb = bits(key, j) if r is None else r
     if any(_special(a) for a in args):
         return _with_rules(ieee_value, fmt, t, mode)
     F = [Fraction(a) for a in args]
@@ -205,9 +207,9 @@ def ref_op(op: str, args: tuple[float, ...], fmt, t: int, mode: int, key: int,
             return math.nan
         if F[0] == 0:
             return _with_rules(ieee_value, fmt, t, mode)
-        return round_exact(Sqrt(F[0]), False, fmt, t, mode, bits(key, j))
+        return round_exact(Sqrt(F[0]), False, fmt, t, mode, rb)
     else:
         raise ValueError(op)
     if x == 0:
         return _with_rules(ieee_value, fmt, t, mode)
-    return round_exact(abs(x), x < 0, fmt, t, mode, bits(key, j))
+    return round_exact(abs(x), x < 0, fmt, t, mode, rb)
