@@ -134,6 +134,10 @@ def _scan(x: torch.Tensor, key: int, ctx: Ctx, t: int, kd: torch.dtype, *, mul: 
                  x.device)
 
 
+def _kdtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _np(x: torch.Tensor, kd: torch.dtype):
     return x.detach().to(device="cpu", dtype=kd).contiguous().numpy()
 
