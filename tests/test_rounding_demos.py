@@ -8,6 +8,7 @@ from fractions import Fraction
 
 import torch
 
+import numvar.rounding as R
 from numvar.cli import main
 from numvar.rounding.diagnostic import Moments, chain, one_rounding, run_diagnostic
 from numvar.workloads.harmonic import harmonic, harmonic_f64, harmonic_table
@@ -80,5 +81,5 @@ def test_diagnostic_agrees_with_theory(capsys):
             assert rows["ud"]["mean_bound_ulp"] < abs(rows["ud"]["theory_bias_ulp"]) / 2
     assert main(["demo", "rounding", "--draws", "5000", "--steps", "4", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["draws"] == 5000 and len(res["chain"]) == 4
+    assert res["draws"] == 5000 and len(res["chain"]) == len(R.MODES)
     assert main(["demo", "rounding", "--dtype", "int8"]) == 2

@@ -52,16 +52,19 @@ def allowed(x, dtype, t: int, mode: str, rn: float) -> set:
         r = abs(Fraction(rn)) if math.isfinite(rn) else None
         if r is None:
             cands = {math.inf}
-        elif r == 0:
-            cands = {Fraction(0)}
+        elif r == 0:  # UD at zero: an inexact x steps up to the smallest value or stays 0
+            cands = {Fraction(0), u}
         else:
             e = r.numerator.bit_length() - r.denominator.bit_length()
             e -= Fraction(2) ** e > r
             below = spacing(e - 1, t, p, emin) if r == Fraction(2) ** e else spacing(e, t, p, emin)
             cands = {r + spacing(e, t, p, emin), r - below}
+    # overflow: the modes rounding toward zero in magnitude give the largest finite value
+    toward = mode == "zero" or (mode == "down" and not neg) or (mode == "up" and neg)
+    big = top - spacing(emax, t, p, emin) if toward else math.inf
     out = set()
     for c in cands:
-        c = math.inf if (not isinstance(c, float) and c >= top) else c
+        c = big if (not isinstance(c, float) and c >= top) else c
         out.add(-c if neg else c)
     return out
 

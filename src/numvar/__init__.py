@@ -21,6 +21,7 @@ _EXPORTS = {
     "FuzzyReport": ("numvar.instrument", "FuzzyReport"),
     "OP_KINDS": ("numvar.instrument", "OP_KINDS"),
     "Stream": ("numvar.rounding", "Stream"),
+    "Format": ("numvar.rounding", "Format"),
     # realizations
     "sample": ("numvar.runner", "sample"),
     "capture": ("numvar.runner", "capture"),

@@ -176,6 +176,50 @@ def demo_harmonic(
                     "UD only perturbs the stagnated sum; random rounding drifts upwards.")
 
 
+@demo_app.command("formats")
+def demo_formats(
+    out: str = typer.Option("numvar-formats", "--out", "-o",
+                            help="Folder for formats.json, formats.md and formats.png."),
+    formats: str = typer.Option(",".join(("binary32", "tf32", "bfloat16", "float16", "e5m2",
+                                          "e4m3fn", "custom:7,5")), "--formats",
+                                help="Comma-separated formats (names or custom:P,E)."),
+    modes: str = typer.Option("ieee,sr,ud,up,down,farthest", "--modes",
+                              help="Comma-separated rounding modes."),
+    samples: int = typer.Option(3, "--samples", help="Realizations of each random mode."),
+    images: int = typer.Option(200, "--images", help="First N test images (0: all 450)."),
+    granularity: str = typer.Option("flop", "--granularity", help="flop | op."),
+    accumulate: str = typer.Option("native", "--accumulate", help="native | same."),
+    seed: int = typer.Option(0, "--seed", help="First seed of the random modes."),
+) -> None:
+    """The digits CNN across number formats x rounding modes: accuracy, digits of the loss
+    shared with native binary32, and flipped predictions, in a table and a plot."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .workloads.formats_demo import FormatsDemoConfig, parse_formats, run_formats_demo
+
+    fl = parse_formats(formats)
+    ml = tuple(m.strip() for m in modes.split(",") if m.strip())
+    cfg = FormatsDemoConfig(out=out, formats=fl, modes=ml, samples=samples,
+                            images=images or None, granularity=granularity,
+                            accumulate=accumulate, seed=seed)
+    with Progress(transient=True) as prog:
+        task = prog.add_task("format x mode", total=len(fl) * len(ml))
+        res = run_formats_demo(cfg, progress=lambda f, m: prog.advance(task))
+    table = Table(title=f"digits CNN, {res.images} images, {granularity}, accumulate "
+                        f"{accumulate} (native binary32: accuracy "
+                        f"{res.reference['accuracy']:.4f}, loss {res.reference['loss']:.5f})")
+    for col in ("format", "bits", "mode", "runs", "accuracy", "loss digits", "flips"):
+        table.add_column(col, justify="left" if col in ("format", "mode") else "right")
+    for r in res.rows:
+        table.add_row(r["format"], str(r["bits"]), r["mode"], str(r["realizations"]),
+                      f"{r['accuracy']:.4f}", f"{r['loss_digits']:.2f}", str(r["flips"]))
+    con = Console()
+    con.print(table)
+    con.print("written: " + ", ".join(str(p) for p in res.paths.values()), soft_wrap=True)
+
+
 @demo_app.command("rounding")
 def demo_rounding(
     dtype: str = typer.Option("float32", "--dtype",
@@ -242,7 +286,8 @@ def run(
         None, metavar="-- python SCRIPT.py [ARGS] | -- -m MODULE [ARGS]",
         help="The script to run, after `--`, exactly as you would run it."),
     n: int = typer.Option(None, "-n", help="Number of realizations (default: 10)."),
-    mode: str = typer.Option(None, "--mode", help="ieee | sr | ud | random (default: sr)."),
+    mode: str = typer.Option(None, "--mode", help="ieee | sr | ud | random | up | down | "
+                                                  "zero | farthest (default: sr)."),
     granularity: str = typer.Option(None, "--granularity", help="flop | op (default: flop)."),
     precision: int = typer.Option(None, "--precision",
                                   help="Virtual precision in significand bits."),
@@ -250,6 +295,15 @@ def run(
                                     help="separate (default: every product and add of a "
                                          "contraction rounded) | fma (one rounding per "
                                          "multiply-add, as FMA hardware)."),
+    fmt_name: str = typer.Option(None, "--format",
+                               help="Round every result to this format, tensors keeping "
+                                    "their dtype: binary64, binary32, tf32, bfloat16, "
+                                    "float16, e4m3fn, e5m2, e4m3fnuz, e5m2fnuz or "
+                                    "custom:PRECISION,EXPONENT_BITS."),
+    accumulate: str = typer.Option(None, "--accumulate",
+                                   help="native (default: low-precision contractions "
+                                        "accumulate in binary32, the result rounded once) "
+                                        "| same (every partial sum in the format)."),
     seed: int = typer.Option(None, "--seed", help="Realization i uses seed+i (default: 0)."),
     jobs: int = typer.Option(None, "--jobs", "-j",
                              help="Realizations run at once (default: number of cores)."),
@@ -305,7 +359,7 @@ def run(
     console = Console(stderr=True)
     if resume is not None:
         given = {"--mode": mode, "--granularity": granularity, "--precision": precision,
-                 "--contraction": contraction,
+                 "--contraction": contraction, "--format": fmt_name, "--accumulate": accumulate,
                  "--seed": seed, "--out": out, "--capture": capture,
                  "--capture-layers": capture_layers, "--files": files, "--exclude": exclude,
                  "--include": include, "--modules": modules, "--strict": strict,
@@ -328,6 +382,7 @@ def run(
                 capture_layers=capture_layers, files=files, exclude=exclude, include=include,
                 modules=modules, strict=bool(strict), capture_limit=capture_limit,
                 contraction=contraction or "separate",
+                format=fmt_name, accumulate=accumulate or "native",
                 executor=executor or "local", scheduler=scheduler, progress=show)
     try:
         with show.bar:
@@ -861,7 +916,8 @@ def locate_cmd(
                               help="dtype of the random input: float32, float64, bfloat16, float16."),
     n: int = typer.Option(6, "-n", help="Realizations per evaluated set."),
     by: str = typer.Option("module", "--by", help="Blame 'module's (leaf modules) or 'op' kinds."),
-    mode: str = typer.Option("sr", "--mode", help="Rounding mode: sr, ud, random, ieee."),
+    mode: str = typer.Option("sr", "--mode", help="Rounding mode: sr, ud, random, ieee, up, "
+                                                  "down, zero, farthest."),
     granularity: str = typer.Option("flop", "--granularity", help="flop or op."),
     precision: int = typer.Option(None, "--precision", help="Virtual precision (significand bits)."),
     seed: int = typer.Option(0, "--seed", help="Seed of realization 0 (realization i: seed+i)."),

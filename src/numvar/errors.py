@@ -19,6 +19,11 @@ class RoundingError(NumvarError, ValueError):
     """Bad input to the rounding core (dtype, precision, shapes)."""
 
 
+class FormatError(RoundingError):
+    """A floating-point format that cannot be built, stored or honoured (the message
+    says which bound it breaks)."""
+
+
 class InstrumentError(NumvarError):
     """The instrumentation cannot handle a model or an op as asked."""
 

@@ -11,6 +11,7 @@ import torch
 import numvar.rounding as R
 from numvar.rounding import kernels as RK
 
+from ..errors import ConfigError, FormatError
 from . import pointwise as PW
 from .kernels import launch
 
@@ -22,9 +23,39 @@ NATIVE_BITS = {torch.float32: 24, torch.float64: 53, torch.bfloat16: 8, torch.fl
 FLOATS = frozenset(NATIVE_BITS)
 
 
+#: accumulation policies of low-precision contractions and reductions (flop granularity)
+ACCUMULATE = ("native", "same")
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """How one contraction or reduction with a result of some dtype runs at flop
+    granularity: in the IEEE kernels on ``kernel_dtype`` arrays at ``t`` bits, or (when
+    ``spec`` is set) in the any-format kernels, every product and add rounded to the
+    format ``spec``; ``then_round``: the result is rounded once more, to the target
+    format of the result dtype (accumulate="native")."""
+
+    kernel_dtype: torch.dtype | None
+    t: int
+    spec: tuple | None = None
+    then_round: bool = False
+
+
+_BINARY32_SPEC = R.formats.binary32.spec()
+
+
 @dataclass
 class Ctx:
-    """Mode, granularity, virtual precision and the random stream of one fuzzy block."""
+    """Mode, granularity, virtual precision or format, accumulation policy and the random
+    stream of one fuzzy block.
+
+    ``format`` (a :class:`numvar.rounding.Format`, or None): every result is rounded to
+    it and kept in its tensor's dtype (which must hold the format). ``accumulate``:
+    "native" (contractions and reductions whose target format is below binary32:
+    products and partial sums rounded to binary32 under the mode, the result rounded
+    once to the target format under the mode) or "same" (every partial sum rounded to
+    the target format).
+    """
 
     mode: str
     granularity: str
@@ -35,11 +66,50 @@ class Ctx:
     #: :func:`numvar.instrument.handlers.rounded_once`) when they fall back below flop
     on_escape: object = None
     contraction: str = "separate"  # flop contractions: "separate" | "fma"
+    format: R.Format | None = None
+    accumulate: str = "native"
 
     def __post_init__(self) -> None:
         self.code = RK.mode_code(self.mode)
         self._numba = self.backend in ("auto", "numba")  # short paths allowed
-        self._t32 = self.bits(torch.float32) == 24  # binary32 at its own precision
+        # binary32 at its own precision and format
+        self._t32 = self.bits(torch.float32) == 24 and (
+            self.format is None or self.format.ieee_dtype is torch.float32)
+        if self.accumulate not in ACCUMULATE:
+            raise ConfigError(f"accumulate must be one of {ACCUMULATE}; got {self.accumulate!r}")
+
+    def target(self, dtype: torch.dtype) -> R.Format | None:
+        """The format results of ``dtype`` are rounded to when it is not ``dtype``'s own
+        (None: dtype's own format, at the virtual precision). A format ``dtype`` cannot
+        hold raises :class:`numvar.errors.FormatError`."""
+        f = self.format
+        if f is None or f.ieee_dtype is dtype or dtype not in FLOATS:
+            return None
+        if not f.fits_in(dtype):
+            raise FormatError(f"format {f.label} does not fit in {dtype} tensors (they keep "
+                              f"their dtype under fuzzy(format=...)); use {f.storage} or a "
+                              "wider dtype for the model, or a narrower format")
+        return f
+
+    def accumulation(self, dtype: torch.dtype) -> Accumulation:
+        """The :class:`Accumulation` of a contraction or reduction whose result is ``dtype``."""
+        f = self.target(dtype)
+        native = self.accumulate == "native"
+        if f is None:
+            if native and dtype in (torch.bfloat16, torch.float16):
+                return Accumulation(torch.float32, 24, None, True)
+            kd = torch.float64 if dtype is torch.float64 else torch.float32
+            return Accumulation(kd, self.bits(dtype))
+        if native and f.precision < 24 and f.fits_in(torch.float32):
+            if dtype is torch.float64:
+                return Accumulation(None, 24, _BINARY32_SPEC, True)
+            return Accumulation(torch.float32, 24, None, True)
+        return Accumulation(None, self.format_bits(f), f.spec())
+
+    def format_bits(self, f: R.Format) -> int:
+        """Significand bits t of the rounding to the format ``f`` (its own, or the virtual
+        precision when lower)."""
+        return f.precision if self.precision is None else min(f.precision, self.precision)
 
     def prec(self, dtype: torch.dtype) -> int | None:
         """Virtual precision to pass to numvar.rounding for ``dtype`` (None: the format's own).
@@ -93,6 +163,12 @@ class Ctx:
         return out
 
     def _arith(self, op: int, a, b, api):
+        if self.format is not None:
+            ts = operands(a, b)
+            f = self.target(ts[0].dtype)
+            if f is not None:
+                return self._in_format(api, f, ts)
+            a, b = ts
         if isinstance(a, torch.Tensor):
             if isinstance(b, torch.Tensor):
                 if a.dtype is b.dtype and a.is_cpu and b.is_cpu:
@@ -108,6 +184,14 @@ class Ctx:
         if self._lean(a, b):
             return self._binary(op, a, b)
         return self._api(api, a, b)
+
+    def _in_format(self, api, f: R.Format, ts: list[torch.Tensor]) -> torch.Tensor:
+        """``api`` (numvar.rounding.add & co) rounding to the format ``f``, the result in
+        the operands' dtype (which holds f: exact cast)."""
+        out = launch(max(t.numel() for t in ts), api, *ts, mode=self.mode,
+                     stream=self.stream, backend=self.backend, format=f,
+                     precision=self.format_bits(f))
+        return out.to(ts[0].dtype)
 
     def _api(self, api, a, b):
         return launch(max(a.numel(), b.numel()), api, a, b, mode=self.mode,
@@ -148,6 +232,9 @@ class Ctx:
 
     def sqrt(self, a):
         (a,) = operands(a)
+        f = self.target(a.dtype)
+        if f is not None:
+            return self._in_format(R.sqrt, f, [a])
         if self._lean(a, a) and a.dtype is torch.float32 and self._t32:
             key = self.stream.next_key()
             a = a.contiguous()
@@ -167,6 +254,11 @@ class Ctx:
         """
         if hi.dtype is not torch.float64:
             hi = hi.to(torch.float64)
+        f = self.target(dtype)
+        if f is not None:
+            return launch(hi.numel(), R.round, hi, lo, dtype=dtype, format=f, mode=self.mode,
+                          stream=self.stream, backend=self.backend,
+                          precision=self.format_bits(f))
         if lo is None and self._numba and hi.is_cpu and dtype in _LEAN:
             key = self.stream.next_key()
             hi = hi.contiguous()

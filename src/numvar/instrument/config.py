@@ -6,9 +6,13 @@ by ``numvar run`` (or by hand) is instrumented without changing its code.
 =====================  ============================================================
 variable               value
 =====================  ============================================================
-``NUMVAR_MODE``        ``ieee`` | ``sr`` | ``ud`` | ``random`` (unset: no instrumentation)
+``NUMVAR_MODE``        ``ieee`` | ``sr`` | ``ud`` | ``random`` | ``up`` | ``down`` | ``zero`` |
+                       ``farthest`` (unset: no instrumentation)
 ``NUMVAR_GRANULARITY`` ``flop`` (default) | ``op``
 ``NUMVAR_PRECISION``   virtual precision in bits, an integer >= 1 (unset: the format's own)
+``NUMVAR_FORMAT``      a format name (``e4m3fn``, ``bfloat16``, ...), ``custom:P,E`` or a
+                       ``Format.token`` (unset: each tensor's own format)
+``NUMVAR_ACCUMULATE``  ``native`` (default) | ``same``
 ``NUMVAR_SEED``        integer >= 0 (default 0)
 ``NUMVAR_EXCLUDE``     comma-separated globs over aten op names (``aten.exp*,aten.log*``)
 ``NUMVAR_INCLUDE``     comma-separated globs, or op kinds of :data:`OP_KINDS` (``matmul``)
@@ -31,10 +35,11 @@ from typing import Any
 
 from ..errors import ConfigError
 
-MODES = ("ieee", "sr", "ud", "random")
+MODES = ("ieee", "sr", "ud", "random", "up", "down", "zero", "farthest")
 GRANULARITIES = ("flop", "op")
 #: contraction semantics of the flop kernels (numvar.instrument.kernels.CONTRACTIONS)
 CONTRACTIONS = ("separate", "fma")
+ACCUMULATE = ("native", "same")
 
 ENV_VARS = (
     "NUMVAR_MODE",
@@ -46,6 +51,8 @@ ENV_VARS = (
     "NUMVAR_MODULES",
     "NUMVAR_STRICT",
     "NUMVAR_CONTRACTION",
+    "NUMVAR_FORMAT",
+    "NUMVAR_ACCUMULATE",
 )
 
 
@@ -76,10 +83,17 @@ def _split_env(text: str) -> tuple[str, ...]:
 class FuzzyConfig:
     """Everything that defines one instrumented realization.
 
-    ``mode``: ieee | sr | ud | random. ``granularity``: ``flop`` (every scalar operation,
-    also inside matmul, convolution and reductions) or ``op`` (each tensor op's result
-    rounded once). ``precision``: virtual precision in significand bits (None: the
-    format's own, 24 for binary32, 53 for binary64). ``seed``: the realization's seed
+    ``mode``: ieee | sr | ud | random | up | down | zero | farthest. ``granularity``:
+    ``flop`` (every scalar operation, also inside matmul, convolution and reductions) or
+    ``op`` (each tensor op's result rounded once). ``precision``: virtual precision in
+    significand bits (None: the format's own, 24 for binary32, 53 for binary64; with
+    ``format``, that format at ``precision`` bits). ``format``: a
+    :class:`numvar.rounding.Format` or its name (``"e4m3fn"``, ``"bfloat16"``,
+    ``"custom:7,5"``): every result rounded to it, tensors keeping their dtype (which must
+    hold it); None: each tensor's own format. ``accumulate``: ``"native"`` (contractions
+    and reductions with a target format below binary32: products and partial sums in
+    binary32 under the mode, the result rounded once to the format under the mode, as
+    hardware does) or ``"same"`` (every partial sum rounded to the target format). ``seed``: the realization's seed
     (realization i of a series uses ``seed + i``). ``exclude`` / ``include``: globs over
     aten op names (``aten.exp``, ``aten.exp.default``, ``aten.nll_loss*``) or op kinds of
     :data:`numvar.instrument.OP_KINDS`. ``modules``: globs over ``named_modules()`` paths
@@ -103,6 +117,8 @@ class FuzzyConfig:
     strict: bool = False
     model: Any = field(default=None, compare=False, repr=False)
     contraction: str = "separate"
+    format: Any = None
+    accumulate: str = "native"
 
     def __post_init__(self) -> None:
         if not isinstance(self.contraction, str) or self.contraction not in CONTRACTIONS:
@@ -119,6 +135,21 @@ class FuzzyConfig:
                 1 <= self.precision <= 53
             ):
                 raise ConfigError(f"precision must be an integer in [1, 53] or None; got {self.precision!r}")
+        if self.format is not None:
+            from ..rounding.formats import get_format
+
+            f = get_format(self.format)
+            if self.precision is not None and self.precision > f.precision:
+                raise ConfigError(f"precision {self.precision} exceeds the {f.precision} bits "
+                                  f"of format {f.label}")
+            object.__setattr__(self, "format", f)
+        if not isinstance(self.accumulate, str) or self.accumulate not in ACCUMULATE:
+            raise ConfigError(f"accumulate must be one of {', '.join(ACCUMULATE)}; "
+                              f"got {self.accumulate!r}")
+        if self.contraction == "fma" and self.format is not None and self.accumulate == "same":
+            raise ConfigError("contraction='fma' is not available with format= and "
+                              "accumulate='same' (the all-in-the-format kernels round the "
+                              "product and the add separately); use accumulate='native'")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer; got {self.seed!r}")
         object.__setattr__(self, "exclude", _globs(self.exclude, "exclude"))
@@ -169,6 +200,15 @@ class FuzzyConfig:
             if s < 0:
                 raise ConfigError(f"NUMVAR_SEED must be a non-negative integer; got {seed!r}")
             kw["seed"] = s
+        fmt = env.get("NUMVAR_FORMAT", "").strip()
+        if fmt:
+            kw["format"] = fmt
+        acc = env.get("NUMVAR_ACCUMULATE", "").strip()
+        if acc:
+            if acc.lower() not in ACCUMULATE:
+                raise ConfigError(f"NUMVAR_ACCUMULATE must be one of {', '.join(ACCUMULATE)}; "
+                                  f"got {acc!r}")
+            kw["accumulate"] = acc.lower()
         if "NUMVAR_EXCLUDE" in env:
             kw["exclude"] = _split_env(env["NUMVAR_EXCLUDE"])
         if env.get("NUMVAR_INCLUDE", "").strip():
@@ -208,6 +248,10 @@ class FuzzyConfig:
         }
         if self.precision is not None:
             env["NUMVAR_PRECISION"] = str(self.precision)
+        if self.format is not None:
+            env["NUMVAR_FORMAT"] = self.format.token
+        if self.accumulate != "native":
+            env["NUMVAR_ACCUMULATE"] = self.accumulate
         if self.include is not None:
             env["NUMVAR_INCLUDE"] = ",".join(self.include)
         if self.modules is not None:

@@ -22,15 +22,22 @@ Orders (every product and every add rounded):
   the reduced dimensions, accumulated left to right from the first element; mean and var
   divide once at the end (var: two passes, Σ(x−mean)² / (n − correction)).
 
-bfloat16 and float16 run in the binary32 kernels at 8 and 11 significand bits and are
-cast at the end (exact except below the narrow format's normal range, and for float16
-above its range).
+Accumulation policy (``Ctx.accumulation``): with ``accumulate="native"`` (default),
+contractions and reductions whose target format is below binary32 (bfloat16, float16, a
+``format`` such as e4m3fn) run in the binary32 kernels at 24 bits (products and partial
+sums rounded to binary32 under the mode; exact products for inputs of the low format)
+and their result is rounded once to the target format under the mode, as CPU and GPU
+kernels accumulate in fp32. With ``accumulate="same"``, bfloat16 and float16 run in the
+binary32 kernels at 8 and 11 significand bits and are cast at the end (exact except
+below the narrow format's normal range, and for float16 above its range), and other
+formats in the any-format kernels (CPU; every product and add rounded to the format).
 
 Backends (:func:`flop_backend`): the numba kernels of :mod:`numvar.instrument.kernels`
 for CPU tensors, the Triton kernels of :mod:`numvar.instrument.triton_kernels` for CUDA
 tensors (same order, same random bits, same results); ``NUMVAR_FLOP_BACKEND`` overrides
 the choice. Tensors the numba backend serves on another device are copied to the CPU
-and back.
+and back. The modes up, down, zero and farthest take the numba kernels (their binary32
+scalar path) on every device.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..rounding.kernels import MODE_RANDOM
 from . import kernels as KN
 from . import pointwise as PW
 from ._core import Ctx
@@ -110,9 +118,10 @@ def _contract(a: torch.Tensor, b: torch.Tensor, key: int, ctx: Ctx, t: int,
               kd: torch.dtype) -> torch.Tensor:
     """The flop contraction kernel of :func:`flop_backend` on carriers of dtype ``kd``;
     the result on ``a``'s device, dtype ``kd``."""
-    if flop_backend(a.device) == "triton" and not (ctx.contraction == "fma"
-                                                   and kd == torch.float64):
-        # (binary64 fma has no Triton kernel: the numba one, through the CPU, same bits)
+    if (flop_backend(a.device) == "triton" and ctx.code <= MODE_RANDOM
+            and not (ctx.contraction == "fma" and kd == torch.float64)):
+        # (binary64 fma and the directed modes have no Triton kernel: the numba one,
+        # through the CPU, same bits)
         from . import triton_kernels as TK
 
         return TK.contract(a.detach().to(kd), b.detach().to(kd), key, ctx.code, t,
@@ -124,7 +133,7 @@ def _contract(a: torch.Tensor, b: torch.Tensor, key: int, ctx: Ctx, t: int,
 def _scan(x: torch.Tensor, key: int, ctx: Ctx, t: int, kd: torch.dtype, *, mul: bool,
           cumulative: bool = False) -> torch.Tensor:
     """The flop scan kernel of :func:`flop_backend` (see :func:`_contract`)."""
-    if flop_backend(x.device) == "triton":
+    if flop_backend(x.device) == "triton" and ctx.code <= MODE_RANDOM:
         from . import triton_kernels as TK
 
         return TK.scan(x.detach().to(kd), key, ctx.code, t, mul=mul, cumulative=cumulative)
@@ -156,9 +165,23 @@ def bmm(a: torch.Tensor, b: torch.Tensor, ctx: Ctx, dtype: torch.dtype | None = 
     M, Kd, N = a.shape[1], a.shape[2], b.shape[2]
     if Kd == 0:
         return torch.zeros(BO, M, N, dtype=dtype, device=device)
-    kd = _kdtype(dtype)
+    acc = ctx.accumulation(dtype)
     key = ctx.stream.next_key()
-    return _contract(a, b, key, ctx, ctx.bits(dtype), kd).to(dtype)
+    if acc.spec is not None:
+        out = _back(KN.contract_format(_np(a, torch.float64), _np(b, torch.float64), key,
+                                       ctx.code, acc.t, acc.spec), torch.float64, device)
+    else:
+        out = _contract(a, b, key, ctx, acc.t, acc.kernel_dtype)
+    return _finish(out, acc, dtype, ctx)
+
+
+def _finish(out: torch.Tensor, acc, dtype: torch.dtype, ctx: Ctx) -> torch.Tensor:
+    """A kernel's result as a ``dtype`` tensor: rounded once more to the target format
+    under the mode (accumulate="native"), else cast (exact, or the cast at the end of
+    accumulate="same" for bfloat16/float16)."""
+    if acc.then_round:
+        return ctx.round(out, dtype)
+    return out.to(dtype)
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, ctx: Ctx) -> torch.Tensor:
@@ -365,9 +388,7 @@ def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool =
         res = torch.from_numpy(arr).reshape(out_shape)
     else:
         xp = x.permute(*dims, *kept).reshape(k, m)
-        kd = _kdtype(dtype)
-        key = ctx.stream.next_key()
-        res = _scan(xp, key, ctx, ctx.bits(dtype), kd, mul=mul).to(dtype).reshape(out_shape)
+        res = _policy_scan(xp, ctx, mul, False, dtype).reshape(out_shape)
     return res.reshape(kshape) if keepdim else res
 
 
@@ -385,10 +406,22 @@ def scan(x: torch.Tensor, dim: int, ctx: Ctx, *, mul: bool = False,
         return x.clone()
     xm = x.movedim(d, 0)
     rest = xm.shape[1:]
-    kd = _kdtype(dtype)
+    res = _policy_scan(xm.reshape(k, -1), ctx, mul, True, dtype)
+    return res.reshape(k, *rest).movedim(0, d).contiguous()
+
+
+def _policy_scan(x2: torch.Tensor, ctx: Ctx, mul: bool, cumulative: bool,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """The scan kernel on (K, M) under the block's accumulation policy, as ``dtype``."""
+    acc = ctx.accumulation(dtype)
     key = ctx.stream.next_key()
-    res = _scan(xm.reshape(k, -1), key, ctx, ctx.bits(dtype), kd, mul=mul, cumulative=True)
-    return res.to(dtype).reshape(k, *rest).movedim(0, d).contiguous()
+    if acc.spec is not None:
+        arr = KN.scan_format(_np(x2, torch.float64), key, ctx.code, acc.t, acc.spec, mul=mul,
+                             cumulative=cumulative)
+        out = _back(arr, torch.float64, x2.device)
+    else:
+        out = _scan(x2, key, ctx, acc.t, acc.kernel_dtype, mul=mul, cumulative=cumulative)
+    return _finish(out, acc, dtype, ctx)
 
 
 def mean(x, dim, ctx: Ctx, *, keepdim=False, dtype=None):

@@ -167,7 +167,8 @@ def _fast32(x, r, mode):
     """binary32 rounding of the exact float64 value ``x`` at 24 bits: (value, ok).
 
     ``ok`` is False outside the binary32 normal range (strictly above 2**-126 for UD),
-    where the caller takes numvar.rounding's full path. Inside, the result is identical
+    and for the modes up, down, zero and farthest, where the caller takes
+    numvar.rounding's full path. Inside, the result is identical
     to numvar.rounding.kernels.round_f32(x, 0, mode, 24, r): SR adds a 29-bit random
     integer to the float64 pattern and clears the low 29 bits; ieee is the hardware
     cast; random rounds the pattern down or up by the top bit unless exact; UD moves the
@@ -175,7 +176,7 @@ def _fast32(x, r, mode):
     """
     b = _f64_bits(x)
     be = (b >> _U52) & _EXPMASK
-    ok = (be >= _EMIN32 and be <= _EMAX32) or x == 0.0
+    ok = ((be >= _EMIN32 and be <= _EMAX32) or x == 0.0) and mode <= _RANDOM
     top = (r >> _U63) == np.uint64(1)
     if mode == _SR:
         v = np.float32(_bits_f64((b + ((~r) >> _U35)) & _NLOW29))
@@ -796,6 +797,87 @@ def _scan_kernel(x, out, key, mode, t, is32, use_mul, cumulative):  # pragma: no
             prev = cur
 
 
+@njit(parallel=True, cache=True)
+def _contract_format(a, b, out, key, mode, t, p, emin, emax, maxv, flags):  # pragma: no cover
+    """Any format (float64 arrays): every product and add rounded by
+    numvar.rounding.kernels.format_binary, the order and bits of _contract_kernel."""
+    BO, M, N = out.shape
+    Kd = b.shape[1]
+    BA = a.shape[0]
+    BB = b.shape[0]
+    ukey = np.uint64(key)
+    for row in prange(BO * M):
+        bo = row // M
+        i = row - bo * M
+        orow = out[bo, i]
+        arow = a[bo % BA, i]
+        base = np.uint64(row) * np.uint64(Kd)
+        for k in range(Kd):
+            aik = arow[k]
+            brow = b[bo % BB, k]
+            hk = _bits(ukey, base + np.uint64(k))
+            for j in range(N):
+                r = _term(hk, np.uint64(j))
+                pr = K.format_binary(K.OP_MUL, aik, brow[j], mode, t, p, emin, emax, maxv,
+                                     flags, r)
+                if k == 0:
+                    orow[j] = pr
+                else:
+                    orow[j] = K.format_binary(K.OP_ADD, orow[j], pr, mode, t, p, emin, emax,
+                                              maxv, flags, _rot(r))
+
+
+@njit(parallel=True, cache=True)
+def _scan_format(x, out, key, mode, t, p, emin, emax, maxv, flags, use_mul,
+                 cumulative):  # pragma: no cover
+    """Any format (float64 arrays): _scan_kernel's order and bits, every step rounded by
+    numvar.rounding.kernels.format_binary."""
+    Kd, M = x.shape
+    ukey = np.uint64(key)
+    op = K.OP_MUL if use_mul else K.OP_ADD
+    for j in prange(M):
+        out[0, j] = x[0, j]
+        prev = 0
+        for k in range(1, Kd):
+            cur = k if cumulative else 0
+            r = _bits(ukey, np.uint64(k) * np.uint64(M) + np.uint64(j))
+            out[cur, j] = K.format_binary(op, out[prev, j], x[k, j], mode, t, p, emin, emax,
+                                          maxv, flags, r)
+            prev = cur
+
+
+def contract_format(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
+                    spec: tuple) -> np.ndarray:
+    """:func:`contract` with every product and add rounded to the format ``spec`` =
+    (p, emin, emax, maxv, flags) of :meth:`numvar.rounding.Format.spec` at ``t`` bits;
+    float64 arrays in and out; the same order and random bits."""
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    b = np.ascontiguousarray(b, dtype=np.float64)
+    if a.ndim != 3 or b.ndim != 3 or a.shape[2] != b.shape[1] or a.shape[2] < 1:
+        raise ValueError(f"bad shapes for contract: {a.shape} @ {b.shape}")
+    BO = max(a.shape[0], b.shape[0])
+    if BO % a.shape[0] or BO % b.shape[0]:
+        raise ValueError(f"batch sizes {a.shape[0]} and {b.shape[0]} are incompatible")
+    out = np.empty((BO, a.shape[1], b.shape[2]))
+    if out.size:
+        launch(out.size * a.shape[2], _contract_format, a, b, out, np.uint64(key), mode, t,
+               *spec)
+    return out
+
+
+def scan_format(x: np.ndarray, key: int, mode: int, t: int, spec: tuple, *,
+                mul: bool = False, cumulative: bool = False) -> np.ndarray:
+    """:func:`scan` with every step rounded to the format ``spec`` (see
+    :func:`contract_format`); float64 arrays in and out."""
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] < 1:
+        raise ValueError(f"scan needs a (K>=1, M) array, got {x.shape}")
+    out = np.empty((x.shape[0] if cumulative else 1, x.shape[1]))
+    if x.shape[1]:
+        launch(x.size, _scan_format, x, out, np.uint64(key), mode, t, *spec, mul, cumulative)
+    return out
+
+
 def _check(arr: np.ndarray, name: str) -> None:
     if arr.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name}: float32 or float64 array expected, got {arr.dtype}")
@@ -838,7 +920,7 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
     if out.size:
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
         work = out.size * a.shape[2]
-        if a.dtype == np.float32 and 1 <= t <= 24:
+        if a.dtype == np.float32 and 1 <= t <= 24 and mode <= _RANDOM:
             launch(work, _contract_fast32, a, b, clean_rows(a, b, BO, t), out, np.uint64(key),
                    mode, t, fma)
         else:
@@ -859,7 +941,7 @@ def scan(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
     x = np.ascontiguousarray(x)
     out = np.empty((x.shape[0] if cumulative else 1, x.shape[1]), dtype=x.dtype)
     if x.shape[1]:
-        if x.dtype == np.float32 and t == 24:
+        if x.dtype == np.float32 and t == 24 and mode <= _RANDOM:
             launch(x.size, _scan_fast32, x, out, np.uint64(key), mode, mul, cumulative)
         else:
             launch(x.size, _scan_kernel, x, out, np.uint64(key), mode, t, x.dtype == np.float32,
@@ -869,21 +951,28 @@ def scan(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
 
 # --------------------------------------------------------------------------- references
 def contract_reference(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
-                       contraction: str = "separate") -> np.ndarray:
-    """Slow obviously-sequential reference of :func:`contract` (same order, same bits).
+                       contraction: str = "separate", spec: tuple | None = None) -> np.ndarray:
+    """Slow obviously-sequential reference of :func:`contract` (same order, same bits);
+    with ``spec``, of :func:`contract_format` (exact Fraction roundings of
+    numvar.rounding.reference).
 
     ``contraction="fma"`` computes every multiply-add exactly in rational arithmetic and
     rounds it with ``numvar.rounding.reference.round_exact`` (tiny shapes only)."""
     if _fma_flag(contraction):
+        if spec is not None:
+            raise ValueError("contraction='fma' has no format (spec) reference")
         return _contract_fma_exact(a, b, key, mode, t)
     is32 = a.dtype == np.float32
-    mul = K.mul_f32 if is32 else K.mul_f64
-    add = K.add_f32 if is32 else K.add_f64
+    if spec is not None:
+        mul, add = _ref_ops(spec, "mul"), _ref_ops(spec, "add")
+        a, b = a.astype(np.float64), b.astype(np.float64)
+    else:
+        mul = K.mul_f32 if is32 else K.mul_f64
+        add = K.add_f32 if is32 else K.add_f64
     BA, M, Kd = a.shape
     BB, _, N = b.shape
     BO = max(BA, BB)
     out = np.empty((BO, M, N), dtype=a.dtype)
-    key = np.uint64(key)
     for bo in range(BO):
         for i in range(M):
             for j in range(N):
@@ -898,10 +987,13 @@ def contract_reference(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int
 
 
 def scan_reference(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
-                   cumulative: bool = False) -> np.ndarray:
-    """Slow reference of :func:`scan`."""
+                   cumulative: bool = False, spec: tuple | None = None) -> np.ndarray:
+    """Slow reference of :func:`scan` (with ``spec``: of :func:`scan_format`)."""
     is32 = x.dtype == np.float32
-    if mul:
+    if spec is not None:
+        op = _ref_ops(spec, "mul" if mul else "add")
+        x = x.astype(np.float64)
+    elif mul:
         op = K.mul_f32 if is32 else K.mul_f64
     else:
         op = K.add_f32 if is32 else K.add_f64
@@ -952,3 +1044,21 @@ def _contract_fma_exact(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: in
                     acc = ieee if v == 0 else round_exact(abs(v), v < 0, fmt, t, mode, r)
                 out[bo, i, j] = acc
     return out
+
+
+def _ref_ops(spec: tuple, name: str):
+    """The exact Fraction reference of one rounded binary op on the format ``spec``
+    (numvar.rounding.reference), as ``op(x, y, mode, t, r)`` on 64 random bits ``r``."""
+    from numvar.rounding.formats import Format
+    from numvar.rounding.reference import ref_op
+
+    p, emin, emax, maxv, flags = spec
+    fmt = Format(p, emin, emax, not flags & K.FLAG_FLUSH, ("inf", "saturate", "nan")[flags & 3],
+                 maxv or None, not flags & K.FLAG_UNSIGNED_ZERO)
+
+    def op(x, y, mode, t, r):
+        x, y = float(x), float(y)
+        ieee = x * y if name == "mul" else x + y
+        return ref_op(name, (x, y), fmt, t, mode, 0, 0, ieee, r=int(r))
+
+    return op

@@ -635,7 +635,8 @@ class Fuzzy:
             raise ConfigError("numvar.fuzzy blocks cannot be nested")
         c = self.config
         self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend,
-                        on_escape=self._handler_escape, contraction=c.contraction)
+                        on_escape=self._handler_escape, contraction=c.contraction,
+                        format=c.format, accumulate=c.accumulate)
         if c.modules is not None:
             self._filter = _ModuleFilter(c.modules, c.model)
             self._filter.install()
@@ -694,11 +695,18 @@ def _looks_like_op_glob(g: str) -> bool:
 
 def fuzzy(mode: str = "sr", granularity: str = "flop", precision: int | None = None,
           seed: int = 0, exclude=(), include=None, modules=None, model=None,
-          strict: bool = False, contraction: str = "separate") -> Fuzzy:
+          strict: bool = False, contraction: str = "separate", format=None,
+          accumulate: str = "native") -> Fuzzy:
     """Instrument every aten op run in the ``with`` block (forward, backward, optimizer).
 
-    ``mode``: ieee | sr | ud | random; ``granularity``: flop | op; ``precision``: virtual
-    precision in bits (None: the format's own); ``seed``: the realization's seed;
+    ``mode``: ieee | sr | ud | random | up | down | zero | farthest; ``granularity``:
+    flop | op; ``precision``: virtual precision in bits (None: the format's own);
+    ``format``: a :class:`numvar.Format` or its name (``"e4m3fn"``, ``"bfloat16"``,
+    ``"custom:7,5"``): every op result (op) or every flop (flop) rounded to it, the
+    tensors keeping their dtype; ``accumulate``: ``"native"`` (default: contractions and
+    reductions below binary32 accumulate in binary32 under the mode, their result
+    rounded once to the format) or ``"same"`` (every partial sum rounded to the format);
+    ``seed``: the realization's seed;
     ``exclude``/``include``: globs over aten op names or op kinds of :data:`OP_KINDS`
     (include selects the outermost ops; the sub-ops of a selected decomposition follow
     it, exclusions apply at every level); ``modules``: globs over ``named_modules()``
@@ -712,4 +720,5 @@ def fuzzy(mode: str = "sr", granularity: str = "flop", precision: int | None = N
     """
     return Fuzzy(FuzzyConfig(mode=mode, granularity=granularity, precision=precision, seed=seed,
                              exclude=exclude, include=include, modules=modules, model=model,
-                             strict=strict, contraction=contraction))
+                             strict=strict, contraction=contraction, format=format,
+                             accumulate=accumulate))

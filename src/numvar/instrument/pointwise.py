@@ -99,7 +99,9 @@ def _tile(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
             return _mulloop(a, b, o, ukey, l0, _IEEE)
         if mode == _UD:
             return _mulloop(a, b, o, ukey, l0, _UD)
-        return _mulloop(a, b, o, ukey, l0, _RANDOM)
+        if mode == _RANDOM:
+            return _mulloop(a, b, o, ukey, l0, _RANDOM)
+        return o.size  # up, down, zero, farthest: the scalar path (_slow)
     if op == OP_DIV:
         if mode == _SR:
             return _divloop(a, b, o, ukey, l0, _SR)
@@ -107,7 +109,9 @@ def _tile(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
             return _divloop(a, b, o, ukey, l0, _IEEE)
         if mode == _UD:
             return _divloop(a, b, o, ukey, l0, _UD)
-        return _divloop(a, b, o, ukey, l0, _RANDOM)
+        if mode == _RANDOM:
+            return _divloop(a, b, o, ukey, l0, _RANDOM)
+        return o.size  # up, down, zero, farthest: the scalar path (_slow)
     neg = op == OP_SUB
     if mode == _SR:
         return _addloop(a, b, o, ukey, l0, neg, _SR)
@@ -115,7 +119,9 @@ def _tile(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
         return _addloop(a, b, o, ukey, l0, neg, _IEEE)
     if mode == _UD:
         return _addloop(a, b, o, ukey, l0, neg, _UD)
-    return _addloop(a, b, o, ukey, l0, neg, _RANDOM)
+    if mode == _RANDOM:
+        return _addloop(a, b, o, ukey, l0, neg, _RANDOM)
+    return o.size  # up, down, zero, farthest: the scalar path (_slow)
 
 
 @njit(cache=True, error_model="numpy")
@@ -272,8 +278,10 @@ def _sqrttile(a, o, ukey, l0, mode):  # pragma: no cover - compiled
         n = _sqrtloop(a, o, ukey, l0, _IEEE)
     elif mode == _UD:
         n = _sqrtloop(a, o, ukey, l0, _UD)
-    else:
+    elif mode == _RANDOM:
         n = _sqrtloop(a, o, ukey, l0, _RANDOM)
+    else:
+        n = o.size  # up, down, zero, farthest: every element on the scalar path
     if n:
         for jj in range(o.size):
             x = np.float64(a[jj])
@@ -305,8 +313,10 @@ def _roundtile(h, o, ukey, l0, mode):  # pragma: no cover - compiled
         n = _roundloop(h, o, ukey, l0, _IEEE)
     elif mode == _UD:
         n = _roundloop(h, o, ukey, l0, _UD)
-    else:
+    elif mode == _RANDOM:
         n = _roundloop(h, o, ukey, l0, _RANDOM)
+    else:
+        n = o.size  # up, down, zero, farthest: every element on the scalar path
     if n:
         for jj in range(o.size):
             r = _bits(ukey, np.uint64(l0 + jj))

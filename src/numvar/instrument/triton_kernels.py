@@ -41,7 +41,8 @@ backends but their payload bits may differ on hardware.
 
 Rounding modes are one ``@triton.jit`` function each (``_up_<mode>`` decides whether
 the magnitude moves up one grid step; UD's extra step is ``_ud_step``); adding a mode is
-one function and one entry of :func:`_decide`.
+one function and one entry of :func:`_decide`. The modes up, down, zero and farthest
+are not compiled here: :mod:`numvar.instrument.flop` gives them to the numba kernels.
 """
 
 from __future__ import annotations
@@ -270,10 +271,13 @@ def _round_core(hi, lo, k, r, MODE: tl.constexpr, T: tl.constexpr, P: tl.constex
     R = tl.where(up, A + u, A)
     if MODE == _UD:
         R = _ud_step(R, k, r, T, SUB, EMAX)
+        # UD at zero (numvar.rounding.kernels.round_gen): an inexact x whose nearest
+        # value is 0 steps up to the smallest grid value with the top random bit
+        R = tl.where((R == 0) & not_(exact) & ((r >> 63) == 1), u, R)
     Rp = tl.where(R != 0, R, 1.0)
     ovf = (R != 0) & (R < _INF) & (_exponent(Rp) - k > EMAX)
     R = tl.where(ovf, _INF, _scale2(R, -k))
-    if MODE == _RANDOM:
+    if MODE == _RANDOM or MODE == _UD:
         v = tl.where((r >> 63) == 1, 2.0 ** SUB, 0.0)
     else:
         v = R * 0.0

@@ -2,36 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ..errors import RoundingError
+from ..errors import FormatError, RoundingError
 from . import _torch as T
 from ._stream import Stream
-from .kernels import OP_ADD, OP_DIV, OP_MUL, OP_SUB, mode_code
+from .formats import IEEE_DTYPES, Format, get_format
+from .kernels import KIND_FMA, KIND_ROUND, KIND_ROUND_LO, KIND_SQRT, MODE_NAMES, OP_ADD, \
+    OP_DIV, OP_MUL, OP_SUB, mode_code
 
-MODES = ("ieee", "sr", "ud", "random")
+MODES = MODE_NAMES
 BACKENDS = ("auto", "torch", "numba")
 
-
-@dataclass(frozen=True)
-class Format:
-    """A floating-point target: p significand bits (hidden bit included), normal
-    exponent range [emin, emax]; ``compute`` is the exact carrier of its inputs."""
-
-    name: str
-    p: int
-    emin: int
-    emax: int
-
-
-FORMATS: dict[torch.dtype, Format] = {
-    torch.float32: Format("binary32", 24, -126, 127),
-    torch.float64: Format("binary64", 53, -1022, 1023),
-    torch.bfloat16: Format("bfloat16", 8, -126, 127),
-    torch.float16: Format("binary16", 11, -14, 15),
-}
+#: the formats of the torch dtypes the rounding core computes in (binary64, binary32,
+#: bfloat16, float16)
+FORMATS: dict[torch.dtype, Format] = IEEE_DTYPES
 
 
 def target_format(dtype: torch.dtype) -> Format:
@@ -47,7 +32,7 @@ def _check(mode: str, precision: int | None, fmt: Format, backend: str,
     m = mode_code(mode)
     t = fmt.p if precision is None else int(precision)
     if not 1 <= t <= fmt.p:
-        raise RoundingError(f"precision must be in [1, {fmt.p}] for {fmt.name}, got {precision}")
+        raise FormatError(f"precision must be in [1, {fmt.p}] for {fmt.name}, got {precision}")
     if backend not in BACKENDS:
         raise RoundingError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     if not isinstance(stream, Stream):
@@ -107,8 +92,56 @@ def _numba_call(kernel, pre, flats, fmt: Format, m: int, t: int, key: int, shape
     return out if carrier == dtype else out.to(dtype)
 
 
-def _elementwise(kind: int | str, args, mode, stream, precision, backend) -> torch.Tensor:
+def _general(fmt: Format, precision, mode, backend, stream) -> tuple[Format, int, int]:
+    """(format at the virtual precision, mode code, t) for a non-IEEE format."""
+    m, t = _check(mode, precision, fmt, backend, stream)
+    return fmt, m, t
+
+
+def _format_call(kind: int, flats: list[torch.Tensor], fmt: Format, m: int, t: int,
+                 key: int, numba: bool) -> torch.Tensor:
+    """Any format: k_format (numba) or the torch functions, float64 in and out."""
+    if numba:
+        import numpy as np
+
+        from . import kernels as K
+
+        out = torch.empty(flats[0].shape, dtype=torch.float64)
+        if out.numel():
+            arr = [f.detach().numpy() for f in flats]
+            while len(arr) < 3:
+                arr.append(arr[0][:0])
+            K.k_format(kind, *arr, out.numpy(), t, *fmt.spec(), m, np.uint64(key))
+        return out
+    r = T.bits_tensor(key, flats[0].numel(), flats[0].device)
+    spec = fmt.spec()
+    if kind <= OP_DIV:
+        return T.wide_binary(kind, flats[0], flats[1], m, t, r, spec)
+    if kind == KIND_SQRT:
+        return T.wide_sqrt(flats[0], m, t, r, spec)
+    if kind == KIND_FMA:
+        return T.wide_fma(*flats, m, t, r, spec)
+    lo = flats[1] if kind == KIND_ROUND_LO else None
+    return T.round_values(flats[0], lo, m, t, *spec[:3], r, maxv=spec[3], flags=spec[4])
+
+
+_KINDS = {"sqrt": KIND_SQRT, "fma": KIND_FMA}
+
+
+def _elementwise(kind: int | str, args, mode, stream, precision, backend,
+                 format=None) -> torch.Tensor:
     ts, dtype = _as_tensors(list(args))
+    if format is not None:
+        fmt = get_format(format)
+        if fmt.ieee_dtype is not dtype:
+            # any other format (or an IEEE one the operands are not in): the exact value
+            # from float64 operands, rounded once to the format
+            m, t = _check(mode, precision, fmt, backend, stream)
+            key = stream.next_key()
+            flats, shape = _flat(ts, torch.float64)
+            res = _format_call(_KINDS.get(kind, kind), flats, fmt, m, t, key,
+                               _use_numba(backend, ts))
+            return res.reshape(shape).to(fmt.storage)
     fmt = target_format(dtype)
     m, t = _check(mode, precision, fmt, backend, stream)
     key = stream.next_key()
@@ -138,59 +171,72 @@ def _elementwise(kind: int | str, args, mode, stream, precision, backend) -> tor
 
 
 def add(a, b, *, mode: str = "sr", stream: Stream, precision: int | None = None,
-        backend: str = "auto") -> torch.Tensor:
+        backend: str = "auto", format=None) -> torch.Tensor:
     """a + b, rounded once under ``mode`` to ``torch.result_type(a, b)`` at
     ``precision`` significand bits. Exact: binary32/bf16/f16 via float64 TwoSum;
     binary64 via TwoSum (x = s + e exactly)."""
-    return _elementwise(OP_ADD, (a, b), mode, stream, precision, backend)
+    return _elementwise(OP_ADD, (a, b), mode, stream, precision, backend, format)
 
 
 def sub(a, b, *, mode: str = "sr", stream: Stream, precision: int | None = None,
-        backend: str = "auto") -> torch.Tensor:
+        backend: str = "auto", format=None) -> torch.Tensor:
     """a - b, one rounding (as :func:`add` with -b)."""
-    return _elementwise(OP_SUB, (a, b), mode, stream, precision, backend)
+    return _elementwise(OP_SUB, (a, b), mode, stream, precision, backend, format)
 
 
 def mul(a, b, *, mode: str = "sr", stream: Stream, precision: int | None = None,
-        backend: str = "auto") -> torch.Tensor:
+        backend: str = "auto", format=None) -> torch.Tensor:
     """a * b, one rounding. binary32/bf16/f16: the float64 product is exact; binary64:
     Dekker's TwoProduct gives the exact error (inputs scaled by powers of two outside
     [2**-480, 2**480], so also exact near under/overflow)."""
-    return _elementwise(OP_MUL, (a, b), mode, stream, precision, backend)
+    return _elementwise(OP_MUL, (a, b), mode, stream, precision, backend, format)
 
 
 def div(a, b, *, mode: str = "sr", stream: Stream, precision: int | None = None,
-        backend: str = "auto") -> torch.Tensor:
+        backend: str = "auto", format=None) -> torch.Tensor:
     """a / b, one rounding. x = q + r/b with q = RN64(a/b) and the exact residual
     r = a - q*b (TwoProduct); r/b is rounded, so the SR probability is exact to 2**-53
     relative, exactness and ties are decided exactly."""
-    return _elementwise(OP_DIV, (a, b), mode, stream, precision, backend)
+    return _elementwise(OP_DIV, (a, b), mode, stream, precision, backend, format)
 
 
 def sqrt(a, *, mode: str = "sr", stream: Stream, precision: int | None = None,
-         backend: str = "auto") -> torch.Tensor:
+         backend: str = "auto", format=None) -> torch.Tensor:
     """sqrt(a), one rounding. x = s + r/(2s) with s = RN64(sqrt a), exact residual
     r = a - s*s: the sign of x - s and exactness are exact, the SR probability is
     within 2**-52 relative (first-order term of the Taylor expansion)."""
-    return _elementwise("sqrt", (a,), mode, stream, precision, backend)
+    return _elementwise("sqrt", (a,), mode, stream, precision, backend, format)
 
 
 def fma(a, b, c, *, mode: str = "sr", stream: Stream, precision: int | None = None,
-        backend: str = "auto") -> torch.Tensor:
+        backend: str = "auto", format=None) -> torch.Tensor:
     """a * b + c with one rounding. binary32/bf16/f16: exact product + TwoSum;
     binary64: TwoProduct + TwoSums (exact when |a|,|b|,|c| in [2**-300, 2**300] or
     zero; outside, after a common power-of-two scaling)."""
-    return _elementwise("fma", (a, b, c), mode, stream, precision, backend)
+    return _elementwise("fma", (a, b, c), mode, stream, precision, backend, format)
 
 
-def round(hi, lo=None, *, dtype: torch.dtype, mode: str = "sr", stream: Stream,
-          precision: int | None = None, backend: str = "auto",
-          out: torch.Tensor | None = None) -> torch.Tensor:
+def round(hi, lo=None, *, dtype: torch.dtype | None = None, mode: str = "sr",
+          stream: Stream, precision: int | None = None, backend: str = "auto",
+          out: torch.Tensor | None = None, format=None) -> torch.Tensor:
     """Round the exact value ``hi + lo`` (float tensors, converted to float64 exactly;
-    ``lo`` optional, broadcast) to ``dtype`` under ``mode``. hi + lo is first
-    renormalised by TwoSum (exact barring overflow) where lo != 0. ``out``: an optional contiguous
-    tensor of the result's shape and dtype to write into (and return)."""
-    fmt = target_format(dtype)
+    ``lo`` optional, broadcast) to ``format`` (a :class:`Format`, a name such as
+    ``"e4m3fn"``; default: the format of ``dtype``) under ``mode``, stored as ``dtype``
+    (default: the format's :attr:`~Format.storage`, the smallest torch dtype that holds
+    it; a dtype that cannot hold the format raises FormatError). hi + lo is first
+    renormalised by TwoSum (exact barring overflow) where lo != 0. ``out``: an optional
+    contiguous tensor of the result's shape and dtype to write into (and return)."""
+    if format is None:
+        if dtype is None:
+            raise RoundingError("round needs dtype or format")
+        fmt = target_format(dtype)
+    else:
+        fmt = get_format(format)
+        if dtype is None:
+            dtype = fmt.storage
+        elif not fmt.fits_in(dtype):
+            raise FormatError(f"{dtype} cannot hold the values of {fmt.label}; "
+                              f"use {fmt.storage} or wider")
     m, t = _check(mode, precision, fmt, backend, stream)
     if not isinstance(hi, torch.Tensor) or not hi.is_floating_point():
         raise RoundingError("hi must be a floating-point tensor")
@@ -198,6 +244,13 @@ def round(hi, lo=None, *, dtype: torch.dtype, mode: str = "sr", stream: Stream,
         raise RoundingError("lo must be a floating-point tensor or None")
     ts = [hi] if lo is None else [hi, lo]
     key = stream.next_key()
+    if fmt.ieee_dtype is not dtype:
+        flats, shape = _flat(ts, torch.float64)
+        _check_out(out, shape, dtype, flats[0].device)
+        res = _format_call(KIND_ROUND if lo is None else KIND_ROUND_LO, flats, fmt, m, t, key,
+                           _use_numba(backend, ts))
+        res = res.reshape(shape).to(dtype)
+        return res if out is None else out.copy_(res)
     if _use_numba(backend, ts):
         from . import kernels as K
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import GAMMA, MIX1, MIX2, MODE_IEEE, MODE_RANDOM, MODE_SR, MODE_UD, OP_ADD, \
-    OP_MUL, OP_SUB
+from .kernels import FLAG_FLUSH, FLAG_UNSIGNED_ZERO, GAMMA, MIX1, MIX2, MODE_DOWN, \
+    MODE_FARTHEST, MODE_IEEE, MODE_RANDOM, MODE_SR, MODE_UD, MODE_UP, MODE_ZERO, OP_ADD, \
+    OP_MUL, OP_SUB, OVF_INF, OVF_NAN, OVF_SATURATE
 
 F64 = torch.float64
 I64 = torch.int64
@@ -102,19 +103,43 @@ def _finite(x):
     return x.abs() < INF
 
 
-def _sexp(e_true, t: int, sub: int):
-    return (e_true - t + 1).clamp(min=sub)
+def _sexp(e_true, t: int, sub: int, lowest: int | None = None):
+    s = (e_true - t + 1).clamp(min=sub)
+    if lowest is None:
+        return s
+    return torch.where(e_true < lowest, torch.full_like(s, lowest), s)
 
 
-def round_core(hi, lo, k, mode: int, t: int, p: int, emin: int, emax: int, r, lo2=None):
-    """Vectorised kernels.round_core3 (k: int or int64 tensor; r: int64 bits)."""
+def max_finite(t: int, emax: int, maxv: float) -> float:
+    """kernels.max_finite."""
+    if maxv > 0.0:
+        return float(maxv)
+    return 2.0 ** emax * (2.0 - 2.0 ** (1 - t))
+
+
+def _beyond(R, eR, k, emax: int, maxv: float):
+    """kernels._beyond (R > 0 finite)."""
+    out = eR - k > emax
+    if maxv > 0.0:
+        Rs = R if not isinstance(k, torch.Tensor) and k == 0 else scale2(R, -k)
+        out = out | (Rs > maxv)
+    return out
+
+
+def round_core(hi, lo, k, mode: int, t: int, p: int, emin: int, emax: int, r, lo2=None,
+               maxv: float = 0.0, flags: int = 0):
+    """Vectorised kernels.round_gen (k: int or int64 tensor; r: int64 bits)."""
     ok = _finite(hi) & (hi != 0)
     neg = hi < 0
+    ovf = flags & 3
+    flush = bool(flags & FLAG_FLUSH)
     H = torch.where(ok, hi.abs(), 1.0)
     L = torch.where(ok, torch.where(neg, -lo, lo), 0.0)
     sub = emin - p + 1
+    lowest = emin if flush else None
+    top = r < 0
     e = exponent(H)
-    ue_s = _sexp(e - k, t, sub) + k
+    ue_s = _sexp(e - k, t, sub, lowest) + k
     deep = ue_s > 1023
     u = pow2(torch.where(deep, e, ue_s))
     A = torch.floor(H / u) * u
@@ -127,10 +152,10 @@ def round_core(hi, lo, k, mode: int, t: int, p: int, emin: int, emax: int, r, lo
     if bool((down | upadj).any()):
         Ap = torch.where(A > 0, A, 1.0)
         ea = exponent(Ap)
-        u_dn = torch.where(Ap == pow2(ea), pow2(_sexp(ea - k - 1, t, sub) + k), u)
+        u_dn = torch.where(Ap == pow2(ea), pow2(_sexp(ea - k - 1, t, sub, lowest) + k), u)
         A_dn = A - u_dn
         A_up = A + u
-        u_up = pow2(_sexp(exponent(A_up) - k, t, sub) + k)
+        u_up = pow2(_sexp(exponent(A_up) - k, t, sub, lowest) + k)
         A = torch.where(down, A_dn, torch.where(upadj, A_up, A))
         u = torch.where(down, u_dn, torch.where(upadj, u_up, u))
         D2 = H - A
@@ -144,35 +169,69 @@ def round_core(hi, lo, k, mode: int, t: int, p: int, emin: int, emax: int, r, lo
         rnd = _lsr(r, 11).to(F64) + 1.0
         up = ~exact & (rnd <= (s / u) * 9007199254740992.0)
     elif mode == MODE_RANDOM:
-        up = ~exact & (r < 0)
+        up = ~exact & top
+    elif mode in (MODE_UP, MODE_DOWN):
+        up = ~exact & (neg if mode == MODE_DOWN else ~neg)
+    elif mode == MODE_ZERO:
+        up = torch.zeros_like(exact)
     else:
         s2 = 2.0 * s
         q = A / u
         odd = (q - 2.0 * torch.floor(0.5 * q)) == 1.0
         up = (s2 > u) | ((s2 == u) & ((ee > 0) | ((ee == 0) & odd)))
+        if mode == MODE_FARTHEST:
+            up = up ^ ~exact
     R = torch.where(up, A + u, A)
     if mode == MODE_UD:
         nz = R != 0
         Rp = torch.where(nz, R, 1.0)
         eR = exponent(Rp)
-        move = nz & (eR - k <= emax)
-        u_here = pow2(_sexp(eR - k, t, sub) + k)
-        u_below = torch.where(Rp == pow2(eR), pow2(_sexp(eR - k - 1, t, sub) + k), u_here)
-        Rm = torch.where(r < 0, R + u_here, R - u_below)
+        move = nz & ~_beyond(Rp, eR, k, emax, maxv)
+        u_here = pow2(_sexp(eR - k, t, sub, lowest) + k)
+        u_below = torch.where(Rp == pow2(eR), pow2(_sexp(eR - k - 1, t, sub, lowest) + k),
+                              u_here)
+        Rm = torch.where(top, R + u_here, R - u_below)
         R = torch.where(move, Rm, R)
+        R = torch.where(~nz & ~exact & top, u, R)  # UD at zero (kernels.round_gen)
     Rp = torch.where(R != 0, R, 1.0)
-    ovf = (R != 0) & (R < INF) & (exponent(Rp) - k > emax)
+    ovfl = (R != 0) & (R < INF) & _beyond(Rp, exponent(Rp), k, emax, maxv)
     if isinstance(k, torch.Tensor) or k != 0:
-        R = torch.where(ovf, INF, scale2(R, -k))
+        R = scale2(R, -k)
+    mf = max_finite(t, emax, maxv)
+    if mode == MODE_ZERO:
+        toward = torch.ones_like(neg)
+    elif mode == MODE_DOWN:
+        toward = ~neg
+    elif mode == MODE_UP:
+        toward = neg
     else:
-        R = torch.where(ovf, INF, R)
+        toward = torch.zeros_like(neg)
+    big = INF if ovf == OVF_INF else (mf if ovf == OVF_SATURATE else float("nan"))
+    R = torch.where(ovfl, torch.where(toward, torch.full_like(R, mf), torch.full_like(R, big)), R)
     if bool(deep.any()):
-        v = torch.zeros_like(R)
-        if mode == MODE_RANDOM:
-            v = torch.where(r < 0, torch.full_like(R, 2.0 ** sub), 0.0)
+        if mode in (MODE_RANDOM, MODE_UD):
+            dup = top
+        elif mode == MODE_FARTHEST:
+            dup = torch.ones_like(neg)
+        elif mode == MODE_UP:
+            dup = ~neg
+        elif mode == MODE_DOWN:
+            dup = neg
+        else:
+            dup = torch.zeros_like(neg)
+        v = torch.where(dup, torch.full_like(R, 2.0 ** (emin if flush else sub)), 0.0)
         R = torch.where(deep, v, R)
     R = torch.where(neg, -R, R)
-    return torch.where(ok, R, hi)
+    special = hi
+    if ovf != OVF_INF:
+        inf_in = hi.abs() == INF
+        rep = float("nan") if ovf == OVF_NAN else mf
+        special = torch.where(inf_in, torch.where(hi < 0, torch.full_like(hi, -rep),
+                                                  torch.full_like(hi, rep)), hi)
+    R = torch.where(ok, R, special)
+    if flags & FLAG_UNSIGNED_ZERO:
+        R = torch.where(R == 0, 0.0, R)
+    return R
 
 
 def round_narrow(hi, lo, mode: int, t: int, p: int, emin: int, emax: int, r):
@@ -229,7 +288,30 @@ def narrow_fma(a, b, c, mode, t, p, emin, emax, r):
     return round_narrow(s, e, mode, t, p, emin, emax, r)
 
 
-_W = (53, -1022, 1023)
+#: binary64 as a format tuple (p, emin, emax, maxv, flags) of the functions below
+F64_FORMAT = (53, -1022, 1023, 0.0, 0)
+
+
+def _rc(hi, lo, k, mode, t, fmt, r, lo2=None):
+    p, emin, emax, maxv, flags = fmt
+    return round_core(hi, lo, k, mode, t, p, emin, emax, r, lo2=lo2, maxv=maxv, flags=flags)
+
+
+def _special(v, mode, t, fmt, r):
+    """Special results (0, inf, nan) under the format's rules (binary64: unchanged)."""
+    if fmt == F64_FORMAT:
+        return v
+    return _rc(v, torch.zeros_like(v), 0, mode, t, fmt, r)
+
+
+def _t53_residual(e, mode, t):
+    """kernels._t53_residual."""
+    if t == 53:
+        if mode in (MODE_IEEE, MODE_UD):
+            return torch.zeros_like(e)
+        if mode == MODE_FARTHEST:
+            return 0.25 * e
+    return e
 
 
 def _in(x, lo, hi):
@@ -237,7 +319,8 @@ def _in(x, lo, hi):
     return (ax >= lo) & (ax <= hi)
 
 
-def wide_binary(op: int, a, b, mode, t, r):
+def wide_binary(op: int, a, b, mode, t, r, fmt=F64_FORMAT):
+    """kernels.format_binary (binary64 by default)."""
     if op in (OP_ADD, OP_SUB):
         bb = -b if op == OP_SUB else b
         s, e = two_sum(a, bb)
@@ -246,8 +329,8 @@ def wide_binary(op: int, a, b, mode, t, r):
         hi = torch.where(ovf, s2, s)
         lo = torch.where(ovf, e2, e)
         k = torch.where(ovf, -1, 0)
-        res = round_core(hi, lo, k, mode, t, *_W, r)
-        if mode == MODE_IEEE and t == 53:
+        res = _rc(hi, lo, k, mode, t, fmt, r)
+        if mode == MODE_IEEE and t == 53 and fmt == F64_FORMAT:
             return torch.where(ovf, res, s)
         return res
     finite = _finite(a) & _finite(b) & (a != 0) & (b != 0)
@@ -266,24 +349,23 @@ def wide_binary(op: int, a, b, mode, t, r):
         s2, e2 = _div_parts(an, bn)
         k = torch.where(safe, 0, eb - ea)
         special = a / b
-        if t == 53 and mode in (MODE_IEEE, MODE_UD):
-            e1, e2 = torch.zeros_like(e1), torch.zeros_like(e2)
+        e1, e2 = _t53_residual(e1, mode, t), _t53_residual(e2, mode, t)
     hi = torch.where(safe, s1, s2)
     lo = torch.where(safe, e1, e2)
-    res = round_core(torch.where(finite, hi, 1.0), torch.where(finite, lo, 0.0),
-                     torch.where(finite, k, 0), mode, t, *_W, r)
-    return torch.where(finite, res, special)
+    res = _rc(torch.where(finite, hi, 1.0), torch.where(finite, lo, 0.0),
+              torch.where(finite, k, 0), mode, t, fmt, r)
+    return torch.where(finite, res, _special(special, mode, t, fmt, r))
 
 
-def wide_sqrt(a, mode, t, r):
+def wide_sqrt(a, mode, t, r, fmt=F64_FORMAT):
+    """kernels.format_sqrt (binary64 by default)."""
     good = (a > 0) & (a < INF)
     ea = exponent(torch.where(good, a, 1.0))
     h = torch.div(ea, 2, rounding_mode="floor")
     s, e = _sqrt_parts(torch.where(good, scale2(a, -2 * h), 1.0))
-    if t == 53 and mode in (MODE_IEEE, MODE_UD):
-        e = torch.zeros_like(e)
-    res = round_core(s, e, -h, mode, t, *_W, r)
-    return torch.where(good, res, sqrt_rn(a))
+    e = _t53_residual(e, mode, t)
+    res = _rc(s, e, -h, mode, t, fmt, r)
+    return torch.where(good, res, _special(sqrt_rn(a), mode, t, fmt, r))
 
 
 def _fma_parts(a, b, c):
@@ -295,13 +377,14 @@ def _fma_parts(a, b, c):
     return torch.where(z, t2, h), torch.where(z, 0.0, h2), torch.where(z, 0.0, t2)
 
 
-def wide_fma(a, b, c, mode, t, r):
+def wide_fma(a, b, c, mode, t, r, fmt=F64_FORMAT):
+    """kernels.format_fma (binary64 by default)."""
     plain = a * b + c
     fin = _finite(a) & _finite(b) & _finite(c)
     zprod = fin & ((a == 0) | (b == 0)) & (c != 0)
     special = ~fin | (a == 0) | (b == 0)
     czero = ~special & (c == 0)
-    mulres = wide_binary(OP_MUL, a, b, mode, t, r)
+    mulres = wide_binary(OP_MUL, a, b, mode, t, r, fmt)
     rest = ~special & ~czero
     lo_, hi_ = 2.0 ** -300, 2.0 ** 300
     safe = _in(a, lo_, hi_) & _in(b, lo_, hi_) & _in(c, lo_, hi_)
@@ -331,20 +414,19 @@ def wide_fma(a, b, c, mode, t, r):
     ll = torch.where(safe, m1, m2)
     k = torch.where(safe, 0, -m)
     use = rest & (h != 0)
-    res = round_core(torch.where(use, h, 1.0), torch.where(use, l, 0.0),
-                     torch.where(use, k, 0), mode, t, *_W, r, lo2=torch.where(use, ll, 0.0))
-    cres = round_core(torch.where(zprod, c, 1.0), torch.zeros_like(c), 0, mode, t, *_W, r)
-    return torch.where(use, res, torch.where(czero, mulres, torch.where(zprod, cres, plain)))
+    res = _rc(torch.where(use, h, 1.0), torch.where(use, l, 0.0),
+              torch.where(use, k, 0), mode, t, fmt, r, lo2=torch.where(use, ll, 0.0))
+    cres = _rc(torch.where(zprod, c, 1.0), torch.zeros_like(c), 0, mode, t, fmt, r)
+    return torch.where(use, res, torch.where(czero, mulres, torch.where(
+        zprod, cres, _special(plain, mode, t, fmt, r))))
 
 
-def round_values(hi, lo, mode, t, p, emin, emax, r):
-    """k_round's elementwise body (lo may be None)."""
+def round_values(hi, lo, mode, t, p, emin, emax, r, maxv: float = 0.0, flags: int = 0):
+    """k_round's (and k_format's rounding kinds') elementwise body (lo may be None)."""
     if lo is None:
         lo = torch.zeros_like(hi)
     else:
         s, e = two_sum(hi, lo)
         nz = lo != 0  # lo == 0 keeps hi as is (its sign of zero)
         hi, lo = torch.where(nz, s, hi), torch.where(nz, e, lo)
-    if p == 53:
-        return round_core(hi, lo, 0, mode, t, p, emin, emax, r)
-    return round_narrow(hi, lo, mode, t, p, emin, emax, r)
+    return round_core(hi, lo, 0, mode, t, p, emin, emax, r, maxv=maxv, flags=flags)

@@ -48,8 +48,10 @@ def one_rounding(x: Fraction, dtype: torch.dtype, mode: str,
     t = t or p_
     a, u = neighbours(x, t, p_, emin)
     d = (x - a) / u
-    if d == 0 and mode in ("sr", "random", "ieee"):
+    if d == 0 and mode != "ud":
         return {a: Fraction(1)}
+    if mode in ("up", "down", "zero"):  # x > 0: up rounds away from zero, the others toward
+        return {a + u if mode == "up" else a: Fraction(1)}
     if mode == "sr":
         # the kernels draw 53 bits: P(up) = floor(d 2**53) / 2**53
         pu = Fraction(math.floor(d * 2 ** 53), 2 ** 53)
@@ -59,6 +61,8 @@ def one_rounding(x: Fraction, dtype: torch.dtype, mode: str,
     r = a + u if d > Fraction(1, 2) or (d == Fraction(1, 2) and (a / u) % 2 == 1) else a
     if mode == "ieee":
         return {r: Fraction(1)}
+    if mode == "farthest":
+        return {a if r == a + u else a + u: Fraction(1)}
     e = _floor_log2(r)
     up = spacing(e, t, p_, emin)
     dn = spacing(e - 1, t, p_, emin) if r == Fraction(2) ** e else up

@@ -21,7 +21,14 @@ are the neighbours; ``b >= 2**(emax+1)`` means overflow to ``inf``.
 * random: ``b`` or ``a`` with probability 1/2 each (top random bit); exact values stay.
 * ieee: round to nearest, ties to even on the t-bit grid (exact tie detection).
 * UD: ``r`` = ieee result; if ``r`` is finite and non-zero, the next grid value above
-  or below ``r`` in magnitude (top random bit). ``0``, ``inf``, ``nan`` pass.
+  or below ``r`` in magnitude (top random bit). ``inf``, ``nan`` and exact zeros pass.
+  UD at zero: when ``r`` is 0 but ``x`` is not exactly 0, the step up gives
+  ``sign(x)`` times the smallest grid value and the step down keeps ``sign(x)·0`` (top
+  random bit): an underflowing result is perturbed like any other, without a sign flip.
+* up / down / zero: toward +inf / -inf / 0 (deterministic); farthest (Verrou's): the
+  neighbour that ieee does not pick; exact values stay in all four.
+* Formats (``round_gen``): a largest finite value ``maxv`` (e4m3fn: 448), an overflow
+  rule (inf, saturate, nan), no subnormals (flush), no negative zero (fnuz).
 
 Randomness: ``bits64(key, j)`` is the splitmix64 output ``mix64(key + (j+1)*γ)``
 (Steele, Lea & Flood 2014; constants of Vigna's ``splitmix64.c``).
@@ -36,7 +43,16 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 MODE_IEEE, MODE_SR, MODE_UD, MODE_RANDOM = 0, 1, 2, 3
-_MODE_CODES = {"ieee": MODE_IEEE, "sr": MODE_SR, "ud": MODE_UD, "random": MODE_RANDOM}
+MODE_UP, MODE_DOWN, MODE_ZERO, MODE_FARTHEST = 4, 5, 6, 7
+_MODE_CODES = {"ieee": MODE_IEEE, "sr": MODE_SR, "ud": MODE_UD, "random": MODE_RANDOM,
+               "up": MODE_UP, "down": MODE_DOWN, "zero": MODE_ZERO, "farthest": MODE_FARTHEST}
+#: every rounding mode by name, in code order
+MODE_NAMES = tuple(_MODE_CODES)
+
+# format flags of round_gen: the overflow rule in the low two bits, then flush / zero
+OVF_INF, OVF_SATURATE, OVF_NAN = 0, 1, 2
+FLAG_FLUSH = 4  # no subnormals
+FLAG_UNSIGNED_ZERO = 8  # no negative zero (torch's fnuz formats)
 
 # (p, emin, emax) of the targets
 FMT_F32 = (24, -126, 127)
@@ -66,7 +82,8 @@ _SPLIT = 134217729.0  # 2**27 + 1 (Veltkamp)
 
 
 def mode_code(mode: str) -> int:
-    """Integer code of a mode name ("ieee" 0, "sr" 1, "ud" 2, "random" 3)."""
+    """Integer code of a mode name ("ieee" 0, "sr" 1, "ud" 2, "random" 3, "up" 4,
+    "down" 5, "zero" 6, "farthest" 7)."""
     try:
         return _MODE_CODES[mode]
     except KeyError:
@@ -195,40 +212,98 @@ def _odd(q):
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _spacing_exp(e_true, t, sub):
+def _spacing_fmt(e_true, t, sub, lowest):
+    """_spacing_exp with a flush floor: below the binade ``lowest`` (a format without
+    subnormals: its emin) the spacing is 2**lowest (the grid there is {0, 2**emin})."""
+    if e_true < lowest:
+        return lowest
     s = e_true - t + 1
     return s if s > sub else sub
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def max_finite(t, emax, maxv):
+    """The largest finite value of the format at t bits: ``maxv`` when given (> 0), else
+    (2 - 2**(1-t)) * 2**emax."""
+    if maxv > 0.0:
+        return maxv
+    return pow2(emax) * (2.0 - pow2(1 - t))
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _beyond(R, eR, k, emax, maxv):
+    """Whether the grid value R * 2**-k (R > 0 finite, eR = exponent(R)) lies beyond the
+    format's largest finite value."""
+    if eR - k > emax:
+        return True
+    if maxv > 0.0:
+        return (R if k == 0 else scale2(R, -k)) > maxv
+    return False
 
 
 @njit(cache=True, error_model="numpy")
 def round_core(hi, lo, k, mode, t, p, emin, emax, r):
     """round_core3 with lo2 = 0."""
-    return round_core3(hi, lo, 0.0, k, mode, t, p, emin, emax, r)
+    return round_gen(hi, lo, 0.0, k, mode, t, p, emin, emax, 0.0, 0, r)
 
 
 @njit(cache=True, error_model="numpy")
 def round_core3(hi, lo, lo2, k, mode, t, p, emin, emax, r):
-    """Round x = (hi + lo + lo2) * 2**-k to the t-bit grid of the format (p, emin, emax);
-    lo2 is a tiny term that only decides ties and the sign of the error.
+    """round_gen for an IEEE format (overflow to inf, subnormals, signed zeros)."""
+    return round_gen(hi, lo, lo2, k, mode, t, p, emin, emax, 0.0, 0, r)
+
+
+@njit(cache=True, error_model="numpy")
+def round_gen(hi, lo, lo2, k, mode, t, p, emin, emax, maxv, flags, r):
+    """Round x = (hi + lo + lo2) * 2**-k to the t-bit grid of the format (p, emin, emax,
+    ``maxv``, ``flags``); lo2 is a tiny term that only decides ties and the sign of the
+    error. ``maxv`` > 0: the largest finite value (else (2 - 2**(1-t)) * 2**emax; needs
+    k == 0 or a power-of-two-free overflow test); ``flags``: the overflow rule
+    (``flags & 3``: OVF_INF, OVF_SATURATE, OVF_NAN), FLAG_FLUSH (no subnormals: the grid
+    below 2**emin is {0, 2**emin}), FLAG_UNSIGNED_ZERO (-0 becomes +0).
 
     Requires sign(hi) == sign(x) and |lo| below the grid spacing at hi (true of every
     EFT output here). Returns a float64 on the target grid (or +-inf / nan / +-0).
+
+    Modes: ieee (nearest even), sr, ud, random (module doc); up / down (toward +inf /
+    -inf), zero (toward 0), farthest (the neighbour that round-to-nearest does not pick;
+    exact values stay). Overflow (a result beyond the largest finite value): the modes
+    that round toward zero in magnitude (zero; down for x > 0; up for x < 0) give the
+    largest finite value, as IEEE 754; every other mode applies the format's rule (inf,
+    the largest finite value, NaN). UD at zero: an inexact x whose nearest value is 0
+    becomes sign(x) * (the smallest grid value) or sign(x) * 0 with probability 1/2 each
+    (UD steps one grid point away from the round-to-nearest result; below 0 in magnitude
+    there is no grid point, so the step down keeps 0). Exact zeros stay.
     """
+    ovf = flags & 3
     if not (abs(hi) < np.inf):
-        return hi  # nan stays nan, +-inf stays
+        if hi != hi or ovf == OVF_INF:
+            return hi  # nan stays nan, +-inf stays
+        if ovf == OVF_NAN:
+            return np.nan
+        m = max_finite(t, emax, maxv)
+        return -m if hi < 0.0 else m
     if hi == 0.0:
-        return hi
+        return 0.0 if (flags & FLAG_UNSIGNED_ZERO) != 0 else hi
     neg = hi < 0.0
     H = -hi if neg else hi
     L = -lo if neg else lo
+    flush = (flags & FLAG_FLUSH) != 0
+    lowest = emin if flush else -(1 << 30)
     sub = emin - p + 1
+    top = (r >> _U63) == _U1
     e = exponent(H)
-    ue_s = _spacing_exp(e - k, t, sub) + k
+    ue_s = _spacing_fmt(e - k, t, sub, lowest) + k
     if ue_s > 1023:
-        # |x| far below the smallest grid value 2**sub: only random can round up
-        v = 0.0
-        if mode == MODE_RANDOM and (r >> _U63) == _U1:
-            v = pow2(sub)
+        # |x| far below the smallest grid value (x inexact): rounding up gives it
+        if mode == MODE_RANDOM or mode == MODE_UD:
+            up = top
+        else:
+            up = mode == MODE_FARTHEST or (mode == MODE_UP and not neg) or \
+                (mode == MODE_DOWN and neg)
+        v = pow2(emin if flush else sub) if up else 0.0
+        if v == 0.0 and (flags & FLAG_UNSIGNED_ZERO) != 0:
+            return 0.0
         return -v if neg else v
     u = pow2(ue_s)
     A = math.floor(H / u) * u
@@ -240,7 +315,7 @@ def round_core3(hi, lo, lo2, k, mode, t, p, emin, emax, r):
         # x lies below A: step one grid point down (finer spacing below a power of two)
         ea = exponent(A)
         if A == pow2(ea):
-            u = pow2(_spacing_exp(ea - k - 1, t, sub) + k)
+            u = pow2(_spacing_fmt(ea - k - 1, t, sub, lowest) + k)
         A = A - u
         D = H - A
         s, ee = two_sum(D, L)
@@ -250,7 +325,7 @@ def round_core3(hi, lo, lo2, k, mode, t, p, emin, emax, r):
         D = H - A
         s, ee = two_sum(D, L)
         ee = ee + L2
-        u = pow2(_spacing_exp(exponent(A) - k, t, sub) + k)
+        u = pow2(_spacing_fmt(exponent(A) - k, t, sub, lowest) + k)
     exact = s == 0.0 and ee == 0.0
     R = A
     if mode == MODE_SR:
@@ -258,25 +333,43 @@ def round_core3(hi, lo, lo2, k, mode, t, p, emin, emax, r):
             if np.float64(r >> _U11) + 1.0 <= (s / u) * _TWO53:
                 R = A + u
     elif mode == MODE_RANDOM:
-        if not exact and (r >> _U63) == _U1:
+        if not exact and top:
             R = A + u
-    else:
+    elif mode == MODE_UP or mode == MODE_DOWN:
+        if not exact and (mode == MODE_UP) != neg:
+            R = A + u
+    elif mode != MODE_ZERO:
         s2 = 2.0 * s  # exact; u/2 could underflow at the subnormal spacing
-        if s2 > u or (s2 == u and (ee > 0.0 or (ee == 0.0 and _odd(A / u)))):
+        up = s2 > u or (s2 == u and (ee > 0.0 or (ee == 0.0 and _odd(A / u))))
+        if mode == MODE_FARTHEST and not exact:
+            up = not up
+        if up:
             R = A + u
-        if mode == MODE_UD and R != 0.0:
-            eR = exponent(R)
-            if eR - k <= emax:
-                if (r >> _U63) == _U1:
-                    R = R + pow2(_spacing_exp(eR - k, t, sub) + k)
-                elif R == pow2(eR):
-                    R = R - pow2(_spacing_exp(eR - k - 1, t, sub) + k)
-                else:
-                    R = R - pow2(_spacing_exp(eR - k, t, sub) + k)
-    if R != 0.0 and R < np.inf and exponent(R) - k > emax:
-        R = np.inf
+        if mode == MODE_UD:
+            if R != 0.0:
+                eR = exponent(R)
+                if not _beyond(R, eR, k, emax, maxv):
+                    if top:
+                        R = R + pow2(_spacing_fmt(eR - k, t, sub, lowest) + k)
+                    elif R == pow2(eR):
+                        R = R - pow2(_spacing_fmt(eR - k - 1, t, sub, lowest) + k)
+                    else:
+                        R = R - pow2(_spacing_fmt(eR - k, t, sub, lowest) + k)
+            elif not exact and top:
+                R = u  # UD at zero (docstring)
+    if R != 0.0 and R < np.inf and _beyond(R, exponent(R), k, emax, maxv):
+        if mode == MODE_ZERO or (mode == MODE_DOWN and not neg) or (mode == MODE_UP and neg):
+            R = max_finite(t, emax, maxv)
+        elif ovf == OVF_INF:
+            R = np.inf
+        elif ovf == OVF_SATURATE:
+            R = max_finite(t, emax, maxv)
+        else:
+            return np.nan
     elif k != 0:
         R = scale2(R, -k)
+    if R == 0.0 and (flags & FLAG_UNSIGNED_ZERO) != 0:
+        return 0.0
     return -R if neg else R
 
 
@@ -298,6 +391,18 @@ def _fast_bits(b, mode, t, p, emin, emax, r):
         return b
     # round to nearest even: the integer significand's last bit (always 1 when t == 1)
     lsb = _U1 if t == 1 else (b >> nb) & _U1
+    if mode >= MODE_UP:
+        # directed modes and farthest: truncate (toward zero), or add one unit (away)
+        tr = b & ~mask
+        if (b & mask) == _U0 or mode == MODE_ZERO:
+            return tr
+        neg = (b >> _U63) == _U1
+        if mode == MODE_UP:
+            return tr if neg else tr + one
+        if mode == MODE_DOWN:
+            return tr + one if neg else tr
+        rn = (b + ((one >> _U1) - _U1) + lsb) & ~mask
+        return tr + one if rn == tr else tr  # farthest: the neighbour RN does not pick
     b = (b + ((one >> _U1) - _U1) + lsb) & ~mask
     if mode == MODE_UD:
         be = np.int64((b >> np.uint64(52)) & _EXPMASK)
@@ -339,7 +444,7 @@ def _rn64_fast(hi, lo, mode, r):
     True, or (0, False) when hi is not a normal float (then use round_core)."""
     b = _f64_bits(hi)
     be = np.int64((b >> np.uint64(52)) & _EXPMASK)
-    if be < 1 or be > 2046:
+    if be < 1 or be > 2046 or mode > MODE_RANDOM:
         return 0.0, False
     if mode == MODE_IEEE or (lo == 0.0 and mode != MODE_UD):
         return hi, True
@@ -482,40 +587,81 @@ def _normal_in(x, lo, hi):
     return ax >= lo and ax <= hi
 
 
+@njit(inline="always", cache=True, error_model="numpy")
+def round_format(hi, lo, mode, t, p, emin, emax, maxv, flags, r):
+    """Round hi+lo (float64, hi = RN64(hi+lo)) to any format: the integer fast path of
+    round_narrow (p <= 24, lo == 0, hi normal and, without subnormals, above the lowest
+    binade; a result beyond the largest finite value redone) or round_gen."""
+    if lo == 0.0 and p <= 24:
+        be = np.int64((_f64_bits(hi) >> np.uint64(52)) & _EXPMASK)
+        lowb = 1023 + emin + (1 if (flags & FLAG_FLUSH) != 0 else 0)
+        if be >= lowb and be <= 1023 + emax:
+            b = _fast_bits(_f64_bits(hi), mode, t, p, emin, emax, r)
+            v = _bits_f64(b)
+            if np.int64((b >> np.uint64(52)) & _EXPMASK) <= 1023 + emax and \
+                    (maxv == 0.0 or abs(v) <= maxv):
+                return v
+    return round_gen(hi, lo, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
+
+
 @njit(cache=True, error_model="numpy")
-def _wide_binary_rest(op, a, b, mode, t, r):
-    """wide_binary's uncommon cases (overflowing sums, products outside the safe range,
-    specials, division)."""
+def format_binary(op, a, b, mode, t, p, emin, emax, maxv, flags, r):
+    """a (op) b (float64 operands) rounded once to any format (p, emin, emax, maxv,
+    flags: see round_gen): x = hi + lo exactly via TwoSum / TwoProduct / the division
+    residual, scaled by a power of two near under/overflow; special results (0, inf,
+    nan) follow the format's rules. binary64's uncommon cases come here too."""
     if op <= OP_SUB:
         bb = -b if op == OP_SUB else b
         s, e = two_sum(a, bb)
         if not (abs(s) < np.inf) and abs(a) < np.inf and abs(bb) < np.inf:
             s, e = two_sum(0.5 * a, 0.5 * bb)
-            return round_core(s, e, -1, mode, t, 53, -1022, 1023, r)
-        return round_rn64(s, e, mode, t, r)
+            return round_gen(s, e, 0.0, -1, mode, t, p, emin, emax, maxv, flags, r)
+        return round_format(s, e, mode, t, p, emin, emax, maxv, flags, r)
     finite = abs(a) < np.inf and abs(b) < np.inf and a != 0.0 and b != 0.0
+    k = 0
     if op == OP_MUL:
         if not finite:
-            return a * b
+            return round_gen(a * b, 0.0, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
         if _normal_in(a, _SAFE_LO, _SAFE_HI) and _normal_in(b, _SAFE_LO, _SAFE_HI):
             s, e = two_prod(a, b)
-            return round_rn64(s, e, mode, t, r)
+            return round_format(s, e, mode, t, p, emin, emax, maxv, flags, r)
         ea = exponent(abs(a))
         eb = exponent(abs(b))
         s, e = two_prod(scale2(a, -ea), scale2(b, -eb))
-        return round_core(s, e, -(ea + eb), mode, t, 53, -1022, 1023, r)
-    # division (at t = 53 the ieee/ud decisions use the hardware-rounded quotient: the
-    # rounded residual could fake a tie, and a true tie is impossible there)
+        k = -(ea + eb)
+        return round_gen(s, e, 0.0, k, mode, t, p, emin, emax, maxv, flags, r)
     if not finite:
-        return a / b
-    rn = t == 53 and (mode == MODE_IEEE or mode == MODE_UD)
+        return round_gen(a / b, 0.0, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
     if _normal_in(a, _SAFE_LO, _SAFE_HI) and _normal_in(b, _SAFE_LO, _SAFE_HI):
         s, e = _div_parts(a, b)
-        return round_core(s, 0.0 if rn else e, 0, mode, t, 53, -1022, 1023, r)
-    ea = exponent(abs(a))
-    eb = exponent(abs(b))
-    s, e = _div_parts(scale2(a, -ea), scale2(b, -eb))
-    return round_core(s, 0.0 if rn else e, eb - ea, mode, t, 53, -1022, 1023, r)
+    else:
+        ea = exponent(abs(a))
+        eb = exponent(abs(b))
+        s, e = _div_parts(scale2(a, -ea), scale2(b, -eb))
+        k = eb - ea
+    return round_gen(s, _t53_residual(e, mode, t), 0.0, k, mode, t, p, emin, emax, maxv,
+                     flags, r)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _t53_residual(e, mode, t):
+    """The rounded residual of a division or square root as the decisions at t = 53 use
+    it: the decisions of ieee/ud take the hardware-rounded result (the rounded residual
+    could fake a tie, and a true tie is impossible there); farthest needs only its sign
+    and non-zeroness (a quarter of it cannot fake a tie)."""
+    if t == 53:
+        if mode == MODE_IEEE or mode == MODE_UD:
+            return 0.0
+        if mode == MODE_FARTHEST:
+            return 0.25 * e
+    return e
+
+
+@njit(cache=True, error_model="numpy")
+def _wide_binary_rest(op, a, b, mode, t, r):
+    """wide_binary's uncommon cases (overflowing sums, products outside the safe range,
+    specials, division): format_binary on binary64."""
+    return format_binary(op, a, b, mode, t, 53, -1022, 1023, 0.0, 0, r)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -534,16 +680,22 @@ def wide_binary(op, a, b, mode, t, r):
 
 
 @njit(cache=True, error_model="numpy")
-def wide_sqrt(a, mode, t, r):
-    """binary64 sqrt(a): s + r/(2s) with the exact residual r = a - s*s."""
+def format_sqrt(a, mode, t, p, emin, emax, maxv, flags, r):
+    """sqrt(a) (float64) rounded once to any format: s + r/(2s), exact residual r = a - s*s."""
     if not (a > 0.0) or not (a < np.inf):
-        return math.sqrt(a) if a >= 0.0 else np.nan
+        v = math.sqrt(a) if a >= 0.0 else np.nan
+        return round_gen(v, 0.0, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
     ea = exponent(a)
     h = ea // 2
     s, e = _sqrt_parts(scale2(a, -2 * h))
-    if t == 53 and (mode == MODE_IEEE or mode == MODE_UD):
-        e = 0.0  # as in division: use the correctly rounded s
-    return round_core(s, e, -h, mode, t, 53, -1022, 1023, r)
+    return round_gen(s, _t53_residual(e, mode, t), 0.0, -h, mode, t, p, emin, emax, maxv,
+                     flags, r)
+
+
+@njit(cache=True, error_model="numpy")
+def wide_sqrt(a, mode, t, r):
+    """binary64 sqrt(a): format_sqrt on binary64."""
+    return format_sqrt(a, mode, t, 53, -1022, 1023, 0.0, 0, r)
 
 
 @njit(cache=True, error_model="numpy")
@@ -582,27 +734,59 @@ def _fma_scaled(a, b, c):
 
 
 @njit(cache=True, error_model="numpy")
-def wide_fma(a, b, c, mode, t, r):
-    """binary64 a*b+c, one rounding. Exact error (TwoProduct + TwoSums) when |a|, |b|,
-    |c| lie in [2**-300, 2**300]; otherwise after power-of-two scaling (_fma_scaled)."""
-    if not (abs(a) < np.inf and abs(b) < np.inf and abs(c) < np.inf):
-        return a * b + c
+def format_fma(a, b, c, mode, t, p, emin, emax, maxv, flags, r):
+    """a*b+c (float64) rounded once to any format. Exact error (TwoProduct + TwoSums)
+    when |a|, |b|, |c| lie in [2**-300, 2**300]; otherwise after power-of-two scaling
+    (_fma_scaled). Special results (0, inf, nan) follow the format's rules."""
+    if not (abs(a) < np.inf and abs(b) < np.inf and abs(c) < np.inf) or \
+            ((a == 0.0 or b == 0.0) and c == 0.0):
+        return round_gen(a * b + c, 0.0, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
     if a == 0.0 or b == 0.0:
-        if c == 0.0:
-            return a * b + c
-        return round_core(c, 0.0, 0, mode, t, 53, -1022, 1023, r)
+        return round_gen(c, 0.0, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
     if c == 0.0:
-        return wide_binary(OP_MUL, a, b, mode, t, r)
+        return format_binary(OP_MUL, a, b, mode, t, p, emin, emax, maxv, flags, r)
     if (_normal_in(a, _FMA_LO, _FMA_HI) and _normal_in(b, _FMA_LO, _FMA_HI)
             and _normal_in(c, _FMA_LO, _FMA_HI)):
         h, l, l2 = _fma_parts(a, b, c)
-        if h == 0.0:
-            return a * b + c  # exact cancellation: IEEE sign of zero
-        return round_core3(h, l, l2, 0, mode, t, 53, -1022, 1023, r)
-    h, l, l2, m = _fma_scaled(a, b, c)
-    if h == 0.0:
-        return a * b + c
-    return round_core3(h, l, l2, -m, mode, t, 53, -1022, 1023, r)
+        m = 0
+    else:
+        h, l, l2, m = _fma_scaled(a, b, c)
+    if h == 0.0:  # exact cancellation: IEEE sign of zero
+        return round_gen(a * b + c, 0.0, 0.0, 0, mode, t, p, emin, emax, maxv, flags, r)
+    return round_gen(h, l, l2, -m, mode, t, p, emin, emax, maxv, flags, r)
+
+
+@njit(cache=True, error_model="numpy")
+def wide_fma(a, b, c, mode, t, r):
+    """binary64 a*b+c, one rounding: format_fma on binary64."""
+    return format_fma(a, b, c, mode, t, 53, -1022, 1023, 0.0, 0, r)
+
+
+#: op codes of k_format beyond the binary ones
+KIND_SQRT, KIND_FMA, KIND_ROUND, KIND_ROUND_LO = 4, 5, 6, 7
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def k_format(kind, a, b, c, out, t, p, emin, emax, maxv, flags, mode, key):
+    """Any format (p, emin, emax, maxv, flags; round_gen): out[j] = a[j] (op) b[j]
+    (kind OP_ADD..OP_DIV), sqrt(a[j]) (KIND_SQRT), a[j]*b[j]+c[j] (KIND_FMA), or the
+    rounding of a[j] (KIND_ROUND) or of a[j] + b[j] (KIND_ROUND_LO: renormalised by
+    TwoSum where b[j] != 0), rounded once with bits64(key, j). float64 1-D arrays."""
+    key = np.uint64(key)
+    for j in prange(out.size):
+        r = bits64(key, j)
+        if kind <= OP_DIV:
+            out[j] = format_binary(kind, a[j], b[j], mode, t, p, emin, emax, maxv, flags, r)
+        elif kind == KIND_SQRT:
+            out[j] = format_sqrt(a[j], mode, t, p, emin, emax, maxv, flags, r)
+        elif kind == KIND_FMA:
+            out[j] = format_fma(a[j], b[j], c[j], mode, t, p, emin, emax, maxv, flags, r)
+        else:
+            h = a[j]
+            lo = 0.0
+            if kind == KIND_ROUND_LO and b[j] != 0.0:
+                h, lo = two_sum(h, b[j])
+            out[j] = round_format(h, lo, mode, t, p, emin, emax, maxv, flags, r)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -720,7 +904,7 @@ def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
 def _k_binary_wide(op, a, b, out, mode, t, key):
     key = np.uint64(key)
     n = out.size
-    if t == 53 and op != OP_DIV:
+    if t == 53 and op != OP_DIV and mode <= MODE_RANDOM:
         # binary64 fast pass: EFT + _rn64_fast, no calls; the rest redone out of line
         nslow = 0
         for j in prange(n):
@@ -788,7 +972,7 @@ def lo32_fast(h, lo, r, mode):
     sign = hb & _SIGN
     ab = hb ^ sign
     be = ab >> _U52
-    ok = be >= _EMIN32B and be <= _EMAX32B
+    ok = be >= _EMIN32B and be <= _EMAX32B and mode <= MODE_RANDOM  # else round_f32
     if mode == MODE_UD:
         ok = ok and be != _EMIN32B
     H = _bits_f64(ab)

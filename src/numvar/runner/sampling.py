@@ -230,10 +230,12 @@ def sample(fn: Callable[..., Any], *args: Any, n: int = 10, mode: str = "sr",
         raise ConfigError(f"jobs must be >= 1, got {jobs}")
     layers = parse_globs(capture_layers)
     seeds = [seed + i for i in range(n)]
+    from ..rounding.formats import format_token
+
     config = {"kind": "function", "function": getattr(fn, "__qualname__", repr(fn)),
               "mode": mode, "granularity": granularity, "seed": seed, "n": n,
               "jobs": jobs, "executor": executor, "capture_layers": layers,
-              **{k: v for k, v in fuzzy_kw.items()}}
+              **{k: (format_token(v) if k == "format" else v) for k, v in fuzzy_kw.items()}}
     _check_fuzzy(mode, granularity, fuzzy_kw)
     store = None
     if out is not None:

@@ -141,7 +141,7 @@ def fuzzy_env(config: dict[str, Any], seed: int) -> dict[str, str]:
     from ..instrument import FuzzyConfig
 
     kw = {k: config[k] for k in ("granularity", "precision", "exclude", "include", "modules",
-                                 "strict", "contraction")
+                                 "strict", "contraction", "format", "accumulate")
           if config.get(k) not in (None, [], ())}
     for k in ("exclude", "include", "modules"):
         if k in kw:
@@ -404,6 +404,7 @@ def run_script(command: list[str], *, n: int = 10, mode: str = "sr",
                exclude: str | list[str] | None = None, include: str | list[str] | None = None,
                modules: str | list[str] | None = None, strict: bool = False,
                contraction: str = "separate",
+               format: str | None = None, accumulate: str = "native",
                invoke_dir: str | os.PathLike | None = None,
                capture_limit: int | str | None = None,
                progress: Callable[[str, Any], None] | None = None) -> "RunResult":
@@ -425,13 +426,15 @@ def run_script(command: list[str], *, n: int = 10, mode: str = "sr",
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     argv = parse_command(command, invoke_dir)
+    from ..rounding.formats import format_token
+
     if out is None:
         stem = Path(argv[1] if argv[0] == "-m" else argv[0]).stem
         out = Path("runs") / f"{stem}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     config = {
         "kind": "script", "argv": argv, "invoke_dir": invoke_dir,
         "mode": mode, "granularity": granularity, "precision": precision, "seed": seed,
-        "contraction": contraction,
+        "contraction": contraction, "format": format_token(format), "accumulate": accumulate,
         "n": n, "exclude": parse_globs(exclude), "include": parse_globs(include),
         "modules": parse_globs(modules), "strict": bool(strict),
         "capture": parse_capture(capture),
@@ -458,6 +461,10 @@ def _canonical_command(config: dict[str, Any], out: Any, command: list[str]) -> 
         cmd += ["--precision", str(config["precision"])]
     if config.get("contraction", "separate") != "separate":
         cmd += ["--contraction", config["contraction"]]
+    if config.get("format") is not None:
+        cmd += ["--format", config["format"]]
+    if config.get("accumulate", "native") != "native":
+        cmd += ["--accumulate", config["accumulate"]]
     for key, opt in (("exclude", "--exclude"), ("include", "--include"),
                      ("modules", "--modules")):
         if config[key]:
