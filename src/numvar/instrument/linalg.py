@@ -292,7 +292,10 @@ def qr(ctx: Ctx, A: torch.Tensor, mode: str = "reduced"):
 
 # -------------------------------------------------------------------------- Jacobi
 def _eps(ctx: Ctx, dtype: torch.dtype) -> float:
-    return 2.0 ** (1 - ctx.bits(dtype))
+    """Unit roundoff·2 of the results' target: the block's format (fuzzy(format=...))
+    when ``dtype`` results are rounded to one, else ``dtype`` at the virtual precision."""
+    f = ctx.target(dtype)
+    return 2.0 ** (1 - (ctx.bits(dtype) if f is None else ctx.format_bits(f)))
 
 
 def rotation(ctx: Ctx, app: torch.Tensor, aqq: torch.Tensor, apq: torch.Tensor):

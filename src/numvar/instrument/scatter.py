@@ -19,6 +19,14 @@ At ``op`` granularity the same accumulation runs with error-free transformations
 float64 (TwoSum: the sum is carried as an unevaluated pair ``hi + lo``, Ogita, Rump &
 Oishi's Sum2, as accurate as a sum in twice binary64's precision) and the pair is
 rounded once (:func:`accumulate_exact`). Products are carried in float64 and rounded once.
+
+Under ``fuzzy(format=...)`` the results are rounded to the block's format (tensors keep
+their dtype) under its accumulation policy (``Ctx.accumulation``, as the contractions of
+:mod:`numvar.instrument.flop`): at ``flop`` granularity ``accumulate="native"`` runs the
+order above in binary32 and rounds the result once to the format; ``"same"`` rounds every
+add (multiply) to the format (:func:`accumulate` with ``spec``); in both, destinations no
+combination reached are rounded once to the format too. At ``op`` the exact sum is rounded
+once to the format.
 """
 
 from __future__ import annotations
@@ -58,6 +66,23 @@ def _accumulate_kernel(out, pos, src, key, mode, t, is32, use_mul, include_self,
 
 
 @njit(cache=True)
+def _accumulate_format_kernel(out, pos, src, key, mode, t, p_, emin, emax, maxv, flags,
+                              use_mul, include_self, touched):  # pragma: no cover - compiled
+    """_accumulate_kernel on float64 arrays with every combination rounded to the format
+    (p_, emin, emax, maxv, flags) by numvar.rounding.kernels.format_binary."""
+    ukey = np.uint64(key)
+    op = K.OP_MUL if use_mul else K.OP_ADD
+    for k in range(src.size):
+        p = pos[k]
+        if not include_self and not touched[p]:
+            out[p] = src[k]
+            touched[p] = True
+            continue
+        r = _bits(ukey, np.uint64(k))
+        out[p] = K.format_binary(op, out[p], src[k], mode, t, p_, emin, emax, maxv, flags, r)
+
+
+@njit(cache=True)
 def _exact_kernel(hi, lo, pos, src, use_mul, include_self, touched):  # pragma: no cover
     for k in range(src.size):
         p = pos[k]
@@ -82,7 +107,9 @@ def _exact_kernel(hi, lo, pos, src, use_mul, include_self, touched):  # pragma: 
             lo[p] = 0.0
 
 
-def _check(out: np.ndarray, pos: np.ndarray, src: np.ndarray) -> None:
+def _check(out: np.ndarray, pos: np.ndarray, src: np.ndarray, spec=None) -> None:
+    if spec is not None and out.dtype != np.float64:
+        raise TypeError(f"accumulate to a format: float64 arrays expected, got {out.dtype}")
     if out.dtype not in (np.float32, np.float64) or src.dtype != out.dtype:
         raise TypeError(f"accumulate: float32/float64 arrays of one dtype expected, got "
                         f"{out.dtype} and {src.dtype}")
@@ -93,13 +120,20 @@ def _check(out: np.ndarray, pos: np.ndarray, src: np.ndarray) -> None:
 
 
 def accumulate(out: np.ndarray, pos: np.ndarray, src: np.ndarray, key: int, mode: int, t: int,
-               *, op: int = ADD, include_self: bool = True) -> np.ndarray:
+               *, op: int = ADD, include_self: bool = True, spec: tuple | None = None
+               ) -> np.ndarray:
     """``out[pos[k]] = RND(out[pos[k]] ∘ src[k])`` for k in increasing order, in place on
     ``out`` (1-D float32/float64; ``pos`` int64; ``src`` of out's dtype), at ``t``
-    significand bits under rounding ``mode``; random bits ``bits64(key, k)``. Returns out."""
-    _check(out, pos, src)
+    significand bits under rounding ``mode``; random bits ``bits64(key, k)``. Returns out.
+    ``spec``: round to that format ((p, emin, emax, maxv, flags) of
+    :meth:`numvar.rounding.Format.spec`, float64 arrays) instead of out's dtype."""
+    _check(out, pos, src, spec)
     touched = np.zeros(out.size if not include_self else 0, dtype=np.bool_)
-    if src.size:
+    if src.size and spec is not None:
+        _accumulate_format_kernel(out, np.ascontiguousarray(pos), np.ascontiguousarray(src),
+                                  np.uint64(key), mode, t, *spec, op == MUL, include_self,
+                                  touched)
+    elif src.size:
         _accumulate_kernel(out, np.ascontiguousarray(pos), np.ascontiguousarray(src),
                            np.uint64(key), mode, t, out.dtype == np.float32, op == MUL,
                            include_self, touched)
@@ -107,11 +141,17 @@ def accumulate(out: np.ndarray, pos: np.ndarray, src: np.ndarray, key: int, mode
 
 
 def accumulate_reference(out: np.ndarray, pos: np.ndarray, src: np.ndarray, key: int, mode: int,
-                         t: int, *, op: int = ADD, include_self: bool = True) -> np.ndarray:
+                         t: int, *, op: int = ADD, include_self: bool = True,
+                         spec: tuple | None = None) -> np.ndarray:
     """Slow, obviously sequential reference of :func:`accumulate` (same order, same bits)."""
-    _check(out, pos, src)
+    _check(out, pos, src, spec)
     is32 = out.dtype == np.float32
-    if op == MUL:
+    if spec is not None:
+        code = K.OP_MUL if op == MUL else K.OP_ADD
+
+        def fn(a, b, mode, t, r):
+            return K.format_binary(code, a, b, mode, t, *spec, r)
+    elif op == MUL:
         fn = K.mul_f32 if is32 else K.mul_f64
     else:
         fn = K.add_f32 if is32 else K.add_f64
@@ -229,8 +269,24 @@ def scatter_accumulate(ctx: Ctx, self: torch.Tensor, pos: torch.Tensor, src: tor
                                   include_self=include_self)
         out = ctx.round(torch.from_numpy(hi), dtype, torch.from_numpy(lo))
         return out.to(self.device).reshape(self.shape)
-    out = _np(self.reshape(-1), kd).copy()
     key = ctx.stream.next_key()
-    accumulate(out, flat_pos, _np(src.reshape(-1), kd), key, ctx.code, ctx.bits(dtype), op=op,
-               include_self=include_self)
-    return _back(out, dtype, self.device).reshape(self.shape)
+    if ctx.target(dtype) is None:
+        out = _np(self.reshape(-1), kd).copy()
+        accumulate(out, flat_pos, _np(src.reshape(-1), kd), key, ctx.code, ctx.bits(dtype),
+                   op=op, include_self=include_self)
+        return _back(out, dtype, self.device).reshape(self.shape)
+    # fuzzy(format=...): the block's accumulation policy (Ctx.accumulation), as flop.py
+    acc = ctx.accumulation(dtype)
+    if acc.spec is not None:
+        out = _np(self.reshape(-1), torch.float64).copy()
+        accumulate(out, flat_pos, _np(src.reshape(-1), torch.float64), key, ctx.code, acc.t,
+                   op=op, include_self=include_self, spec=acc.spec)
+    else:
+        out = _np(self.reshape(-1), acc.kernel_dtype).copy()
+        accumulate(out, flat_pos, _np(src.reshape(-1), acc.kernel_dtype), key, ctx.code,
+                   acc.t, op=op, include_self=include_self)
+    # the result rounded once to the format: the partial sums of accumulate="native", and
+    # the destinations no add reached (copies of self or of a first source); values the
+    # format kernel already rounded are on the grid and stay unchanged
+    out = ctx.round(torch.from_numpy(out).to(torch.float64), dtype)
+    return out.to(self.device).reshape(self.shape)
