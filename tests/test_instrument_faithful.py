@@ -544,18 +544,18 @@ def test_numvar_run_reference_path_and_strict(tmp_path):
 
     (tmp_path / "enc.py").write_text(SCRIPT)
     out = tmp_path / "ieee"
-    assert main(["run", "-n", "1", "--mode", "ieee", "--jobs", "1", "--capture", "api",
+    assert main(["run", "-n", "2", "--mode", "ieee", "--jobs", "1", "--capture", "api",
                  "--out", str(out), "--", "python", str(tmp_path / "enc.py")]) == 0
     s = numvar.runner.load_run(out)
     ref, r = s.reference["y"], s.captures["y"][0]
     assert torch.isfinite(ref).all() and (r - ref).abs().max() <= 2.5e-4  # as above
     out2 = tmp_path / "escape"
-    assert main(["run", "-n", "1", "--jobs", "1", "--capture", "api", "--out", str(out2),
+    assert main(["run", "-n", "2", "--jobs", "1", "--capture", "api", "--out", str(out2),
                  "--", "python", str(tmp_path / "enc.py"), "custom"]) == 0
     rec = RunStore.open(out2).manifest["realizations"][0]
     assert rec["escapes"]["numvar_script.twice.default"]["count"] == 1
     out3 = tmp_path / "strict"
-    code = main(["run", "-n", "1", "--jobs", "1", "--strict", "--capture", "api", "--out",
+    code = main(["run", "-n", "2", "--jobs", "1", "--strict", "--capture", "api", "--out",
                  str(out3), "--", "python", str(tmp_path / "enc.py"), "custom"])
     assert code != 0
     rec = RunStore.open(out3).manifest["realizations"][0]
