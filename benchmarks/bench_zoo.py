@@ -18,7 +18,14 @@ numba's thread counts set alike), in one run. Per model, five numbers:
 
 Floor, contraction, op and flop are ratios to native. The goals of the speed issue are
 checked per row at one thread: flop SR ≤ floor + contraction + 5 and op SR ≤ floor + 2
-(in units of native). Times are the best of ``--repeats`` rounds after a warm-up round
+(in units of native). Two more tables check the other goals of the issue:
+
+- **formats**: a low-precision or float64 entry (``X_bf16``, ``X_fp16``, ``X_f64``) against
+  its binary32 twin ``X``: its flop SR and op SR ratios divided by the twin's, goal ≤ 1.5
+  for bf16/fp16 and ≤ 3 for float64;
+- **threads**: flop SR time at 1 thread ÷ at the largest thread count measured (goal
+  ≥ 1.7 on 2 cores for ``resnet_basic``, ResNet-18's layout, and ``bert``), and whether the
+  flop SR outputs are bitwise identical across the thread counts. Times are the best of ``--repeats`` rounds after a warm-up round
 (numba compilation, recorded decompositions); rounds interleave the variants so that a
 load spike on a shared machine hits them alike.
 
@@ -93,6 +100,29 @@ def _variants(built: zoo.Built) -> dict:
         with fuzzy(mode="sr", granularity="flop", seed=0):
             model(*x)
     return dict(zip(VARIANTS, (native, floor, op, flop)))
+
+
+def flop_output_digest(built: zoo.Built) -> str:
+    """SHA-256 of the flop SR forward's output bits (seed 0): equal across thread counts."""
+    import hashlib
+
+    with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
+        out = built.model.eval()(*built.inputs)
+    h = hashlib.sha256()
+    for t in _flat(out):
+        h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes() if t.numel()
+                 else b"")
+    return h.hexdigest()
+
+
+def _flat(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _flat(o)]
+    return []
 
 
 def measure(built: zoo.Built, repeats: int) -> dict[str, float]:
@@ -170,7 +200,63 @@ def render(rows, rates, args, machine) -> str:
             fg = og = "—"
         lines.append(f"| {r['model']} | {r['threads']} | {nat * 1e3:.2f} | {fl:.1f}× | "
                      f"{ct:.1f}× | {op:.1f}× | {fp:.1f}× | {fg} | {og} |")
+    lines += _format_rows(rows) + _thread_rows(rows)
     return "\n".join(lines) + "\n"
+
+
+#: suffix of a zoo entry -> (what it is, goal on its ratios ÷ its binary32 twin's)
+TWIN_GOALS = {"_bf16": ("bfloat16", 1.5), "_fp16": ("float16", 1.5), "_f64": ("float64", 3.0)}
+#: models whose flop SR must speed up ≥ THREAD_GOAL from 1 to 2 threads
+THREAD_MODELS, THREAD_GOAL = ("resnet_basic", "bert"), 1.7
+
+
+def _ratios(r) -> tuple[float, float]:
+    return r["flop SR"] / r["native"], r["op SR"] / r["native"]
+
+
+def _format_rows(rows) -> list[str]:
+    one = {r["model"]: r for r in rows if r["threads"] == 1 and "error" not in r}
+    out = []
+    for name, r in one.items():
+        for suffix, (what, goal) in TWIN_GOALS.items():
+            twin = one.get(name[: -len(suffix)]) if name.endswith(suffix) else None
+            if twin is None:
+                continue
+            (f, o), (tf, to) = _ratios(r), _ratios(twin)
+            ok = "✓" if max(f / tf, o / to) <= goal else f"✗ (> {goal})"
+            out.append(f"| {name} | {what} | {f:.1f}× | {tf:.1f}× | {f / tf:.2f} | "
+                       f"{o:.1f}× | {to:.1f}× | {o / to:.2f} | {ok} |")
+    if not out:
+        return []
+    return ["", "**Formats** (one thread): each entry's ratios ÷ its binary32 twin's; goal ≤ 1.5 "
+            "for bfloat16/float16, ≤ 3 for float64.", "",
+            "| model | format | flop SR | twin flop SR | ÷ | op SR | twin op SR | ÷ | goal |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|", *out]
+
+
+def _thread_rows(rows) -> list[str]:
+    by = {}
+    for r in rows:
+        if "error" not in r:
+            by.setdefault(r["model"], {})[r["threads"]] = r
+    out = []
+    for name, rs in by.items():
+        if 1 not in rs or len(rs) < 2:
+            continue
+        top = max(rs)
+        speed = rs[1]["flop SR"] / rs[top]["flop SR"]
+        same = "yes" if len({x.get("digest") for x in rs.values()}) == 1 else "**no**"
+        goal = ("✓" if speed >= THREAD_GOAL else f"✗ (< {THREAD_GOAL})") \
+            if name in THREAD_MODELS and top == 2 else "—"
+        out.append(f"| {name} | {top} | {rs[1]['native'] / rs[top]['native']:.2f} | "
+                   f"{speed:.2f} | {same} | {goal} |")
+    if not out:
+        return []
+    return ["", "**Threads**: speed-up from 1 thread to the most measured (time at 1 ÷ time "
+            f"at n), native and flop SR; flop SR outputs bitwise identical across thread counts; "
+            f"goal ≥ {THREAD_GOAL} on 2 threads for {' and '.join(THREAD_MODELS)}.", "",
+            "| model | n threads | native speed-up | flop SR speed-up | same bits | goal |",
+            "|---|---:|---:|---:|---|---|", *out]
 
 
 def write_results(section: str, path: Path) -> None:
@@ -225,7 +311,8 @@ def main(argv=None) -> None:
                 rows.append({"model": n, "threads": t, "error": f"{type(e).__name__}: {e}"[:60]})
                 continue
             ctime = contraction_time(terms[n], rates[t])
-            rows.append({"model": n, "threads": t, **best, "contraction": ctime})
+            rows.append({"model": n, "threads": t, **best, "contraction": ctime,
+                         "digest": flop_output_digest(built[n])})
             nat = best["native"]
             print(f"  {n:22s} native {nat * 1e3:8.2f} ms  floor {best['floor'] / nat:5.1f}x  "
                   f"contraction {ctime / nat:5.1f}x  op {best['op SR'] / nat:5.1f}x  "
