@@ -42,7 +42,7 @@ except ImportError:
 _NO_HF = pytest.mark.skipif(not HAS_TRANSFORMERS,
                             reason="transformers is not installed (pip install numvar[test])")
 
-BF16 = {name for name in zoo.ZOO if name.endswith("_bf16")}
+BF16 = {name for name in zoo.ZOO if name.endswith(("_bf16", "_fp16"))}  # forward only
 CASES = [pytest.param(name, regime, id=f"{name}-{regime}",
                       marks=[_NO_HF] if zoo.ZOO[name].needs == "transformers" else [])
          for name in zoo.ZOO for regime in zoo.REGIMES

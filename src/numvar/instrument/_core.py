@@ -18,6 +18,9 @@ from .kernels import launch
 #: (p, emin, emax) of the formats whose rounding has a numba carrier of their own dtype
 _LEAN = {torch.float32: (24, -126, 127), torch.float64: (53, -1022, 1023)}
 
+#: (p, emin, emax) of bfloat16 and float16: their roundings take a binary32 carrier
+_NARROW = {torch.bfloat16: (8, -126, 127), torch.float16: (11, -14, 15)}
+
 #: significand bits of each float format (the implicit bit included)
 NATIVE_BITS = {torch.float32: 24, torch.float64: 53, torch.bfloat16: 8, torch.float16: 11}
 FLOATS = frozenset(NATIVE_BITS)
@@ -252,6 +255,9 @@ class Ctx:
         (same arithmetic, same key, same bits as numvar.rounding.round: tested bit for
         bit); everything else goes through numvar.rounding.round.
         """
+        if (lo is None and dtype in _NARROW and hi.dtype in _LEAN and self._numba
+                and hi.is_cpu and self.target(dtype) is None):
+            return self._round_narrow(hi, dtype)
         if hi.dtype is not torch.float64:
             hi = hi.to(torch.float64)
         f = self.target(dtype)
@@ -276,6 +282,24 @@ class Ctx:
             return out
         return launch(hi.numel(), R.round, hi, lo, dtype=dtype, mode=self.mode,
                       stream=self.stream, precision=self.prec(dtype), backend=self.backend)
+
+    def _round_narrow(self, hi: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """:meth:`round` of a binary32 or binary64 CPU tensor to bfloat16 or float16: the
+        rounding core's kernel (``k_round``) reads ``hi`` in its own dtype (a binary32
+        value widens to float64 exactly inside the kernel: no float64 copy of a binary32
+        contraction result), writes the rounded values into a binary32 carrier (exact:
+        binary32 holds every bfloat16 and float16 value) and the carrier is cast (exact).
+        Same key, same arithmetic, same bits as ``numvar.rounding.round``."""
+        p, emin, emax = _NARROW[dtype]
+        key = self.stream.next_key()
+        hi = hi.detach().contiguous()
+        buf = _empty(hi.shape, hi, torch.float32)
+        n = buf.numel()
+        if n:
+            h = hi.view(-1).numpy()
+            launch(n, RK.k_round, h, h[:0], buf.view(-1).numpy(), False, p, emin, emax,
+                   self.code, self.bits(dtype), np.uint64(key))
+        return buf.to(dtype)
 
 
 _FULL, _ONE = (0, 0, 1), (0, 0, 0)  # strides of a contiguous operand and of a single value

@@ -377,9 +377,10 @@ def _wavlm(size):
     return _hf("wavlm", config, WavLMModel, inputs)(size)
 
 
-def _bf16(name, base):
+def _lowp(name, base, dtype=torch.bfloat16):
+    """Entry ``base`` with its model and float inputs in ``dtype`` (bfloat16, float16)."""
     def build(size):
-        b = base(size).to(torch.bfloat16)
+        b = base(size).to(dtype)
         b.name = name
         return b
     return build
@@ -416,9 +417,11 @@ _ENTRIES = [
           "transformers"),
     Entry("wavlm", "transformers WavLMModel, conv feature encoder, group norm, weight norm",
           _wavlm, "transformers"),
-    Entry("resnet_basic_bf16", "resnet_basic in bfloat16", _bf16("resnet_basic_bf16",
+    Entry("resnet_basic_bf16", "resnet_basic in bfloat16", _lowp("resnet_basic_bf16",
                                                                    _resnet_basic)),
-    Entry("bert_bf16", "bert in bfloat16", _bf16("bert_bf16", _bert), "transformers"),
+    Entry("bert_bf16", "bert in bfloat16", _lowp("bert_bf16", _bert), "transformers"),
+    Entry("resnet_basic_fp16", "resnet_basic in float16", _lowp("resnet_basic_fp16",
+                                                                  _resnet_basic, torch.float16)),
 ]
 #: name -> :class:`Entry`, in the order of the table
 ZOO: dict[str, Entry] = {e.name: e for e in _ENTRIES}
