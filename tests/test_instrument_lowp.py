@@ -140,3 +140,23 @@ def test_round_to_narrow_is_the_rounding_core(dtype, mode, carrier):
         assert got.dtype is dtype and got.shape == hi.shape
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
         assert ctx.stream.next_key() == ref.next_key()  # one key each
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+@pytest.mark.parametrize("mode", ("sr", "ud", "down"))
+def test_binary_narrow_is_the_rounding_core(dtype, mode):
+    """Ctx.add/sub/mul/div of bfloat16/float16 CPU tensors (the short path, broadcast
+    operands included) equals numvar.rounding's add/sub/mul/div with the same key, bit
+    for bit, a virtual precision too."""
+    rng = np.random.default_rng(5)
+    a = _hi(rng, 600, dtype).to(dtype).reshape(20, 30)
+    b = _hi(np.random.default_rng(6), 600, dtype).to(dtype).reshape(20, 30)
+    for precision in (None, 6):
+        for name, y in (("add", b), ("sub", b[:, :1]), ("mul", b[:1]), ("div", b.t()[:1, :20].t())):
+            ctx = Ctx(mode=mode, granularity="flop", precision=precision, stream=R.Stream(7))
+            ref = R.Stream(7)
+            got = getattr(ctx, name)(a, y)
+            want = getattr(R, name)(a, y, mode=mode, stream=ref, precision=ctx.prec(dtype))
+            assert got.dtype is dtype and got.shape == want.shape
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), name
+            assert ctx.stream.next_key() == ref.next_key()

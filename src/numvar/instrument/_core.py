@@ -178,6 +178,8 @@ class Ctx:
                     # tensors of one dtype on the CPU: operands() would return them as they are
                     if self._numba and a.dtype in _LEAN:
                         return self._binary(op, a, b)
+                    if self._numba and a.dtype in _NARROW:
+                        return self._binary_narrow(op, a, b)
                     return self._api(api, a, b)
             elif self._scalar32(a, b):
                 return self._binary_scalar(op, a, b, True)
@@ -282,6 +284,24 @@ class Ctx:
             return out
         return launch(hi.numel(), R.round, hi, lo, dtype=dtype, mode=self.mode,
                       stream=self.stream, precision=self.prec(dtype), backend=self.backend)
+
+    def _binary_narrow(self, op: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``a op b`` for bfloat16 or float16 CPU tensors of one dtype, rounded once: the
+        rounding core's kernel (``k_binary``) on binary32 carriers, as
+        ``numvar.rounding.add`` & co run it (same key, same bits), without their
+        per-call type promotion and checks."""
+        p, emin, emax = _NARROW[a.dtype]
+        key = self.stream.next_key()
+        if a.shape != b.shape:
+            a, b = torch.broadcast_tensors(a, b)
+        out = torch.empty(a.shape, dtype=torch.float32)
+        n = out.numel()
+        if n:
+            an = a.detach().to(torch.float32).contiguous().view(-1).numpy()
+            bn = b.detach().to(torch.float32).contiguous().view(-1).numpy()
+            launch(n, RK.k_binary, op, an, bn, out.view(-1).numpy(), p, emin, emax,
+                   self.code, self.bits(a.dtype), np.uint64(key))
+        return out.to(a.dtype)
 
     def _round_narrow(self, hi: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """:meth:`round` of a binary32 or binary64 CPU tensor to bfloat16 or float16: the
