@@ -57,14 +57,26 @@ formulas ``RND`` is one rounding of numvar's core; ``B`` is the batch.
 
 Slow references (plain Python loops, same order, same random bits) are in
 ``tests/test_instrument_linalg.py``.
+
+Binary32 at 24 bits on the CPU (numba backend), LU and the triangular solves run in the
+compiled kernels of :mod:`numvar.instrument.linalg_kernels`: the same
+calls, keys, element indices and arithmetic in one kernel call instead of O(n) tensor
+ops. With :data:`USE_KERNELS` false every case takes the tensor implementation (the
+kernels' reference in the tests).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import flop
+from . import linalg_kernels as LK
 from ._core import Ctx
+
+#: binary32 LU and triangular solves in the compiled kernels (False: the tensor
+#: implementation everywhere, the kernels' reference in the tests)
+USE_KERNELS = True
 
 #: sweeps after which the Jacobi methods stop even if some pair is above the threshold
 MAX_SWEEPS = 40
@@ -81,6 +93,15 @@ def _sel(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tens
     return torch.where(m, new, old)
 
 
+def _in_layout(like: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``values`` (contiguous) with the strides of ``like`` (the clone that the tensor
+    implementation fills in place): ``values`` itself when the strides agree, else a
+    clone of ``like`` holding them."""
+    if like.stride() == values.stride():
+        return values
+    return like.clone().copy_(values)
+
+
 # ------------------------------------------------------------------------------- LU
 def lu_factor(ctx: Ctx, A: torch.Tensor):
     """(LU, pivots (int32, 1-based), info (int32)) of A (..., m, n): module docstring."""
@@ -89,6 +110,15 @@ def lu_factor(ctx: Ctx, A: torch.Tensor):
     k = min(m, n)
     piv = torch.zeros(B, k, dtype=torch.int32)
     info = torch.zeros(B, dtype=torch.int32)
+    if k and USE_KERNELS and LK.serves(ctx, W):
+        j = np.arange(k)
+        update = (j + 1 < m) & (j + 1 < n)
+        kd, km, ks = LK.keys(ctx, j + 1 < m, update, update)
+        Wc = W.detach().contiguous()
+        LK.lu32(LK.flat32(Wc), B, m, n, piv.view(-1).numpy(), info.numpy(), kd, km, ks,
+                ctx.code)
+        W = _in_layout(W, Wc)  # W: the clone of _batch
+        return W.reshape(*lead, m, n), piv.reshape(*lead, k), info.reshape(lead)
     rows = torch.arange(B)
     for j in range(k):
         p = j + torch.argmax(W[:, j:, j].abs(), dim=1)
@@ -111,8 +141,15 @@ def lu_factor(ctx: Ctx, A: torch.Tensor):
 
 def trsm(ctx: Ctx, T: torch.Tensor, X: torch.Tensor, *, upper: bool, unit: bool = False):
     """Solve ``T·Y = X`` for triangular T (B, n, n), X (B, n, r): module docstring."""
-    Y = X.clone()
     n = T.shape[-1]
+    if n and USE_KERNELS and LK.serves(ctx, T, X):
+        rest = np.arange(1, n + 1) < n  # step s has rows below (above) j
+        kd, km, ks = LK.keys(ctx, np.full(n, not unit), rest, rest)
+        Y = X.detach().clone(memory_format=torch.contiguous_format)
+        LK.trsm32(LK.flat32(T), LK.flat32(Y), Y.shape[0], n,
+                  Y.shape[2], upper, unit, kd, km, ks, ctx.code)
+        return _in_layout(X, Y)
+    Y = X.clone()
     order = range(n - 1, -1, -1) if upper else range(n)
     for j in order:
         if not unit:
@@ -125,15 +162,15 @@ def trsm(ctx: Ctx, T: torch.Tensor, X: torch.Tensor, *, upper: bool, unit: bool 
 
 
 def _swap_rows(X: torch.Tensor, piv: torch.Tensor, reverse: bool) -> torch.Tensor:
-    X = X.clone()
-    rows = torch.arange(X.shape[0])
-    k = piv.shape[-1]
-    for j in (range(k - 1, -1, -1) if reverse else range(k)):
-        p = piv[:, j].long() - 1
-        xj, xp = X[rows, j].clone(), X[rows, p].clone()
-        X[rows, p] = xj
-        X[rows, j] = xp
-    return X
+    """X (B, n, r) with rows j and piv[:, j] − 1 swapped for j = 0..k−1 (k−1..0 when
+    ``reverse``): exact data movement, one gather (the permutation computed by
+    :func:`numvar.instrument.linalg_kernels.pivot_perm`); X's strides kept."""
+    if not X.numel():
+        return X.clone()
+    p32 = piv.detach().to("cpu", torch.int32).contiguous().numpy()
+    perm = torch.from_numpy(LK.pivot_perm(p32, X.shape[1], reverse)).to(X.device)
+    out = torch.gather(X, 1, perm.unsqueeze(2).expand(X.shape))
+    return _in_layout(X, out)
 
 
 def _broadcast_batch(*ts: torch.Tensor):

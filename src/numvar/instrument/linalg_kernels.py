@@ -1,0 +1,207 @@
+"""numba kernels of the binary32 LU factorisation and triangular solves at flop
+granularity (:mod:`numvar.instrument.linalg`).
+
+The tensor implementation in :mod:`numvar.instrument.linalg` makes O(n) vectorised
+rounding calls (a division, a multiplication and a subtraction per column), each a
+tensor op with its own allocation and call overhead: for n = 64 the calls, not the
+arithmetic, took 98 % of ``torch.linalg.solve`` (docs/speed.md). These kernels run the
+same column loop in one compiled call with the same arithmetic: the keys the tensor
+implementation would draw are drawn beforehand, in the same order, and passed in; each
+element of a call with key ``k`` and C-order index ``l`` in its (batch, rows, columns)
+result is rounded by the same tile functions as :func:`numvar.instrument.pointwise.binary32`
+(:func:`numvar.instrument.pointwise._tile`, then ``_slow`` where the fast path declines)
+with ``bits64(k, l)``. Hence the same bits for the same seed, which the tests check
+against the tensor implementation and the element-by-element references.
+
+They serve binary32 tensors at 24 bits on the CPU with the numba backend (the case where
+``Ctx.div``/``mul``/``sub`` call ``pointwise.binary32``); every other case keeps the
+tensor implementation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from numvar.rounding import kernels as K
+
+from . import pointwise as PW
+
+_DIV, _MUL, _SUB = K.OP_DIV, K.OP_MUL, K.OP_SUB
+
+
+@njit(inline="always", error_model="numpy")
+def round_into(op, a, b, o, ukey, l0, mode):
+    """``o[j] = RND(a[j] op b[j])`` with ``bits64(key, l0 + j)``: pointwise.binary32's
+    arithmetic on one tile (``o`` must not alias ``a`` or ``b``)."""
+    if PW._tile(op, a, b, o, ukey, l0, mode):
+        PW._slow(op, a, b, o, ukey, l0, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def lu32(W, B, m, n, piv, info, kdiv, kmul, ksub, mode):  # pragma: no cover - compiled
+    """Right-looking LU with partial pivoting of W (B, m, n) float32 (flat C order), in
+    place; ``piv`` (B·k,) int32 (1-based), ``info`` (B,) int32 zeros. Column j uses the
+    keys ``kdiv[j]`` (l_i = a_ij / a_jj, index ``b·L + i−j−1``, L = m−j−1),
+    ``kmul[j]`` and ``ksub[j]`` (a_ik − l_i·a_jk, index ``(b·L + i−j−1)·N + k−j−1``,
+    N = n−j−1)."""
+    k = min(m, n)
+    w = max(m, n)
+    ww = max((m - 1) * (n - 1), w)
+    bufa = np.empty(ww, np.float32)
+    bufb = np.empty(ww, np.float32)
+    bufc = np.empty(ww, np.float32)
+    prod = np.empty(ww, np.float32)
+    res = np.empty(ww, np.float32)
+    for b in range(B):
+        base = b * m * n
+        for j in range(k):
+            # pivot: torch.argmax of |a_ij|, i >= j (the first maximum; a NaN wins, the first)
+            p = j
+            best = abs(W[base + j * n + j])
+            if not np.isnan(best):
+                for i in range(j + 1, m):
+                    v = abs(W[base + i * n + j])
+                    if np.isnan(v):
+                        p = i
+                        break
+                    if v > best:
+                        best = v
+                        p = i
+            piv[b * k + j] = p + 1
+            if p != j:
+                for c in range(n):
+                    t = W[base + j * n + c]
+                    W[base + j * n + c] = W[base + p * n + c]
+                    W[base + p * n + c] = t
+            pivot = W[base + j * n + j]
+            zero = pivot == 0
+            if zero and info[b] == 0:
+                info[b] = j + 1
+            L = m - j - 1
+            if L <= 0:
+                continue
+            for i in range(L):
+                bufa[i] = W[base + (j + 1 + i) * n + j]
+                bufb[i] = pivot
+            round_into(_DIV, bufa[:L], bufb[:L], res[:L], np.uint64(kdiv[j]), b * L, mode)
+            if not zero:
+                for i in range(L):
+                    W[base + (j + 1 + i) * n + j] = res[i]
+            N = n - j - 1
+            if N <= 0:
+                continue
+            # the trailing (L, N) block in one call each: l_i·a_jk, then a_ik − that
+            u0 = base + j * n + j + 1
+            for i in range(L):
+                r0 = base + (j + 1 + i) * n + j + 1
+                li = W[r0 - 1]
+                for c in range(N):
+                    bufa[i * N + c] = li
+                    bufb[i * N + c] = W[u0 + c]
+                    bufc[i * N + c] = W[r0 + c]
+            w = L * N
+            round_into(_MUL, bufa[:w], bufb[:w], prod[:w], np.uint64(kmul[j]), b * w, mode)
+            round_into(_SUB, bufc[:w], prod[:w], res[:w], np.uint64(ksub[j]), b * w, mode)
+            for i in range(L):
+                r0 = base + (j + 1 + i) * n + j + 1
+                for c in range(N):
+                    W[r0 + c] = res[i * N + c]
+
+
+@njit(cache=True, error_model="numpy")
+def trsm32(T, Y, B, n, r, upper, unit, kdiv, kmul, ksub, mode):  # pragma: no cover
+    """Column-oriented substitution ``T·X = Y`` for triangular T (B, n, n), Y (B, n, r)
+    float32 (flat C order), Y overwritten by X. Step s (j = n−1−s when ``upper``, else
+    s) uses the keys ``kdiv[s]`` (x_j = y_j / t_jj, index ``b·r + c``; unless ``unit``),
+    ``kmul[s]`` and ``ksub[s]`` (y_i − t_ij·x_j over the R rows i below (above) j, index
+    ``(b·R + i')·r + c``)."""
+    w = max(n - 1, 1) * r
+    bufa = np.empty(w, np.float32)
+    bufb = np.empty(w, np.float32)
+    prod = np.empty(w, np.float32)
+    res = np.empty(w, np.float32)
+    for b in range(B):
+        tb = b * n * n
+        yb = b * n * r
+        for s in range(n):
+            j = n - 1 - s if upper else s
+            yj = Y[yb + j * r:yb + (j + 1) * r]
+            if not unit:
+                bufa[:r] = T[tb + j * n + j]
+                round_into(_DIV, yj, bufa[:r], res[:r], np.uint64(kdiv[s]), b * r, mode)
+                yj[:] = res[:r]
+            R = j if upper else n - j - 1
+            if R == 0:
+                continue
+            i0 = 0 if upper else j + 1
+            # the R rows i0.. of the update in one call each (contiguous in Y)
+            for ii in range(R):
+                tij = T[tb + (i0 + ii) * n + j]
+                for c in range(r):
+                    bufa[ii * r + c] = tij
+                    bufb[ii * r + c] = yj[c]
+            w = R * r
+            round_into(_MUL, bufa[:w], bufb[:w], prod[:w], np.uint64(kmul[s]), b * w, mode)
+            blk = Y[yb + i0 * r:yb + (i0 + R) * r]
+            round_into(_SUB, blk, prod[:w], res[:w], np.uint64(ksub[s]), b * w, mode)
+            blk[:] = res[:w]
+
+
+@njit(cache=True)
+def pivot_perm(piv, n, reverse):  # pragma: no cover - compiled
+    """The row permutation (B, n) int64 that LAPACK pivots ``piv`` (B, k) int32 (1-based)
+    apply: rows j and piv[b, j] − 1 swapped for j = 0..k−1 (k−1..0 when ``reverse``);
+    row i of the result is row ``perm[b, i]`` of the input."""
+    B, k = piv.shape
+    perm = np.empty((B, n), np.int64)
+    for b in range(B):
+        for i in range(n):
+            perm[b, i] = i
+        for s in range(k):
+            j = k - 1 - s if reverse else s
+            p = piv[b, j] - 1
+            t = perm[b, j]
+            perm[b, j] = perm[b, p]
+            perm[b, p] = t
+    return perm
+
+
+def stream_keys(stream, flags: np.ndarray) -> np.ndarray:
+    """The keys ``stream.next_key()`` would return for the set entries of ``flags``
+    (steps × calls, bool), drawn in C order, 0 elsewhere; the stream advanced past them.
+    ``next_key`` at counter c is ``bits64(base, c)`` (numvar.rounding._stream)."""
+    flags = np.ascontiguousarray(flags, bool)
+    n = int(flags.sum())
+    c = np.arange(stream.counter + 1, stream.counter + 1 + n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np.uint64(stream._base) + c * np.uint64(K.GAMMA)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(K.MIX1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(K.MIX2)
+    z ^= z >> np.uint64(31)
+    stream.counter += n
+    out = np.zeros(flags.shape, np.uint64)
+    out[flags] = z
+    return out
+
+
+# ------------------------------------------------------------------ callers' helpers
+def serves(ctx, *ts: torch.Tensor) -> bool:
+    """Whether the kernels of this module and of :mod:`numvar.instrument.fft_kernels`
+    reproduce ``ctx``'s elementwise roundings of these operands: binary32 CPU tensors
+    whose ``Ctx.add``/``sub``/``mul``/``div`` take ``pointwise.binary32`` (24 bits, numba
+    backend, no other target format), none empty."""
+    return (ctx._t32 and ctx._numba and ctx.target(torch.float32) is None
+            and all(t.dtype is torch.float32 and t.is_cpu and t.numel() for t in ts))
+
+
+def flat32(t: torch.Tensor) -> np.ndarray:
+    """The C-order values of a binary32 CPU tensor as a 1-D array (a view when contiguous)."""
+    return t.detach().contiguous().view(-1).numpy()
+
+
+def keys(ctx, *flags: np.ndarray) -> np.ndarray:
+    """(calls, steps) keys of ``ctx.stream``, drawn in a tensor implementation's order:
+    at step s, one key for each call c with ``flags[c][s]`` set (0 elsewhere)."""
+    return np.ascontiguousarray(stream_keys(ctx.stream, np.stack(flags, 1)).T)

@@ -1,0 +1,92 @@
+"""The compiled binary32 kernels of the flop linear algebra and FFT
+(numvar.instrument.linalg_kernels, fft_kernels) against their tensor implementations
+(the modules' USE_KERNELS off) bit for bit, every rounding mode (the fast tiles and the scalar path of up/down), pivot ties,
+zero and NaN pivots, rectangular and batched inputs, non-contiguous operands, and the
+stream position after the call (the same number of keys drawn)."""
+
+import pytest
+import torch
+
+import numvar.rounding as R
+from numvar.instrument import linalg as LA
+from numvar.instrument._core import Ctx
+
+from _bitwise import same
+
+
+def _pair(fn, mode, seed=3, module=LA):
+    """fn(ctx) with the kernels and with the tensor implementation: both results and the
+    streams' counters after the call."""
+    out = []
+    for use in (True, False):
+        module.USE_KERNELS = use
+        try:
+            ctx = Ctx(mode, "flop", None, R.Stream(seed))
+            out.append((fn(ctx), ctx.stream.counter))
+        finally:
+            module.USE_KERNELS = True
+    return out
+
+
+def _rand(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g)
+
+
+@pytest.mark.parametrize("mode", ["sr", "ud", "ieee", "random", "up"])
+def test_lu_and_solves_match_tensor_implementation(mode):
+    A = _rand(3, 5, 5, seed=1)
+    A[1, :, 0] = 0.0  # zero pivot: info set, column left unscaled
+    A[2, 3, 0] = A[2, 1, 0] = 9.0  # a tie: the first maximum is the pivot
+    Bm = _rand(3, 5, 2, seed=2)
+    cases = [
+        lambda c: LA.lu_factor(c, A),
+        lambda c: LA.lu_factor(c, _rand(2, 4, 6, seed=4)),  # wide
+        lambda c: LA.lu_factor(c, _rand(2, 6, 3, seed=5).mT.mT[:, :, :3]),  # tall
+        lambda c: LA.lu_factor(c, _rand(2, 4, 4, seed=6).mT),  # non-contiguous
+        lambda c: LA.solve(c, A[[0, 2]], Bm[[0, 2]]),
+        lambda c: LA.solve(c, A[0], Bm[0, :, 0]),  # a vector right-hand side
+        lambda c: LA.lu_solve(c, *LA.lu_factor(c, A)[:2], Bm, adjoint=True),
+        lambda c: LA.lu_solve(c, *LA.lu_factor(c, A)[:2], Bm.mT, left=False),
+        lambda c: LA.inv(c, A[2]),
+        lambda c: LA.solve_triangular(c, torch.triu(A[0]) + 3 * torch.eye(5), Bm[0], upper=True),
+        lambda c: LA.solve_triangular(c, torch.tril(A[2]), Bm[2], upper=False,
+                                      unitriangular=True),
+    ]
+    for fn in cases:
+        (fast, nf), (slow, ns) = _pair(fn, mode)
+        assert same(fast, slow) and nf == ns
+
+
+def test_nan_pivot_matches_tensor_implementation():
+    A = _rand(2, 4, 4, seed=7)
+    A[0, 2, 0] = float("nan")  # torch.argmax picks the NaN
+    A[1, 1, 1] = float("nan")
+    (fast, _), (slow, _) = _pair(lambda c: LA.lu_factor(c, A), "sr")
+    assert same(fast, slow)
+
+
+def test_stream_keys_are_next_key():
+    import numpy as np
+
+    from numvar.instrument.linalg_kernels import stream_keys
+
+    s, ref = R.Stream(11), R.Stream(11)
+    ref.next_key()
+    s.next_key()
+    flags = np.array([[True, False, True], [False, True, True]])
+    keys = stream_keys(s, flags)
+    want = [[ref.next_key(), 0, ref.next_key()], [0, ref.next_key(), ref.next_key()]]
+    assert keys.tolist() == want and s.counter == ref.counter
+
+
+@pytest.mark.parametrize("mode", ["sr", "ud", "up"])
+def test_radix2_matches_tensor_implementation(mode):
+    from numvar.instrument import fft as FT
+
+    for n in (2, 8, 32, 70):  # 70: Bluestein, radix-2 of length 256 inside
+        re, im = _rand(3, n, seed=n), _rand(3, n, seed=n + 1)
+        for sign in (-1, 1):
+            (fast, nf), (slow, ns) = _pair(lambda c: FT.c2c_parts(c, re, im, sign), mode,
+                                           module=FT)
+            assert same(fast, slow) and nf == ns
