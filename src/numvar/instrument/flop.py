@@ -63,6 +63,7 @@ _log = logging.getLogger(__name__)
 FLOP_BACKEND_ENV = "NUMVAR_FLOP_BACKEND"
 FLOP_BACKENDS = ("auto", "numba", "triton")
 _triton_missing_logged = False
+_environ = os.environ
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,7 +89,10 @@ def flop_backend(device: torch.device) -> str:
     where it cannot run, raises :class:`numvar.errors.ConfigError`.
     """
     global _triton_missing_logged
-    v = os.environ.get(FLOP_BACKEND_ENV, "").strip().lower() or "auto"
+    raw = _environ.get(FLOP_BACKEND_ENV)
+    if not raw and device.type == "cpu":  # the common case, answered first (per op)
+        return "numba"
+    v = (raw or "").strip().lower() or "auto"
     if v not in FLOP_BACKENDS:
         raise ConfigError(f"{FLOP_BACKEND_ENV} must be one of {', '.join(FLOP_BACKENDS)}; "
                           f"got {v!r}")
