@@ -53,7 +53,13 @@ def is_complex(x) -> bool:
 
 def any_complex(*xs) -> bool:
     """Some operand is a complex64/complex128 tensor or a Python complex number."""
-    return any(is_complex(x) for x in xs)
+    for x in xs:  # a loop, not any(generator): asked for every arithmetic op
+        if isinstance(x, torch.Tensor):
+            if x.dtype in COMPLEX:
+                return True
+        elif isinstance(x, complex):
+            return True
+    return False
 
 
 def result_dtype(*xs) -> torch.dtype:
