@@ -90,3 +90,32 @@ def test_radix2_matches_tensor_implementation(mode):
             (fast, nf), (slow, ns) = _pair(lambda c: FT.c2c_parts(c, re, im, sign), mode,
                                            module=FT)
             assert same(fast, slow) and nf == ns
+
+
+@pytest.mark.parametrize("mode", ["sr", "ud", "random", "up"])
+def test_rowscan_matches_column_scan(mode):
+    """flop.reduce / flop.scan over the last dim of fewer than ROW_M_MIN rows
+    (scan_kernels.rowscan32) against kernels.scan on the transposed rows, bit for bit;
+    rows mixing magnitudes (inexact float64 sums: the scalar fallback), zeros and
+    infinities."""
+    import numpy as np
+
+    from numvar.instrument import flop
+    from numvar.instrument import kernels as KN
+
+    x = _rand(3, 300, seed=9)
+    x[0, ::7] *= 2.0 ** 40
+    x[1, 5] = 0.0
+    x[2, 100] = float("inf")
+    code = R.kernels.mode_code(mode)
+    for mul in (False, True):
+        xs = x.abs() ** 0.01 if mul else x  # products near 1: no overflow
+        for cumulative in (False, True):
+            ctx = Ctx(mode, "flop", None, R.Stream(5))
+            got = (flop.scan(xs, 1, ctx, mul=mul) if cumulative
+                   else flop.reduce(xs, [1], ctx, mul=mul))
+            key = R.Stream(5).next_key()
+            ref = KN.scan(np.ascontiguousarray(xs.numpy().T), key, code, 24, mul=mul,
+                          cumulative=cumulative)
+            want = torch.from_numpy(ref.T.copy()) if cumulative else torch.from_numpy(ref[0])
+            assert same(got, want) and ctx.stream.counter == 1

@@ -48,6 +48,7 @@ import math
 import os
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -55,6 +56,7 @@ from ..errors import ConfigError
 from ..rounding.kernels import MODE_RANDOM
 from . import kernels as KN
 from . import pointwise as PW
+from . import scan_kernels as SK
 from ._core import Ctx
 
 _log = logging.getLogger(__name__)
@@ -382,13 +384,19 @@ def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool =
         res = torch.full(out_shape, 1.0 if mul else 0.0, dtype=dtype, device=x.device)
     elif k == 1:
         res = x.reshape(out_shape).clone()
-    elif (dtype is torch.float32 and ctx._t32 and x.is_cpu and m >= PW.ROW_M_MIN
-          and k <= PW.ROW_K_MAX and dims[0] == x.dim() - len(dims) and x.is_contiguous()
-          and flop_backend(x.device) == "numba"):
+    elif (dtype is torch.float32 and ctx._t32 and x.is_cpu and dims[0] == x.dim() - len(dims)
+          and x.is_contiguous() and flop_backend(x.device) == "numba"
+          and (m < PW.ROW_M_MIN or k <= PW.ROW_K_MAX)):
         # trailing dims of a contiguous tensor: the rows of x viewed as (m, k), without
-        # the transposed copy (same order and bits as the scan below)
+        # the transposed copy (same order and bits as the scan below); a few rows are
+        # walked one by one (rowscan32), many in blocks (rowsum32)
         key = ctx.stream.next_key()
-        arr = PW.rowsum32(PW.array(x).reshape(m, k), key, ctx.code, mul=mul)
+        rows = PW.array(x).reshape(m, k)
+        if m < PW.ROW_M_MIN:
+            arr = np.empty((m, 1), np.float32)
+            SK.rowscan32(rows, arr, np.uint64(key), ctx.code, mul, False)
+        else:
+            arr = PW.rowsum32(rows, key, ctx.code, mul=mul)
         res = torch.from_numpy(arr).reshape(out_shape)
     else:
         xp = x.permute(*dims, *kept).reshape(k, m)
@@ -408,6 +416,16 @@ def scan(x: torch.Tensor, dim: int, ctx: Ctx, *, mul: bool = False,
     k = x.shape[d]
     if k <= 1 or x.numel() == 0:
         return x.clone()
+    if (d == x.dim() - 1 and dtype is torch.float32 and ctx._t32 and x.is_cpu
+            and x.numel() // k < PW.ROW_M_MIN and x.is_contiguous()
+            and flop_backend(x.device) == "numba"):
+        # a few contiguous rows along the last dim: each walked in place (rowscan32;
+        # the order and bits of the (K, M) scan below)
+        key = ctx.stream.next_key()
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        SK.rowscan32(PW.array(x).reshape(-1, k), PW.array(out).reshape(-1, k),
+                     np.uint64(key), ctx.code, mul, True)
+        return out
     xm = x.movedim(d, 0)
     rest = xm.shape[1:]
     res = _policy_scan(xm.reshape(k, -1), ctx, mul, True, dtype)
