@@ -1,8 +1,9 @@
-"""The compiled binary32 kernels of the flop linear algebra and FFT
-(numvar.instrument.linalg_kernels, fft_kernels) against their tensor implementations
-(the modules' USE_KERNELS off) bit for bit, every rounding mode (the fast tiles and the scalar path of up/down), pivot ties,
-zero and NaN pivots, rectangular and batched inputs, non-contiguous operands, and the
-stream position after the call (the same number of keys drawn)."""
+"""The compiled binary32 kernels of the flop linear algebra, FFT and row scans
+(numvar.instrument.linalg_kernels, fft_kernels, scan_kernels) against their tensor
+implementations (the modules' USE_KERNELS off) or kernels.scan, bit for bit: every
+rounding mode (the fast tiles and the scalar path of up), pivot ties, zero and NaN
+pivots, rectangular and batched inputs, non-contiguous operands, and the stream position
+after the call (the same number of keys drawn)."""
 
 import pytest
 import torch
