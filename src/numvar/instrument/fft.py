@@ -66,6 +66,7 @@ the tests.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -103,6 +104,14 @@ def twiddles(n: int, sign: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch
     return torch.cos(ang).to(dtype), torch.sin(ang).to(dtype)
 
 
+@functools.lru_cache(maxsize=64)
+def _twiddles32(n: int, sign: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`twiddles` in binary32 as arrays for :func:`radix2_32`, kept per (n, sign)
+    (the kernel only reads them)."""
+    cw, sw = twiddles(n, sign, torch.float32)
+    return cw.numpy(), sw.numpy()
+
+
 def _radix2(ctx: Ctx, re: torch.Tensor, im: torch.Tensor, sign: int):
     """Radix-2 DIT on the last axis of (B, n) parts (module docstring)."""
     B, n = re.shape
@@ -110,9 +119,8 @@ def _radix2(ctx: Ctx, re: torch.Tensor, im: torch.Tensor, sign: int):
         stages = n.bit_length() - 1
         h1 = 2 ** np.arange(stages) > 1  # stages with twiddle products (h = 2^s)
         kp, ka, kb = LK.keys(ctx, h1, h1, np.ones(stages, bool))
-        cw, sw = twiddles(n, sign, torch.float32)
-        xr, xi = radix2_32(LK.flat32(re), LK.flat32(im), B, n, cw.numpy(), sw.numpy(), kp,
-                           ka, kb, ctx.code)
+        cw, sw = _twiddles32(n, sign)
+        xr, xi = radix2_32(LK.flat32(re), LK.flat32(im), B, n, cw, sw, kp, ka, kb, ctx.code)
         return torch.from_numpy(xr).view(B, n), torch.from_numpy(xi).view(B, n)
     perm = torch.tensor(bit_reverse(n), dtype=torch.long, device=re.device)
     re, im = re[:, perm], im[:, perm]
