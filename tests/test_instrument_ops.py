@@ -387,6 +387,47 @@ def test_in_place_and_out_keep_aliasing():
     assert r is o and bits_equal(o, want)
 
 
+@pytest.mark.parametrize("granularity", ["op", "flop"])
+def test_in_place_ops_dispatched_directly_equal_the_reentered_path(granularity, monkeypatch):
+    """In-place ops run their functional variant without re-entering the mode (the
+    ``direct`` path of FuzzyMode._mutating): the same bits, stream and report as the
+    re-entered path and as the functional op; ``pow_.Scalar`` finds ``pow.Tensor_Scalar``
+    (the overload whose arguments match), not ``pow.Scalar``."""
+    from numvar.instrument import mode as MD
+
+    a, b = gen((4, 6), seed=21), gen((4, 6), seed=22)
+    cases = [("add_", lambda x: x.add_(b), lambda x: x + b),
+             ("sub_ alpha", lambda x: x.sub_(b, alpha=0.3), lambda x: torch.sub(x, b, alpha=0.3)),
+             ("mul_ view", lambda x: x[:, 1:4].mul_(b[:, :3]), lambda x: x[:, 1:4] * b[:, :3]),
+             ("sigmoid_", lambda x: x.sigmoid_(), torch.sigmoid),
+             ("pow_", lambda x: x.pow_(2.0), lambda x: torch.pow(x, 2.0)),
+             ("addcmul_", lambda x: x.addcmul_(b, b, value=0.5),
+              lambda x: torch.addcmul(x, b, b, value=0.5))]
+
+    def run(fn):
+        x = a.clone()
+        with fuzzy(mode="sr", seed=5, granularity=granularity) as fz:
+            r = fn(x)
+        return r.clone(), fz.stream.counter, fz.report().instrumented
+
+    direct = {name: run(fn) for name, fn, _ in cases}
+    functional = {name: run(fn) for name, _, fn in cases}
+    classify = MD._classify
+
+    def reentered(func, gran):
+        info = classify(func, gran)
+        info.direct = False
+        return info
+
+    monkeypatch.setattr(MD, "_classify", reentered)
+    monkeypatch.setattr(MD, "_CLASSIFIED", {})
+    for name, fn, _ in cases:
+        r, n, inst = run(fn)
+        assert bits_equal(direct[name][0], r) and direct[name][1:] == (n, inst), name
+        assert bits_equal(direct[name][0], functional[name][0]), name
+        assert direct[name][1] == functional[name][1], name
+
+
 def test_op_granularity_rounds_each_op_once():
     a, b = gen(5, 30, seed=13), gen(30, 4, seed=14)
     y = under("ieee", torch.mm, a, b, granularity="op")

@@ -233,6 +233,46 @@ def test_plan_folds_layouts():
         PW.broadcast_shape((4, 2), (3,))
 
 
+def _same_plan(got, want) -> bool:
+    """Two plans read the same elements: equal dims and strides, arrays over the same
+    memory (empty ones aside) with the same values."""
+    if got is None or want is None:
+        return got is None and want is None
+    if got[0] != want[0]:
+        return False
+    for (ga, gs), (wa, ws) in zip(got[1:], want[1:]):
+        if gs != ws or ga.size != wa.size or (ga.size and ga.ctypes.data != wa.ctypes.data):
+            return False
+        if not np.array_equal(ga, wa, equal_nan=True):
+            return False
+    return True
+
+
+def test_plan_cache_is_the_uncached_fold_and_keys_on_strides():
+    """The layout cache of PW.plan (per shapes and strides) gives what plan_uncached
+    derives afresh, on a miss and on a hit, for every layout of CASES and for operands of
+    the same shapes but other strides or offsets (transposed, sliced, expanded),
+    interleaved so that a stale entry would be read; Ctx.add on them equals the rounding
+    core bit for bit."""
+    rng = np.random.default_rng(9)
+    PW._LAYOUTS.clear()
+    base = torch.from_numpy(_weird(rng, 6 * 8 * 5)).reshape(6, 8, 5)
+    same_shape = [base[:, :4, :], base[:, 4:, :], base.transpose(0, 1)[:4, :, :].transpose(0, 1),
+                  base[:1, :4, :].expand(6, 4, 5), base[:, :4, :].contiguous(),
+                  base.permute(2, 1, 0)[:, :4, :].permute(2, 1, 0)]
+    other = _t(rng, (6, 4, 5))
+    pairs = [_operands(rng, sa, sb, how) for sa, sb, how in CASES]
+    pairs += [(x, y) for x in same_shape for y in (other, other[:, :1, :], same_shape[1])]
+    for rnd in range(2):  # the second round reads every layout from the cache
+        for a, b in pairs:
+            shape = PW.broadcast_shape(a.shape, b.shape)
+            assert _same_plan(PW.plan(shape, a, b), PW.plan_uncached(shape, a, b))
+            ctx = Ctx("sr", "flop", None, R.Stream(rnd))
+            want = R.add(a, b, mode="sr", stream=R.Stream(rnd))
+            assert _same(ctx.add(a, b), want), (a.shape, a.stride(), b.shape, b.stride())
+    assert PW._LAYOUTS
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_rowsum_is_the_scan_of_the_transpose(mode):
     rng = np.random.default_rng(7)

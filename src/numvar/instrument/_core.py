@@ -343,6 +343,11 @@ def result_dtype(*xs) -> torch.dtype:
     if len(xs) == 1:
         x = xs[0]
         return x.dtype if isinstance(x, torch.Tensor) else torch.result_type(x, x)
+    first = xs[0]
+    if isinstance(first, torch.Tensor):  # tensors of one dtype: that dtype
+        dt = first.dtype
+        if all(isinstance(x, torch.Tensor) and x.dtype is dt for x in xs):
+            return dt
     from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
     return elementwise_dtypes(*xs, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]

@@ -116,19 +116,37 @@ class _OpInfo:
     functional: Any = None  # functional variant of an in-place / out= op
     out_args: tuple[str, ...] = ()
     inplace: bool = False
+    #: the functional variant takes the op's arguments as they are (same schema but for
+    #: the written ones): _mutating dispatches it without re-entering the mode
+    direct: bool = False
+
+
+def _arguments(fn) -> list[tuple]:
+    """(name, kwarg-only, type, default) of each argument of an op's schema."""
+    return [(a.name, a.kwarg_only, str(a.type),
+             str(a.default_value) if a.has_default_value() else None)
+            for a in fn._schema.arguments]
 
 
 def _functional_variant(func):
-    """(functional op, out-arg names, in-place?) for a mutating op; None when it has none."""
+    """(functional op, out-arg names, in-place?) for a mutating op; None when it has none.
+
+    The functional variant of an in-place op (``pow_.Scalar``) is the overload of the
+    base packet whose arguments are the same (names, types, defaults, kwarg-only):
+    the same overload name (``pow.Scalar``) is not always it (``pow.Tensor_Scalar``)."""
     schema = func._schema
     if not schema.is_mutable:
         return None
     ns, base = func._schema.name.split("::")
     if base.endswith("_") and not base.startswith("_foreach"):
         packet = getattr(getattr(torch.ops, ns), base[:-1], None)
-        fn = getattr(packet, func._overloadname, None) if packet is not None else None
-        if fn is not None and not fn._schema.is_mutable:
-            return fn, (), True
+        if packet is None:
+            return None
+        want = _arguments(func)
+        same = getattr(packet, func._overloadname, None)
+        for fn in [same] + [getattr(packet, ov) for ov in packet.overloads()]:
+            if fn is not None and not fn._schema.is_mutable and _arguments(fn) == want:
+                return fn, (), True
         return None
     outs = [a.name for a in schema.arguments
             if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
@@ -180,6 +198,8 @@ def _classify(func, granularity: str) -> _OpInfo:
     fv = _functional_variant(func)
     if fv is not None:
         info.functional, info.out_args, info.inplace = fv
+        info.direct = info.inplace or _arguments(info.functional) == [
+            a for a in _arguments(func) if a[0] not in info.out_args]
         return info
     if granularity == "op":
         if packet in H.OP_HANDLERS:
@@ -474,6 +494,9 @@ class FuzzyMode(TorchDispatchMode):
         finally:
             self.depth -= 1
 
+    def _functional_reentered(self, fn, args, kwargs):
+        return self._reenter(fn, *args, **kwargs)
+
     def _decompose(self, func, info: _OpInfo, args, kwargs):
         """Run the decomposition with the mode re-entered, recording the ops it dispatches;
         later calls with the same signature replay them (numvar.instrument.replay)."""
@@ -527,12 +550,23 @@ class FuzzyMode(TorchDispatchMode):
         fz._count("instrumented", info.name, info.how)
         return out
 
+    def _below(self, func, args, kwargs):
+        """``func`` dispatched one level down, as with the mode re-entered
+        (:meth:`_reenter`) but without the mode's push and pop and the dispatcher's
+        round trip: for arguments in the form torch hands them to ``__torch_dispatch__``."""
+        self.depth += 1
+        try:
+            return self._dispatch(func, args, kwargs)
+        finally:
+            self.depth -= 1
+
     def _mutating(self, func, info: _OpInfo, args, kwargs):
         """In-place / out= op: compute functionally (through the mode), copy into place."""
         fz = self.fz
         fz._count("decomposed", info.name)
+        call = self._below if info.direct else self._functional_reentered
         if info.inplace:
-            res = self._reenter(info.functional, *args, **kwargs)
+            res = call(info.functional, args, kwargs)
             dest = args[0]
             if isinstance(dest, (list, tuple)):  # e.g. a list op returning new tensors
                 for d, r in zip(dest, res):
@@ -541,7 +575,7 @@ class FuzzyMode(TorchDispatchMode):
             dest.copy_(res)  # this mode is popped here: the copy itself is not seen
             return dest
         kw = {k: v for k, v in kwargs.items() if k not in info.out_args}
-        res = self._reenter(info.functional, *args, **kw)
+        res = call(info.functional, args, kw)
         outs = [kwargs[k] for k in info.out_args]
         res_l = list(res) if isinstance(res, (tuple, list)) else [res]
         for o, r in zip(outs, res_l):

@@ -481,14 +481,67 @@ def _suffix(shape, t: torch.Tensor) -> int:
     return 0
 
 
+_FULL = (0, 0, 1)  # the strides of a contiguous operand of the result's shape
+#: layouts of :func:`plan` by (shape, a's shape and strides, b's shape and strides):
+#: what :func:`plan_uncached` derives depends on nothing else
+_LAYOUTS: dict = {}
+#: the most layouts kept (the cache is emptied when it is full)
+MAX_LAYOUTS = 4096
+
+
 def plan(shape, a: torch.Tensor, b: torch.Tensor):
+    """:func:`plan_uncached`, its layout (dims, strides, how each operand's array is
+    taken) cached per (shape, shapes and strides of ``a`` and ``b``): the same result,
+    without re-deriving the fold for every op of a model."""
+    if a.shape == shape and b.shape == shape and a.is_contiguous() and b.is_contiguous():
+        return (1, 1, a.numel()), (array(a), _FULL), (array(b), _FULL)
+    key = (shape, a.shape, a.stride(), b.shape, b.stride())
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        if len(_LAYOUTS) >= MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        lay = _LAYOUTS[key] = _layout(shape, a, b)
+    if lay is False:
+        return None
+    dims, (sa, ea), (sb, eb) = lay
+    return dims, (_operand(a, ea), sa), (_operand(b, eb), sb)
+
+
+def _operand(t: torch.Tensor, extent: int) -> np.ndarray:
+    """The 1-D array of a planned operand: the tensor itself (``extent`` 0: contiguous,
+    all of it read) or ``extent`` elements of its storage from its first element."""
+    if not extent:
+        return array(t)
+    if t.requires_grad:
+        t = t.detach()
+    return t.as_strided((extent,), (1,)).numpy()
+
+
+def _layout(shape, a: torch.Tensor, b: torch.Tensor):
+    """What :func:`plan` caches: ``(dims, (strides, extent), (strides, extent))`` with
+    ``extent`` as :func:`_operand` takes it, or False (no plan)."""
+    p = plan_uncached(shape, a, b)
+    if p is None:
+        return False
+    dims, (an, sa), (bn, sb) = p
+    return dims, (sa, _extent(a, an)), (sb, _extent(b, bn))
+
+
+def _extent(t: torch.Tensor, arr: np.ndarray) -> int:
+    """0 when the plan reads ``t`` as :func:`array` does, else the extent it reads."""
+    if t.is_contiguous() and arr.size == t.numel():
+        return 0
+    return arr.size
+
+
+def plan_uncached(shape, a: torch.Tensor, b: torch.Tensor):
     """Fold the broadcast of ``a`` and ``b`` (CPU tensors, strides >= 0) to ``shape`` into
     (M1, M2, N): ``((M1, M2, N), (array, strides), (array, strides))``, element (i1, i2, j)
     of an operand at ``array[i1*s0 + i2*s1 + j*s2]`` with ``s2`` 0 or 1; None when it does
     not fold so. Contiguous operands of the result's shape, single values and contiguous
     trailing blocks (a bias) take short paths."""
     if a.shape == shape and b.shape == shape and a.is_contiguous() and b.is_contiguous():
-        return (1, 1, a.numel()), (array(a), (0, 0, 1)), (array(b), (0, 0, 1))
+        return (1, 1, a.numel()), (array(a), _FULL), (array(b), _FULL)
     n = 1
     for m in shape:
         n *= m

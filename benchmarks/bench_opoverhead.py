@@ -1,0 +1,127 @@
+"""Per-op overhead of the dispatch mode, and a lower bound for per-op Python dispatch.
+
+For each model (default: the recurrent ones of the zoo, whose cost is all per-op
+overhead), one forward under ``no_grad`` at its bench size, best of ``--repeats``
+interleaved rounds after a warm-up, each variant timed by the thread's CPU time
+(``time.thread_time``: a shared, loaded machine deschedules the process, which wall
+time would count) and given as a ratio to native:
+
+- **floor**: a do-nothing dispatch mode on numvar's code path (as ``bench_zoo.py``);
+- **bound**: :class:`OneCallMode`, the least any design that dispatches each op in
+  Python and rounds each float result with one numba call can pay: each op runs natively
+  (no float64 re-run, no handler), then every float32 result gets one output tensor and
+  one call of numvar's elementwise binary32 kernel (an SR multiplication by 1, exact,
+  so the result is the native one) with a fresh stream key;
+- **op SR**, **flop SR**: ``numvar.fuzzy(mode="sr", granularity=...)``.
+
+It prints the ops the mode saw per forward and the µs per dispatched op above the
+floor. The goal of the speed issue, op SR ≤ floor + 2 (× native), is out of reach for a
+model whose ``bound`` already exceeds floor + 2.
+
+    python benchmarks/bench_opoverhead.py [--repeats 5] [--models gru lstm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from numvar.instrument import fuzzy
+from numvar.instrument import pointwise as PW
+from numvar.instrument.codepath import IdentityMode, codepath
+from numvar.rounding import Stream
+from numvar.rounding import kernels as RK
+from numvar.workloads import zoo
+
+_SR = RK.mode_code("sr")
+_ONE = np.ones(1, np.float32)
+
+
+class OneCallMode(TorchDispatchMode):
+    """Runs each op natively, then one numba call per float32 output (the lower bound)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream = Stream(0)
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        if isinstance(out, torch.Tensor) and out.dtype is torch.float32 and out.numel():
+            src = out if out.is_contiguous() else out.contiguous()
+            res = torch.empty_like(src)
+            PW.binary32(RK.OP_MUL, PW.array(src), (0, 0, 1), _ONE, (0, 0, 0), PW.array(res),
+                        (1, 1, src.numel()), self.stream.next_key(), _SR)
+        return out
+
+
+def _variants(model, x):
+    def native():
+        model(*x)
+
+    def floor():
+        with codepath(), IdentityMode():
+            model(*x)
+
+    def bound():
+        with codepath(), OneCallMode():
+            model(*x)
+
+    def op():
+        with fuzzy(mode="sr", granularity="op", seed=0):
+            model(*x)
+
+    def flop():
+        with fuzzy(mode="sr", granularity="flop", seed=0):
+            model(*x)
+    return {"native": native, "floor": floor, "bound": bound, "op SR": op, "flop SR": flop}
+
+
+def measure(name: str, repeats: int) -> dict:
+    built = zoo.build(name, "bench")
+    model, x = built.model.eval(), built.inputs
+    fns = _variants(model, x)
+    best = {k: float("inf") for k in fns}
+    with torch.no_grad():
+        for fn in fns.values():
+            fn()
+        for _ in range(repeats):
+            for k, fn in fns.items():
+                t = time.thread_time()
+                fn()
+                best[k] = min(best[k], time.thread_time() - t)
+        counter = OneCallMode()
+        with codepath(), counter:
+            model(*x)
+    best["ops"] = counter.ops
+    return best
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--models", nargs="*", default=["gru", "lstm"])
+    args = ap.parse_args(argv)
+    logging.getLogger("numvar").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    print("| model | native ms | ops | floor | bound | op SR | flop SR | op goal (floor + 2) "
+          "| µs/op above floor: bound, op SR |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for name in args.models:
+        b = measure(name, args.repeats)
+        nat, n = b["native"], b["ops"]
+        r = {k: b[k] / nat for k in ("floor", "bound", "op SR", "flop SR")}
+        per = [(b[k] - b["floor"]) / n * 1e6 for k in ("bound", "op SR")]
+        print(f"| {name} | {nat * 1e3:.2f} | {n} | {r['floor']:.1f}× | {r['bound']:.1f}× | "
+              f"{r['op SR']:.1f}× | {r['flop SR']:.1f}× | {r['floor'] + 2:.1f}× | "
+              f"{per[0]:.1f}, {per[1]:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
