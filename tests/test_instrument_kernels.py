@@ -265,13 +265,15 @@ def test_contract_term_bits_are_fair():
 # ------------------------------------------------------------------ clean-row fast path
 def _clean32_direct(a, b, key, code):
     """Run the clean-row loops of ``contract`` directly on every row of a (1, M, K) @
-    (1, K, N) product: the float64 accumulators, NaN where the loops gave up."""
+    (1, K, N) product (``b`` widened to float64, as ``contract`` passes it): the float64
+    accumulators, NaN where the loops gave up."""
     M, Kd = a.shape[1], a.shape[2]
     N = b.shape[2]
     acc = np.empty((M, N))
     jg = (np.arange(N, dtype=np.uint64) * np.uint64(RK.GAMMA))
+    b64 = b[0].astype(np.float64)
     for i in range(M):
-        KN._clean32(acc[i], jg, a[0, i], b[0], np.uint64(key), np.uint64(i * Kd), 0, N, code)
+        KN._clean32(acc[i], jg, a[0, i], b64, np.uint64(key), np.uint64(i * Kd), 0, N, code)
     return acc
 
 
@@ -333,6 +335,7 @@ def test_virtual_precision_loops_keep_zeros_on_the_fast_path():
     b[2] = 0.0
     jg = np.arange(16, dtype=np.uint64) * np.uint64(RK.GAMMA)
     acc = np.empty(16)
+    b = b.astype(np.float64)  # as contract passes it
     for m in MODES:
         for i in range(6):
             KN._cleant32(acc, jg, a[i], b, np.uint64(3), np.uint64(i * 9), 0, 16, RK.mode_code(m), 8)

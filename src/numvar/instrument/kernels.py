@@ -39,31 +39,48 @@ redone on the scalar full path. Every path gives the same bits (tests compare ea
 Port-bound ceiling of the binary32 SR clean loop
 ------------------------------------------------
 One pass of the innermost k >= 1 loop of :func:`_clean_loops` (sr, 24 bits) handles 8
-terms in 512-bit vectors of 8 float64 lanes. Its machine code (numba's ``inspect_asm``
-of ``_clean32`` on an AMD Zen 4, AVX-512) has 26 instructions, of which 21 are vector
-micro-ops that need a vector execution port (loads folded into an arithmetic
-instruction count once; the two pure loads, the store and the three scalar loop-control
+terms in 512-bit vectors of 8 float64 lanes. ``b`` reaches the loop widened to float64
+(once per call, :func:`contract`), so the product multiplies from memory. Its machine
+code (numba's ``inspect_asm`` of ``_clean32`` on an AMD Zen 4, AVX-512) has 25
+instructions, of which 20 are vector micro-ops (loads folded into an arithmetic
+instruction count once; the pure load, the store and the three scalar loop-control
 instructions go to the load/store and integer ports)::
 
     random bits  vpaddq(h + j·γ, load jg)  vpsrlq 32  vpxorq  vpmullq  vpsrlq 29
                  vpternlogq (r ^ r>>29, then ~r)                              6
-    product      vcvtps2pd (load b)  vmulpd                                   2
+    product      vmulpd (load b)                                              1
     SR product   vpsrlq 35  vpaddq  vpandq                                    3
     TwoSum test  vaddpd  vsubpd  vcmpeqpd  vsubpd  vcmpeqpd                   5
     SR add       vpsrlq 6  vpandq  vmovdqa64  vpaddq  vpandq(masked → NaN)    5
-                                                                      total  21
+                                                                      total  20
+
+(Before, ``b`` was widened in the loop: a ``vcvtps2pd`` per 8 terms, 21 micro-ops, and
+that conversion alone costs 1.33 cycles of a 512-bit pipe pair on Zen 4.)
 
 A 512-bit operation occupies one of Zen 4's four 256-bit vector pipes for two cycles,
-so at most two 512-bit micro-ops retire per cycle ("two 512-bit ports"; Intel parts with
-two 512-bit FMA units have the same bound). The ceiling is therefore
-``2 × clock × 8 / 21`` terms per second per core: 0.76 terms per cycle, 2.81 G terms/s
-at the 3.69 GHz measured on the reference machine. ``benchmarks/bench_kernels.py``
-recounts the micro-ops in the code generated on the host, measures the clock (a chain
-of dependent float64 adds) and prints the fraction of the ceiling :func:`contract`
-reaches. Measured there (one thread, 16×288 @ 288×1024, the product of a 32-channel 3×3
-convolution, best of 30 on a loaded 2-core machine): 2.17 G terms/s, 77 % of the
-ceiling; the rest is the per-k line hash and loop set-up (K = 288 passes over 128
-vectors per row), the first-product loop, the NaN scan and the clean-row test.
+so at most two 512-bit micro-ops execute per cycle ("two 512-bit ports"; Intel parts
+with two 512-bit FMA units have the same bound). The ceiling is therefore
+``2 × clock × 8 / 20`` terms per second per core: 0.8 terms per cycle, 2.95 G terms/s
+at the 3.69 GHz measured on the reference machine. Which pipes take which instruction
+does not lower it: measured with loops of independent 512-bit instructions
+(``benchmarks/bench_pipes.py``), Zen 4 runs vmulpd, vpmullq and vcmpeqpd on one pipe
+pair only (1 per cycle), vaddpd/vsubpd, vpsrlq and vcvtps2pd on the other (1 per cycle,
+vcvtps2pd 1.33 cycles), vpaddq, vpxorq, vpandq and vpternlogq on either (2 per cycle),
+and renames a register-to-register vmovdqa64 away (0.19 cycles each): 4 + 7 + 8 pipe
+cycles balance in 9.5 cycles per pass, inside the 10 of the count above (which counts
+the eliminated move; without it the ceiling is 3.11 G terms/s, and
+``bench_kernels.py`` prints both). What separates the loop from either bound is its
+dependency chain (about 25 cycles from the ``jg`` load to the store): the same
+instructions run in isolation (the loop body as inline assembly, every operand in L1)
+at 12.1 cycles per pass, and at 11.5 when two passes are interleaved by hand, which
+LLVM does not do here.
+
+``benchmarks/bench_kernels.py`` recounts the micro-ops in the code generated on the
+host, measures the clock (a chain of dependent float64 adds) and prints the fraction of
+the ceiling :func:`contract` reaches, timed by the calling thread's CPU time (one core).
+See ``docs/speed.md`` for the measured fractions; outside the loop, :func:`contract`
+spends the per-k line hash and loop set-up (K passes over N/8 vectors per row), the
+first-product loop, the NaN scan, the clean-row test and the widening of ``b``.
 """
 
 from __future__ import annotations
@@ -84,8 +101,12 @@ TILE = 1024
 #: a parallel kernel runs on the calling thread alone. Waking numba's worker threads costs
 #: 10-50 µs on an idle machine and up to ~20 ms per call on a loaded one (measured: 2-core
 #: box shared by 8 jobs, OpenMP layer: a 128-element rounding took 20 ms with 2 threads,
-#: 2 µs with 1), while 4M terms take ~3-15 ms on one core. Results do not depend on it.
-PARALLEL_MIN_WORK = 1 << 22
+#: 2 µs with 1). 2**18 terms take ~0.1 ms on one core (2**18 elements of a pointwise
+#: rounding ~0.5 ms): well above an idle machine's wake-up. (It was 2**22, which left a
+#: BERT-tiny layer's Q/K/V/output projections, 128×128×128 = 2**21 terms each, and its
+#: attention products serial: 10 of its 27 M contraction terms per layer, capping two
+#: threads at 1.44× on the contractions.) Results do not depend on it.
+PARALLEL_MIN_WORK = 1 << 18
 
 
 def launch(work: int, fn, *args, **kwargs):
@@ -626,11 +647,13 @@ def _tile32(o, arow, bmat, ukey, base, N, j0, mode, t, bad):  # pragma: no cover
 
 
 @njit(parallel=True, cache=True)
-def _contract_fast32(a, b, clean, out, key, mode, t, fma=False,
+def _contract_fast32(a, b, b64, clean, out, key, mode, t, fma=False,
                      exact=False):  # pragma: no cover
     """binary32 at t <= 24 bits. Clean rows (see above): vectorised loops without range
-    checks, NaN-poisoned lanes recomputed on the full path. Other rows: at 24 bits the
-    checked fast path per tile, full path for its rejects; below, the full path.
+    checks on ``b64`` (``b`` widened to float64 once per call: the loops then multiply
+    from memory instead of widening every element of ``b`` once per row; same
+    products), NaN-poisoned lanes recomputed on the full path. Other rows: at 24 bits
+    the checked fast path per tile, full path for its rejects; below, the full path.
     ``fma``: one rounding per multiply-add (clean rows vectorised, other rows on the
     full path). ``exact`` (separate, t = 24, sr/ieee/random; see :func:`narrow_products`):
     clean rows skip the product roundings."""
@@ -658,13 +681,13 @@ def _contract_fast32(a, b, clean, out, key, mode, t, fma=False,
             for jj in range(n):
                 jg[jj] = np.uint64(j0 + jj) * _G
             if fma:
-                _cleanfma32(acc, jg, arow, b[bb], ukey, base, j0, n, mode, t)
+                _cleanfma32(acc, jg, arow, b64[bb], ukey, base, j0, n, mode, t)
             elif exact:
-                _cleanx32(acc, jg, arow, b[bb], ukey, base, j0, n, mode)
+                _cleanx32(acc, jg, arow, b64[bb], ukey, base, j0, n, mode)
             elif t == 24:
-                _clean32(acc, jg, arow, b[bb], ukey, base, j0, n, mode)
+                _clean32(acc, jg, arow, b64[bb], ukey, base, j0, n, mode)
             else:
-                _cleant32(acc, jg, arow, b[bb], ukey, base, j0, n, mode, t)
+                _cleant32(acc, jg, arow, b64[bb], ukey, base, j0, n, mode, t)
             for jj in range(n):
                 v = acc[jj]
                 if v == v:
@@ -947,6 +970,9 @@ def scan_format(x: np.ndarray, key: int, mode: int, t: int, spec: tuple, *,
     return out
 
 
+_NO_B64 = np.empty((0, 0, 0))  # _contract_fast32's b64 when no row is clean
+
+
 def _check(arr: np.ndarray, name: str) -> None:
     if arr.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name}: float32 or float64 array expected, got {arr.dtype}")
@@ -992,8 +1018,10 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
         if a.dtype == np.float32 and 1 <= t <= 24 and mode <= _RANDOM:
             # products exact (bf16/fp16 values): sr, ieee and random leave them unchanged
             exact = (not fma and t == 24 and mode != _UD and narrow_products(a, b, t))
-            launch(work, _contract_fast32, a, b, clean_rows(a, b, BO, t), out, np.uint64(key),
-                   mode, t, fma, exact)
+            clean = clean_rows(a, b, BO, t)
+            b64 = b.astype(np.float64) if clean.any() else _NO_B64
+            launch(work, _contract_fast32, a, b, b64, clean, out, np.uint64(key), mode, t, fma,
+                   exact)
         else:
             launch(work, _contract_kernel, a, b, out, np.uint64(key), mode, t,
                    a.dtype == np.float32, fma)
