@@ -252,23 +252,7 @@ def round(hi, lo=None, *, dtype: torch.dtype | None = None, mode: str = "sr",
         res = res.reshape(shape).to(dtype)
         return res if out is None else out.copy_(res)
     if _use_numba(backend, ts):
-        from . import kernels as K
-
-        flats, shape = _flat(ts, torch.float64)
-        _check_out(out, shape, dtype, flats[0].device)
-        h = flats[0]
-        lo_ = flats[1] if lo is not None else h[:0]
-        carrier = torch.float64 if fmt.p == 53 else torch.float32
-        buf = out if out is not None and carrier == dtype else torch.empty(shape, dtype=carrier)
-        if buf.numel():
-            import numpy as np
-
-            K.k_round(h.detach().numpy(), lo_.detach().numpy(), buf.view(-1).numpy(),
-                      lo is not None, fmt.p, fmt.emin, fmt.emax, m, t, np.uint64(key))
-        if buf is out:
-            return out
-        res = buf if carrier == dtype else buf.to(dtype)
-        return res if out is None else out.copy_(res)
+        return _round_numba(ts, lo is not None, fmt, dtype, out, m, t, key)
     flats, shape = _flat(ts, torch.float64)
     _check_out(out, shape, dtype, flats[0].device)
     r = T.bits_tensor(key, flats[0].numel(), flats[0].device)
@@ -276,6 +260,34 @@ def round(hi, lo=None, *, dtype: torch.dtype | None = None, mode: str = "sr",
                          fmt.p, fmt.emin, fmt.emax, r)
     res = res.reshape(shape).to(dtype)
     return res if out is None else out.copy_(res)
+
+
+#: the 16-bit targets whose bit patterns the numba rounding kernel writes directly
+_BITS16 = (torch.bfloat16, torch.float16)
+
+
+def _round_numba(ts: list[torch.Tensor], has_lo: bool, fmt: Format, dtype: torch.dtype,
+                 out: torch.Tensor | None, m: int, t: int, key: int) -> torch.Tensor:
+    """round() on the numba kernel (an IEEE target). The inputs go in as they are when
+    float32 or float64 (narrower ones as float32, both exactly; hi and lo in one dtype),
+    and the kernel writes the target tensor (``out`` or a new one) directly: binary32 /
+    binary64 values, or the bit patterns of bfloat16 / float16."""
+    import numpy as np
+
+    from . import kernels as K
+
+    wide = any(x.dtype == torch.float64 for x in ts)
+    flats, shape = _flat(ts, torch.float64 if wide else torch.float32)
+    _check_out(out, shape, dtype, flats[0].device)
+    res = out if out is not None else torch.empty(shape, dtype=dtype)
+    if res.numel():
+        h = flats[0].detach().numpy()
+        lo = flats[1].detach().numpy() if has_lo else h[:0]
+        dst = res.view(-1)
+        dst = dst.view(torch.uint16) if dtype in _BITS16 else dst
+        K.k_round(h, lo, dst.numpy(), has_lo, fmt.p, fmt.emin, fmt.emax, m, t,
+                  np.uint64(key))
+    return res
 
 
 def _check_out(out, shape, dtype, device) -> None:
