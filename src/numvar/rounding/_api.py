@@ -225,7 +225,12 @@ def round(hi, lo=None, *, dtype: torch.dtype | None = None, mode: str = "sr",
     (default: the format's :attr:`~Format.storage`, the smallest torch dtype that holds
     it; a dtype that cannot hold the format raises FormatError). hi + lo is first
     renormalised by TwoSum (exact barring overflow) where lo != 0. ``out``: an optional
-    contiguous tensor of the result's shape and dtype to write into (and return)."""
+    contiguous tensor of the result's shape and dtype to write into (and return).
+
+    On the numba backend (CPU) float32 operands are read as they are (no float64 copy),
+    a bfloat16/float16 result is written by the kernel into its tensor (``out`` or a new
+    one) directly, and ``lo`` keeps the fast path where it is zero; the bits are those
+    of float64 operands and of the torch backend."""
     if format is None:
         if dtype is None:
             raise RoundingError("round needs dtype or format")
