@@ -274,14 +274,17 @@ _BITS16 = (torch.bfloat16, torch.float16)
 def _round_numba(ts: list[torch.Tensor], has_lo: bool, fmt: Format, dtype: torch.dtype,
                  out: torch.Tensor | None, m: int, t: int, key: int) -> torch.Tensor:
     """round() on the numba kernel (an IEEE target). The inputs go in as they are when
-    float32 or float64 (narrower ones as float32, both exactly; hi and lo in one dtype),
-    and the kernel writes the target tensor (``out`` or a new one) directly: binary32 /
-    binary64 values, or the bit patterns of bfloat16 / float16."""
+    float32 or float64 (narrower ones as float32, both exactly; hi and lo in one dtype;
+    float64 for a binary64 target), and the kernel writes the target tensor (``out`` or
+    a new one) directly: binary32 / binary64 values, or the bit patterns of bfloat16 /
+    float16."""
     import numpy as np
 
     from . import kernels as K
 
-    wide = any(x.dtype == torch.float64 for x in ts)
+    # float32 carriers for a narrow target only (a binary64 target from float32 is rare:
+    # one kernel specialisation fewer to compile)
+    wide = fmt.p == 53 or any(x.dtype == torch.float64 for x in ts)
     flats, shape = _flat(ts, torch.float64 if wide else torch.float32)
     _check_out(out, shape, dtype, flats[0].device)
     res = out if out is not None else torch.empty(shape, dtype=dtype)
