@@ -914,15 +914,6 @@ def _ov_store_value(out, j, x, p, emin):
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _renorm(h, l):
-    """(hi, lo) of round(hi, lo): TwoSum where lo != 0; lo == 0 keeps hi as is (its sign
-    of zero). Branch-free (selects), for vectorised loops."""
-    s, e = two_sum(h, l)
-    nz = l != 0.0
-    return (s if nz else h), (e if nz else 0.0)
-
-
-@njit(inline="always", cache=True, error_model="numpy")
 def _narrow_fast(h, l, mode, t, p, emin, emax, r):
     """The integer fast path of round_narrow on (h, l): (bit pattern, slow). ``slow``:
     the fast path does not apply (l != 0, h outside the format's normal range, or a
@@ -941,35 +932,34 @@ def _narrow_fast(h, l, mode, t, p, emin, emax, r):
 @njit(cache=True, error_model="numpy")
 def _round_block(hi, lo, out, j0, has_lo, p, emin, emax, mode, t, key):
     """One block of _k_round_narrow (hi, lo, out: slices starting at element j0): the
-    integer fast path over the block in one branch-free (vectorised) loop, then, only if
-    the block has any, the elements it does not take (``_narrow_fast``'s ``slow``) redone
-    by round_narrow while the block is in cache. (A separate function: LLVM vectorises
-    its loop; a loop nested in the prange body stayed 2-3x slower.)"""
+    integer fast path on hi over the block in one branch-free (vectorised) loop, and a
+    count of the non-zero lo; then, only if the block has any, the elements the fast path
+    does not take (``_narrow_fast``'s ``slow``, or lo != 0) are redone by round_narrow on
+    TwoSum(hi, lo) while the block is in cache. (A separate function: LLVM vectorises its
+    loop; a loop nested in the prange body stayed 2-3x slower. One vectorised loop, not
+    one per has_lo: each costs seconds of cold compilation.)"""
     nslow = 0
+    for i in range(hi.size):
+        wide_vectors()
+        v, slow = _narrow_fast(np.float64(hi[i]), 0.0, mode, t, p, emin, emax,
+                               bits64(key, j0 + i))
+        _store_fast(out, i, v, p, emin)
+        nslow += np.int64(slow)
     if has_lo:
         for i in range(hi.size):
-            wide_vectors()
-            h, l = _renorm(np.float64(hi[i]), np.float64(lo[i]))
-            v, slow = _narrow_fast(h, l, mode, t, p, emin, emax, bits64(key, j0 + i))
-            _store_fast(out, i, v, p, emin)
-            nslow += np.int64(slow)
-    else:
-        for i in range(hi.size):
-            wide_vectors()
-            v, slow = _narrow_fast(np.float64(hi[i]), 0.0, mode, t, p, emin, emax,
-                                   bits64(key, j0 + i))
-            _store_fast(out, i, v, p, emin)
-            nslow += np.int64(slow)
+            nslow += np.int64(lo[i] != 0.0)
     if nslow == 0:
         return
     for i in range(hi.size):
         h = np.float64(hi[i])
         l = 0.0
-        if has_lo:
-            h, l = _renorm(h, np.float64(lo[i]))
+        redo = False
+        if has_lo and lo[i] != 0.0:
+            h, l = two_sum(h, np.float64(lo[i]))  # (lo == 0 keeps hi, its sign of zero)
+            redo = True
         r = bits64(key, j0 + i)
         v, slow = _narrow_fast(h, l, mode, t, p, emin, emax, r)
-        if slow:
+        if slow or redo:
             _store_value(out, i, call_round_narrow(h, l, mode, t, p, emin, emax, r), p, emin)
 
 
