@@ -5,6 +5,14 @@
 Prints elements/s of SR, UD, random and ieee rounding of n float64 values to binary32
 (round), of binary32 and binary64 additions, numba backend (``--torch``: also the torch
 backend), and the ratio of each time to a plain cast; best of ``repeat`` runs.
+
+``--core``: only the section "the rounding core" (the four cases of issue 16: float32
+input, ``out=`` for bf16/fp16 targets, ``lo=zeros``, one out-of-range element), each
+case next to its baseline and to the plain torch cast of the same conversion, all timed
+in interleaved rounds (best of ``repeat``) so that load on a shared machine hits them
+alike::
+
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_rounding.py --core --n 10000000
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import numba
 import torch
 
 import numvar.rounding as R
@@ -27,12 +36,92 @@ def best(fn, repeat: int) -> float:
     return min(ts)
 
 
+def interleaved(fns: dict, repeat: int) -> dict:
+    """Best time (s) of each callable over ``repeat`` interleaved rounds, after a warm-up
+    round (numba compilation, page faults)."""
+    for fn in fns.values():
+        fn()
+    best_t = {k: float("inf") for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best_t[k] = min(best_t[k], time.perf_counter() - t0)
+    return best_t
+
+
+def core_section(n: int, repeat: int) -> None:
+    """The rounding core's four cases (issue 16), SR, numba backend."""
+    g = torch.Generator().manual_seed(0)
+    x64 = torch.randn(n, dtype=torch.float64, generator=g)
+    x32 = x64.float()
+    zeros = torch.zeros(n, dtype=torch.float64)
+    bad = x64.clone()
+    bad[n // 2] = 1e-300  # one value below binary32's normal range
+    bf, hf, f32 = torch.bfloat16, torch.float16, torch.float32
+    out_bf, out_hf, out_32 = (torch.empty(n, dtype=d) for d in (bf, hf, f32))
+    s = R.Stream(0)
+
+    def rnd(x, dtype, **kw):
+        return lambda: R.round(x, dtype=dtype, mode="sr", stream=s, backend="numba", **kw)
+
+    fns = {
+        "cast f32->bf16": lambda: x32.to(bf),
+        "cast f64->bf16": lambda: x64.to(bf),
+        "cast f64->f16": lambda: x64.to(hf),
+        "cast f64->f32": lambda: x64.to(f32),
+        "cast f64->bf16, out=": lambda: out_bf.copy_(x64),
+        "cast f64->f16, out=": lambda: out_hf.copy_(x64),
+        # 1. float32 input
+        "sr f64->bf16": rnd(x64, bf),
+        "sr f32->bf16": rnd(x32, bf),
+        # 2. out= for bf16/fp16 targets
+        "sr f64->bf16, out=": rnd(x64, bf, out=out_bf),
+        "sr f64->f16": rnd(x64, hf),
+        "sr f64->f16, out=": rnd(x64, hf, out=out_hf),
+        # 3. lo given
+        "sr f64->f32": rnd(x64, f32),
+        "sr f64->f32, lo=zeros": lambda: R.round(x64, zeros, dtype=f32, mode="sr", stream=s,
+                                                 backend="numba"),
+        "sr f64->bf16, lo=zeros": lambda: R.round(x64, zeros, dtype=bf, mode="sr", stream=s,
+                                                  backend="numba"),
+        # 4. one out-of-range element
+        "sr f64->f32, 1 out of range": rnd(bad, f32),
+        "sr f64->bf16, 1 out of range": rnd(bad, bf),
+    }
+    t = interleaved(fns, repeat)
+    print(f"the rounding core: n = {n:.0e}, SR, numba backend, threads "
+          f"{torch.get_num_threads()}/{numba.get_num_threads()}, best of {repeat} interleaved")
+    rows = [  # (case, baseline, plain torch cast of the same conversion)
+        ("sr f64->bf16", None, "cast f64->bf16"),
+        ("sr f32->bf16", "sr f64->bf16", "cast f32->bf16"),
+        ("sr f64->bf16, out=", "sr f64->bf16", "cast f64->bf16, out="),
+        ("sr f64->f16", None, "cast f64->f16"),
+        ("sr f64->f16, out=", "sr f64->f16", "cast f64->f16, out="),
+        ("sr f64->f32", None, "cast f64->f32"),
+        ("sr f64->f32, lo=zeros", "sr f64->f32", "cast f64->f32"),
+        ("sr f64->bf16, lo=zeros", "sr f64->bf16", "cast f64->bf16"),
+        ("sr f64->f32, 1 out of range", "sr f64->f32", "cast f64->f32"),
+        ("sr f64->bf16, 1 out of range", "sr f64->bf16", "cast f64->bf16"),
+    ]
+    print(f"{'case':30s} {'ms':>8s} {'/ baseline':>11s} {'/ cast':>7s}  cast")
+    for case, base, cast in rows:
+        rb = f"{t[case] / t[base]:10.2f}x" if base else f"{'':11s}"
+        print(f"{case:30s} {t[case] * 1e3:8.2f} {rb} {t[case] / t[cast]:6.2f}x  {cast} "
+              f"({t[cast] * 1e3:.2f} ms)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10_000_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--torch", action="store_true", help="also time the torch backend")
+    ap.add_argument("--core", action="store_true",
+                    help="only the section 'the rounding core' (issue 16's four cases)")
     args = ap.parse_args()
+    if args.core:
+        core_section(args.n, args.repeat)
+        return
     n = args.n
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, dtype=torch.float64, generator=g)

@@ -260,8 +260,8 @@ class Ctx:
         if (lo is None and dtype in _NARROW and hi.dtype in _LEAN and self._numba
                 and hi.is_cpu and self.target(dtype) is None):
             return self._round_narrow(hi, dtype)
-        if hi.dtype is not torch.float64:
-            hi = hi.to(torch.float64)
+        if hi.dtype is not torch.float64 and (dtype in _LEAN or not hi.is_floating_point()):
+            hi = hi.to(torch.float64)  # (numvar.rounding.round reads float32 directly)
         f = self.target(dtype)
         if f is not None:
             return launch(hi.numel(), R.round, hi, lo, dtype=dtype, format=f, mode=self.mode,

@@ -225,7 +225,12 @@ def round(hi, lo=None, *, dtype: torch.dtype | None = None, mode: str = "sr",
     (default: the format's :attr:`~Format.storage`, the smallest torch dtype that holds
     it; a dtype that cannot hold the format raises FormatError). hi + lo is first
     renormalised by TwoSum (exact barring overflow) where lo != 0. ``out``: an optional
-    contiguous tensor of the result's shape and dtype to write into (and return)."""
+    contiguous tensor of the result's shape and dtype to write into (and return).
+
+    On the numba backend (CPU) float32 operands are read as they are (no float64 copy),
+    a bfloat16/float16 result is written by the kernel into its tensor (``out`` or a new
+    one) directly, and ``lo`` keeps the fast path where it is zero; the bits are those
+    of float64 operands and of the torch backend."""
     if format is None:
         if dtype is None:
             raise RoundingError("round needs dtype or format")
@@ -252,23 +257,7 @@ def round(hi, lo=None, *, dtype: torch.dtype | None = None, mode: str = "sr",
         res = res.reshape(shape).to(dtype)
         return res if out is None else out.copy_(res)
     if _use_numba(backend, ts):
-        from . import kernels as K
-
-        flats, shape = _flat(ts, torch.float64)
-        _check_out(out, shape, dtype, flats[0].device)
-        h = flats[0]
-        lo_ = flats[1] if lo is not None else h[:0]
-        carrier = torch.float64 if fmt.p == 53 else torch.float32
-        buf = out if out is not None and carrier == dtype else torch.empty(shape, dtype=carrier)
-        if buf.numel():
-            import numpy as np
-
-            K.k_round(h.detach().numpy(), lo_.detach().numpy(), buf.view(-1).numpy(),
-                      lo is not None, fmt.p, fmt.emin, fmt.emax, m, t, np.uint64(key))
-        if buf is out:
-            return out
-        res = buf if carrier == dtype else buf.to(dtype)
-        return res if out is None else out.copy_(res)
+        return _round_numba(ts, lo is not None, fmt, dtype, out, m, t, key)
     flats, shape = _flat(ts, torch.float64)
     _check_out(out, shape, dtype, flats[0].device)
     r = T.bits_tensor(key, flats[0].numel(), flats[0].device)
@@ -276,6 +265,37 @@ def round(hi, lo=None, *, dtype: torch.dtype | None = None, mode: str = "sr",
                          fmt.p, fmt.emin, fmt.emax, r)
     res = res.reshape(shape).to(dtype)
     return res if out is None else out.copy_(res)
+
+
+#: the 16-bit targets whose bit patterns the numba rounding kernel writes directly
+_BITS16 = (torch.bfloat16, torch.float16)
+
+
+def _round_numba(ts: list[torch.Tensor], has_lo: bool, fmt: Format, dtype: torch.dtype,
+                 out: torch.Tensor | None, m: int, t: int, key: int) -> torch.Tensor:
+    """round() on the numba kernel (an IEEE target). The inputs go in as they are when
+    float32 or float64 (narrower ones as float32, both exactly; hi and lo in one dtype;
+    float64 for a binary64 target), and the kernel writes the target tensor (``out`` or
+    a new one) directly: binary32 / binary64 values, or the bit patterns of bfloat16 /
+    float16."""
+    import numpy as np
+
+    from . import kernels as K
+
+    # float32 carriers for a narrow target only (a binary64 target from float32 is rare:
+    # one kernel specialisation fewer to compile)
+    wide = fmt.p == 53 or any(x.dtype == torch.float64 for x in ts)
+    flats, shape = _flat(ts, torch.float64 if wide else torch.float32)
+    _check_out(out, shape, dtype, flats[0].device)
+    res = out if out is not None else torch.empty(shape, dtype=dtype)
+    if res.numel():
+        h = flats[0].detach().numpy()
+        lo = flats[1].detach().numpy() if has_lo else h[:0]
+        dst = res.view(-1)
+        dst = dst.view(torch.uint16) if dtype in _BITS16 else dst
+        K.k_round(h, lo, dst.numpy(), has_lo, fmt.p, fmt.emin, fmt.emax, m, t,
+                  np.uint64(key))
+    return res
 
 
 def _check_out(out, shape, dtype, device) -> None:

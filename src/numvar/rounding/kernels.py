@@ -40,7 +40,7 @@ import math
 
 import numpy as np
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 MODE_IEEE, MODE_SR, MODE_UD, MODE_RANDOM = 0, 1, 2, 3
 MODE_UP, MODE_DOWN, MODE_ZERO, MODE_FARTHEST = 4, 5, 6, 7
@@ -845,39 +845,138 @@ def call_wide_binary(op, a, b, mode, t, r):
 # One kernel per op family; ``wide`` selects binary64 ops, else the narrow format
 # (p, emin, emax). Inputs/outputs are 1-D contiguous arrays of equal length.
 
+#: elements per block of the narrow rounding kernel: the fast pass of a block and the
+#: exact redo of its few out-of-range elements run while the block is in cache
+ROUND_BLOCK = 2048
+
+
+def _store_fast(out, j, v, p, emin):  # pragma: no cover - replaced by its overload
+    """out[j] = the value with float64 bit pattern ``v`` (a normal value of the target
+    format): a value store into a float array, the format's bit pattern into a uint16
+    array (bf16, fp16: sign, exponent ``be - 1023 + 1 - emin``, top p-1 mantissa bits)."""
+
+
+def _store_value(out, j, x, p, emin):  # pragma: no cover - replaced by its overload
+    """out[j] = x (a float64 on the target grid, or +-0, +-inf, nan): a value store into a
+    float array, the format's bit pattern into a uint16 array (:func:`bits16`)."""
+
+
+@overload(_store_fast, inline="always")
+def _ov_store_fast(out, j, v, p, emin):
+    if isinstance(out.dtype, types.Float):
+        def impl(out, j, v, p, emin):
+            out[j] = _bits_f64(v)
+        return impl
+
+    def impl16(out, j, v, p, emin):
+        be = (v >> _U52) & _EXPMASK
+        q = np.uint64(p - 1)
+        e16 = (be + np.uint64(1 - emin) - np.uint64(1023)) << q
+        out[j] = np.uint16(((v >> np.uint64(48)) & np.uint64(0x8000)) | e16 |
+                           ((v & _MANT) >> np.uint64(53 - p)))
+    return impl16
+
+
+@njit(cache=True, error_model="numpy")
+def bits16(x, p, emin):
+    """The 16-bit pattern of x (a float64 value of the IEEE-style 16-bit format with p
+    significand bits and normal exponents from emin: bfloat16 (8, -126) or float16
+    (11, -14)), as torch's float32 -> bfloat16 / float16 casts of ``float32(x)`` give it
+    (NaN: bfloat16 0xFFFF; float16 sign | 0x7E00 | the top mantissa bits)."""
+    b = _f64_bits(x)
+    sign = (b >> np.uint64(48)) & np.uint64(0x8000)
+    q = np.uint64(p - 1)
+    allexp = ((_U1 << np.uint64(16 - p)) - _U1) << q
+    if x != x:
+        if p == 8:
+            return np.uint16(0xFFFF)
+        return np.uint16(sign | allexp | (_U1 << (q - _U1)) | ((b & _MANT) >> np.uint64(53 - p)))
+    ax = abs(x)
+    if ax == np.inf:
+        return np.uint16(sign | allexp)
+    if ax < pow2(emin):  # zero or subnormal: the integer multiple of 2**(emin - p + 1)
+        return np.uint16(sign | np.uint64(ax * pow2(p - 1 - emin)))
+    be = (b >> _U52) & _EXPMASK
+    return np.uint16(sign | ((be + np.uint64(1 - emin) - np.uint64(1023)) << q) |
+                     ((b & _MANT) >> np.uint64(53 - p)))
+
+
+@overload(_store_value, inline="always")
+def _ov_store_value(out, j, x, p, emin):
+    if isinstance(out.dtype, types.Float):
+        def impl(out, j, x, p, emin):
+            out[j] = x
+        return impl
+
+    def impl16(out, j, x, p, emin):
+        out[j] = bits16(x, p, emin)
+    return impl16
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _narrow_fast(h, l, mode, t, p, emin, emax, r):
+    """The integer fast path of round_narrow on (h, l): (bit pattern, slow). ``slow``:
+    the fast path does not apply (l != 0, h outside the format's normal range, or a
+    result beyond it: overflow, or UD's step below 2**emin) and the element must be
+    redone by round_narrow."""
+    b = _f64_bits(h)
+    be = (b >> _U52) & _EXPMASK
+    v = _fast_bits(b, mode, t, p, emin, emax, r)
+    ve = (v >> _U52) & _EXPMASK
+    lo_b = np.uint64(1023 + emin)
+    hi_b = np.uint64(1023 + emax)
+    slow = (be < lo_b) | (be > hi_b) | (ve < lo_b) | (ve > hi_b) | (l != 0.0)
+    return v, slow
+
+
+@njit(cache=True, error_model="numpy")
+def _round_block(hi, lo, out, j0, has_lo, p, emin, emax, mode, t, key):
+    """One block of _k_round_narrow (hi, lo, out: slices starting at element j0): the
+    integer fast path on hi over the block in one branch-free (vectorised) loop, and a
+    count of the non-zero lo; then, only if the block has any, the elements the fast path
+    does not take (``_narrow_fast``'s ``slow``, or lo != 0) are redone by round_narrow on
+    TwoSum(hi, lo) while the block is in cache. (A separate function: LLVM vectorises its
+    loop; a loop nested in the prange body stayed 2-3x slower. One vectorised loop, not
+    one per has_lo: each costs seconds of cold compilation.)"""
+    nslow = 0
+    for i in range(hi.size):
+        wide_vectors()
+        v, slow = _narrow_fast(np.float64(hi[i]), 0.0, mode, t, p, emin, emax,
+                               bits64(key, j0 + i))
+        _store_fast(out, i, v, p, emin)
+        nslow += np.int64(slow)
+    if has_lo:
+        for i in range(hi.size):
+            nslow += np.int64(lo[i] != 0.0)
+    if nslow == 0:
+        return
+    for i in range(hi.size):
+        h = np.float64(hi[i])
+        l = 0.0
+        redo = False
+        if has_lo and lo[i] != 0.0:
+            h, l = two_sum(h, np.float64(lo[i]))  # (lo == 0 keeps hi, its sign of zero)
+            redo = True
+        r = bits64(key, j0 + i)
+        v, slow = _narrow_fast(h, l, mode, t, p, emin, emax, r)
+        if slow or redo:
+            _store_value(out, i, call_round_narrow(h, l, mode, t, p, emin, emax, r), p, emin)
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def _k_round_narrow(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
+    """round_narrow of hi[j] (+ lo[j]) into out[j] with bits64(key, j), in blocks of
+    ROUND_BLOCK elements (_round_block): an out-of-range element costs the exact redo of
+    the elements of its own block only. hi, lo: float32 or float64, of equal size (lo
+    unread unless has_lo); out: float32 values, or the uint16 bit patterns of a 16-bit
+    format (bits16)."""
     key = np.uint64(key)
     n = hi.size
-    if not has_lo:
-        # pass 1: integer fast path for every element (branch-free for SR), counting the
-        # elements outside the normal range or overflowing; pass 2 redoes those exactly.
-        lo_b = np.uint64(1023 + emin)
-        hi_b = np.uint64(1023 + emax)
-        nslow = 0
-        for j in prange(n):
-            wide_vectors()
-            b = _f64_bits(np.float64(hi[j]))
-            be = (b >> np.uint64(52)) & _EXPMASK
-            v = _fast_bits(b, mode, t, p, emin, emax, bits64(key, j))
-            out[j] = _bits_f64(v)
-            ve = (v >> np.uint64(52)) & _EXPMASK
-            nslow += np.int64((be < lo_b) | (be > hi_b) | (ve > hi_b))
-        if nslow > 0:
-            for j in prange(n):
-                h = np.float64(hi[j])
-                be = (_f64_bits(h) >> np.uint64(52)) & _EXPMASK
-                if be < lo_b or be > hi_b or not (abs(out[j]) < np.inf) or \
-                        abs(out[j]) >= pow2(emax + 1):
-                    out[j] = call_round_narrow(h, 0.0, mode, t, p, emin, emax, bits64(key, j))
-        return
-    for j in prange(n):
-        r = bits64(key, j)
-        h = np.float64(hi[j])
-        l = 0.0
-        if has_lo and lo[j] != 0.0:  # lo == 0 keeps hi as is (its sign of zero)
-            h, l = two_sum(h, np.float64(lo[j]))
-        out[j] = call_round_narrow(h, l, mode, t, p, emin, emax, r)
+    for blk in prange((n + ROUND_BLOCK - 1) // ROUND_BLOCK):
+        j0 = blk * ROUND_BLOCK
+        j1 = min(j0 + ROUND_BLOCK, n)
+        _round_block(hi[j0:j1], lo[j0:j1], out[j0:j1], j0, has_lo, p, emin, emax, mode, t,
+                     key)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -893,11 +992,14 @@ def _k_round_wide(hi, lo, out, has_lo, mode, t, key):
 
 
 def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
-    """Round hi (+ lo) elementwise into out (1-D arrays; float32 out for p <= 24)."""
+    """Round hi (+ lo) elementwise into out (1-D arrays). hi, lo: float32 or float64 (the
+    same dtype; lo is not read unless has_lo). out: float64 for p == 53; float32 for
+    p <= 24, or, for bfloat16 (p 8, emin -126) and float16 (p 11, emin -14), the uint16
+    view of the target tensor (its bit patterns are written directly, :func:`bits16`)."""
     if p == 53:
         _k_round_wide(hi, lo, out, has_lo, mode, t, key)
     else:
-        _k_round_narrow(hi, lo, out, has_lo, p, emin, emax, mode, t, key)
+        _k_round_narrow(hi, lo if has_lo else hi, out, has_lo, p, emin, emax, mode, t, key)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
