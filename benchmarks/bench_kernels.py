@@ -111,9 +111,11 @@ def _is_fma32_loop(text: str) -> bool:  # the fma loop: TwoSum, no add rounding'
     return "vcvttpd2qq" in text
 
 
-def _is_sr64_loop(text: str) -> bool:  # the binary64 SR loop: TwoProduct by FMA, r >> 11
-    return "vcvtuqq2pd" in text and ("vfmsub" in text or "vfmadd" in text
-                                     or "vfnmadd" in text)
+def _is_sr64_loop(text: str) -> bool:
+    """The binary64 SR k >= 1 loop: TwoProduct by FMA, two SR thresholds (r >> 11 to
+    float64: product and sum; the k = 0 loop has one)."""
+    return text.count("vcvtqq2pd") >= 2 and ("vfmsub" in text or "vfmadd" in text
+                                             or "vfnmadd" in text)
 
 
 def rate(dtype, shape, repeats: int, mode: int, contraction: str = "separate",
