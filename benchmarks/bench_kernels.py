@@ -18,6 +18,11 @@ For the binary32 SR clean-row loop of :mod:`numvar.instrument.kernels` it prints
   stricter one that leaves out register-to-register moves, renamed away on Zen 4), for sr and fma-sr
   (``contraction="fma"``) in binary32, and sr in binary64 (clean rows and scalar path).
 
+The same count and ceiling for the binary32 fma-sr clean loop (``_cleanfma32``) and the
+binary64 sr clean loop (``_clean64``, whose TwoProduct must be a hardware FMA: the script
+says whether the loop has ``vfmadd``/``vfmsub``); each clean row's fraction is of its own
+loop's ceiling, the scalar rows' of the binary32 sr ceiling.
+
 Run with ``OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1`` (one core).
 """
 
@@ -69,10 +74,17 @@ _REG_MOVE = re.compile(r"^\s*vmov(dqa64|dqu64|apd|aps|upd|ups)\s+%zmm\d+,\s*%zmm
 _STORE = re.compile(r"^\s*v\w+\s+%[xyz]mm\d+,\s*-?\w*\(")
 
 
-def loop_uops(asm: str) -> tuple[int, list[str]]:
-    """Vector micro-ops per iteration of the SR k-loop in ``asm``: every instruction on
-    an xmm/ymm/zmm register except pure loads and stores (load/store ports, not the
-    two vector ports); a load folded into an arithmetic instruction counts once."""
+def _is_sr32_loop(text: str) -> bool:
+    return "$35" in text and "vaddpd" in text
+
+
+def loop_uops(asm: str, is_loop=_is_sr32_loop) -> tuple[int, list[str]]:
+    """Vector micro-ops per iteration of the SR k-loop in ``asm`` (the shortest loop with
+    the term hash's ``vpmullq`` on zmm registers for which ``is_loop`` holds; default: the
+    binary32 separate loop, with the add's ``>> 35`` and the TwoSum ``vaddpd``): every
+    instruction on an xmm/ymm/zmm register except pure loads and stores (load/store
+    ports, not the two vector ports); a load folded into an arithmetic instruction
+    counts once."""
     lines = asm.splitlines()
     labels = {m.group(1): i for i, ln in enumerate(lines)
               if (m := re.match(r"^(\.LBB\S+):", ln))}
@@ -84,7 +96,7 @@ def loop_uops(asm: str) -> tuple[int, list[str]]:
         body = [x for x in lines[labels[m.group(1)]:i + 1]
                 if x.startswith("\t") and not x.strip().startswith((".", "#"))]
         text = "\n".join(body)
-        if "vpmullq" in text and "$35" in text and "vaddpd" in text and "zmm" in text:
+        if "vpmullq" in text and "zmm" in text and is_loop(text):
             if best is None or len(body) < len(best):
                 best = body
     if best is None:
@@ -94,15 +106,27 @@ def loop_uops(asm: str) -> tuple[int, list[str]]:
     return len(vec), best
 
 
-def clean_loop_asm() -> str:
-    """Machine code of ``_clean32`` (compiled afresh: a cached dispatcher holds none)."""
-    fn = njit(KN._clean32.py_func)
+def clean_loop_asm(kernel=KN._clean32, dtype=np.float32, *extra) -> str:
+    """Machine code of a clean-row kernel (``_clean32``, ``_cleanfma32`` with ``extra``
+    = (24,), ``_clean64``) compiled afresh (a cached dispatcher holds none), SR mode."""
+    fn = njit(kernel.py_func)
     n = 64
     acc = np.empty(n)
     jg = np.arange(n, dtype=np.uint64) * np.uint64(KN._G)
-    fn(acc, jg, np.ones(8, np.float32), np.ones((8, n), np.float64), np.uint64(1),
-       np.uint64(0), 0, n, KN._SR)
+    fn(acc, jg, np.ones(8, dtype), np.ones((8, n), np.float64), np.uint64(1),
+       np.uint64(0), 0, n, KN._SR, *extra)
     return fn.inspect_asm(fn.signatures[0])
+
+
+def _is_fma32_loop(text: str) -> bool:  # the fma loop: TwoSum, no add rounding's >> 35
+    return "vcvttpd2qq" in text
+
+
+def _is_sr64_loop(text: str) -> bool:
+    """The binary64 SR k >= 1 loop: TwoProduct by FMA, two SR thresholds (r >> 11 to
+    float64: product and sum; the k = 0 loop has one)."""
+    return text.count("vcvtqq2pd") >= 2 and ("vfmsub" in text or "vfmadd" in text
+                                             or "vfnmadd" in text)
 
 
 def rate(dtype, shape, repeats: int, mode: int, contraction: str = "separate",
@@ -131,29 +155,43 @@ def main(argv=None) -> None:
     ap.add_argument("--add-latency", type=int, default=3)
     args = ap.parse_args(argv)
     f = clock_hz(args.add_latency)
-    uops, body = loop_uops(clean_loop_asm())
-    moves = sum(1 for x in body if _REG_MOVE.match(x))
-    ceiling = 2 * f * 8 / uops
-    strict = 2 * f * 8 / (uops - moves) if moves < uops else ceiling
-    print(f"clock {f / 1e9:.2f} GHz (dependent adds, latency {args.add_latency}); "
-          f"SR clean loop: {len(body)} instructions, {uops} vector uops per 8 terms; "
-          f"ceiling 2 x clock x 8 / {uops} = {ceiling / 1e9:.2f} G terms/s")
-    print(f"({moves} of the {uops} are register-to-register moves, which Zen 4 renames away "
-          f"(benchmarks/bench_pipes.py); without them: 2 x clock x 8 / {uops - moves} = "
-          f"{strict / 1e9:.2f} G terms/s)")
-    rows = [("binary32 sr separate (clean rows)", np.float32, "separate", True),
-            ("binary32 sr fma (clean rows)", np.float32, "fma", True),
-            ("binary32 sr separate (scalar rows)", np.float32, "separate", False),
-            ("binary64 sr separate (clean rows)", np.float64, "separate", True),
-            ("binary64 sr separate (scalar rows)", np.float64, "separate", False)]
+    print(f"clock {f / 1e9:.2f} GHz (dependent adds, latency {args.add_latency})")
+    ceilings, strict = {}, {}
+    for label, asm, is_loop in (
+            ("binary32 sr", lambda: clean_loop_asm(), _is_sr32_loop),
+            ("binary32 fma-sr", lambda: clean_loop_asm(KN._cleanfma32, np.float32, 24),
+             _is_fma32_loop),
+            ("binary64 sr", lambda: clean_loop_asm(KN._clean64, np.float64), _is_sr64_loop)):
+        try:
+            uops, body = loop_uops(asm(), is_loop)
+        except (RuntimeError, AttributeError) as exc:  # no such loop on this host/version
+            print(f"{label} clean loop: not found ({exc})")
+            continue
+        moves = sum(1 for x in body if _REG_MOVE.match(x))
+        ceilings[label] = 2 * f * 8 / uops
+        strict[label] = 2 * f * 8 / (uops - moves) if moves < uops else ceilings[label]
+        fmas = sorted({x.split()[0] for x in body
+                       if x.split()[0].startswith(("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"))})
+        print(f"{label} clean loop: {len(body)} instructions, {uops} vector uops per 8 "
+              f"terms; ceiling 2 x clock x 8 / {uops} = {ceilings[label] / 1e9:.2f} G terms/s"
+              f" ({moves} register-to-register moves, which Zen 4 renames away "
+              f"(benchmarks/bench_pipes.py); without them {strict[label] / 1e9:.2f})"
+              + (f"; FMA: {', '.join(fmas) or 'NONE (not a hardware FMA)'}"
+                 if label == "binary64 sr" else ""))
+    rows = [("binary32 sr separate (clean rows)", np.float32, "separate", True, "binary32 sr"),
+            ("binary32 sr fma (clean rows)", np.float32, "fma", True, "binary32 fma-sr"),
+            ("binary32 sr separate (scalar rows)", np.float32, "separate", False, "binary32 sr"),
+            ("binary64 sr separate (clean rows)", np.float64, "separate", True, "binary64 sr"),
+            ("binary64 sr separate (scalar rows)", np.float64, "separate", False, "binary32 sr")]
     print(f"{'kernel':38s} {'G terms/s':>10s} {'of ceiling':>11s} {'w/o moves':>10s}")
-    for name, dt, con, clean in rows:
+    for name, dt, con, clean, ceil in rows:
         try:
             r = rate(dt, args.shape, args.repeats, KN._SR, con, clean)
         except TypeError:  # a kernel without that option on this version
             continue
-        print(f"{name:38s} {r / 1e9:10.3f} {100 * r / ceiling:10.1f}% "
-              f"{100 * r / strict:10.1f}%")
+        frac = (f"{100 * r / ceilings[ceil]:10.1f}% {100 * r / strict[ceil]:10.1f}%"
+                if ceil in ceilings else f"{'-':>11s} {'-':>10s}")
+        print(f"{name:38s} {r / 1e9:10.3f} {frac} (of {ceil})")
 
 
 if __name__ == "__main__":

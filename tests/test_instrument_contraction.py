@@ -77,6 +77,25 @@ def test_fma_clean_row_takes_the_fast_path_and_rejects_the_cancellation():
     assert _same(got, want)
 
 
+def test_fma_clean_loop_hands_over_sums_just_below_a_grid_point():
+    """acc = 1, then 1 + (-2**-60): the float64 sum is 1.0 (on the binary32 grid) with a
+    negative residual, where the rounding core steps down a finer grid: the clean loop's
+    integer decision gives the lane up (NaN) and the full path matches the exact
+    reference; the neighbouring lanes (residuals of both signs off the grid) stay."""
+    a = np.array([[[1.0, 2.0 ** -30]]], np.float32)
+    b = np.array([[[1.0, 1.0, 1.5], [-(2.0 ** -30), 2.0 ** -30, -(1 + 2.0 ** -23) / 4]]],
+                 np.float32)  # column 2: 1.5 - 2**-32 - 2**-55, off the grid, residual < 0
+    jg = np.arange(3, dtype=np.uint64) * np.uint64(RK.GAMMA)
+    for m in ("sr", "random"):
+        code = RK.mode_code(m)
+        acc = np.empty(3)
+        KN._cleanfma32(acc, jg, a[0, 0], b[0], np.uint64(9), np.uint64(0), 0, 3, code, 24)
+        assert np.isnan(acc[0]) and not np.isnan(acc[1:]).any(), m
+        want = KN.contract_reference(a, b, 9, code, 24, contraction="fma")
+        assert _same(acc[1:].astype(np.float32), want[0, 0, 1:]), m
+        assert _same(KN.contract(a, b, 9, code, 24, contraction="fma"), want), m
+
+
 def test_fma_ieee_is_sequential_fused_multiply_add():
     """ieee with fma: acc = fl(acc + a·b) with the exact product: numpy's float64 fma of
     binary32 operands is exact before the cast (48-bit products, sums checked)."""

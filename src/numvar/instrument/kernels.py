@@ -34,7 +34,15 @@ front ("clean" rows, the usual case) run vectorised loops with no range checks a
 512-bit vectors where the CPU has them; other rows run loops that check every term (at
 24 bits) or the scalar full path (below). Lanes a fast loop cannot round exactly are
 redone on the scalar full path. Every path gives the same bits (tests compare each with
-:func:`contract_reference`). binary64 products take the scalar kernel.
+:func:`contract_reference`).
+
+Speed (binary64, 53 bits, sr / ieee / ud / random, ``"separate"``): clean rows (every
+nonzero input magnitude in [2**-300, 2**300], see :func:`clean_rows64`) run a vectorised
+loop (:func:`_clean64`): TwoProduct by a hardware FMA (``fma(a, b, -a·b)``, the same
+exact error as the rounding core's Dekker TwoProduct), TwoSum, and the rounding core's
+binary64 step ``_rn64_fast`` written without branches (:func:`_rn64_step`); lanes whose
+sums leave its range are redone on the scalar path, as are other rows. Virtual
+precisions below 53 bits, the directed modes and ``"fma"`` take the scalar kernel.
 
 Port-bound ceiling of the binary32 SR clean loop
 ------------------------------------------------
@@ -81,6 +89,14 @@ the ceiling :func:`contract` reaches, timed by the calling thread's CPU time (on
 See ``docs/speed.md`` for the measured fractions; outside the loop, :func:`contract`
 spends the per-k line hash and loop set-up (K passes over N/8 vectors per row), the
 first-product loop, the NaN scan, the clean-row test and the widening of ``b``.
+
+The same count for the other clean loops (``bench_kernels.py`` prints it on the host):
+the ``"fma"`` sr loop (:func:`_clean_fma_loops`: term bits 6, exact product 2, TwoSum 6,
+the integer decision of :func:`_fma_sr_step` and its range checks ~20) has 34 vector
+micro-ops per 8 terms, ceiling ``2 × clock × 8 / 34`` = 1.74 G terms/s at 3.69 GHz;
+the binary64 sr loop (:func:`_clean64_loops`: two :func:`_rn64_step` roundings of ~25
+micro-ops each, TwoProduct by one ``vfmsub213pd`` plus a multiply, TwoSum, the sum's
+range check) has 68, ceiling 0.87 G terms/s.
 """
 
 from __future__ import annotations
@@ -354,27 +370,9 @@ def _round_term(x, r, mode, t, add):
 
 
 @njit(inline="always")
-def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, fma=False, exact=False):
-    """Every k-step of one clean row tile into ``acc`` (float64, binary32 values at ``t``
-    bits). A lane whose float64 sum is inexact (or, for ud, below its fast step's range
-    and nonzero) becomes NaN and stays NaN (the inputs are finite, so NaN marks exactly
-    those lanes). Same bits as :func:`_term`/:func:`_rot`, one 64-bit multiply per term
-    (``jg[jj] = (j0 + jj)·γ`` is precomputed).
-
-    With ``fma`` (a constant): one rounding per multiply-add, ``RND(acc + a·b)`` with the
-    exact product and the term's bits ``r``. The float64 sum of a 24-bit accumulator and
-    a 48-bit product is often inexact: its TwoSum residual ``e`` goes, at 24 bits, to the
-    rounding core's residual fast path (``numvar.rounding.kernels.lo32_fast``, identical
-    to ``round_core`` where it accepts, as the core's ``narrow_fma`` rounds); below 24
-    bits such a lane is recomputed. Its sums can cancel below binary32's normal range
-    (the products are not on the 2**-125 grid), so every mode checks the range of the sum
-    (at least 2**-126, 2**-125 for ud at 24 bits, or zero).
-
-    With ``exact`` (a constant; sr, ieee and random only): every product is exact at
-    ``t`` bits (:func:`narrow_products`), so its rounding, which returns an exact value
-    unchanged whatever the random bits, is skipped: the same bits, fewer operations."""
-    ud_min = _UD_MIN if t == 24 else _UD_MIN_T
-    fma_min = ud_min if (mode == _UD or t != 24) else _UD_MIN_T
+def _clean_first(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, exact=False):
+    """The first product of every lane of a clean row tile, rounded into ``acc`` (k = 0
+    of :func:`_clean_loops` and :func:`_clean_fma_loops`; ``exact`` as there)."""
     a0 = np.float64(arow[0])
     b0 = bmat[0, j0:j0 + n]  # row slices indexed from 0: this form vectorises best
     h0 = _bits(ukey, base)
@@ -384,6 +382,21 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, fma=False, exa
         r = r ^ (r >> _U29)
         acc[jj] = a0 * np.float64(b0[jj]) if exact else _round_term(
             a0 * np.float64(b0[jj]), r, mode, t, False)
+
+
+@njit(inline="always")
+def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, exact=False):
+    """Every k-step of one clean row tile into ``acc`` (float64, binary32 values at ``t``
+    bits). A lane whose float64 sum is inexact (or, for ud, below its fast step's range
+    and nonzero) becomes NaN and stays NaN (the inputs are finite, so NaN marks exactly
+    those lanes). Same bits as :func:`_term`/:func:`_rot`, one 64-bit multiply per term
+    (``jg[jj] = (j0 + jj)·γ`` is precomputed).
+
+    With ``exact`` (a constant; sr, ieee and random only): every product is exact at
+    ``t`` bits (:func:`narrow_products`), so its rounding, which returns an exact value
+    unchanged whatever the random bits, is skipped: the same bits, fewer operations."""
+    ud_min = _UD_MIN if t == 24 else _UD_MIN_T
+    _clean_first(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, exact)
     for k in range(1, arow.size):
         ak = np.float64(arow[k])
         bk = bmat[k, j0:j0 + n]
@@ -392,20 +405,6 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, fma=False, exa
             z = hk + jg[jj]
             r = ((z ^ (z >> _U32)) * _M1)
             r = r ^ (r >> _U29)
-            if fma:
-                p = ak * np.float64(bk[jj])  # exact
-                c = acc[jj]
-                s = c + p
-                bv = s - c
-                e = (c - (s - bv)) + (p - bv)  # TwoSum: s + e = c + p exactly
-                ok = (e == 0.0) & ((abs(s) >= fma_min) | (s == 0.0))
-                v = _round_term(s, r, mode, t, False)
-                if t == 24:  # an inexact float64 sum: the core's residual path
-                    w, okw = K.lo32_fast(s, e, r, mode)
-                    v = v if e == 0.0 else np.float64(w)
-                    ok = ok | ((e != 0.0) & okw)
-                acc[jj] = v if ok else np.nan
-                continue
             p = ak * np.float64(bk[jj])
             if not exact:
                 p = _round_term(p, r, mode, t, False)
@@ -415,6 +414,89 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, fma=False, exa
             if mode == _UD:
                 ok = ok & ((abs(s) >= ud_min) | (s == 0.0))
             v = _round_term(s, r, mode, t, True)
+            acc[jj] = v if ok else np.nan
+
+
+_SIGN = np.uint64(1 << 63)
+_EXPBITS = np.uint64(0x7FF << 52)
+_LO32P = np.uint64((1023 - 126) << 52)  # the float64 pattern of 2**-126
+_SPAN32P = np.uint64(254 << 52)  # 2**128's pattern minus 2**-126's
+_S76 = np.uint64(2122 << 52)  # minus a biased exponent e: the bits of 2**(76-e)
+_U11 = np.uint64(11)
+
+
+@njit(inline="always")
+def _fma_sr_step(s, e, r, mode):
+    """SR or random rounding to binary32 (24 bits) of the exact sum ``s + e`` (TwoSum
+    output) by integer arithmetic on the bit patterns: (value as float64, ok).
+
+    The rounding core's decision (``round_core`` at k = 0, t = p = 24, identical to
+    ``numvar.rounding.kernels.lo32_fast``): for ``H = |s|`` of exponent ``E`` in
+    binary32's normal range, ``u = 2**(E-23)``, ``A`` = H with its low 29 bits cleared,
+    ``D = H - A``, ``L = ±e`` (the sign of s taken off), ``s' = RN(D + L)``: SR rounds up
+    iff ``float(r >> 11) + 1 <= (s'/u)·2**53``. Here ``thr = s'·2**(76-E)`` is that
+    right-hand side, exact (a power-of-two scaling, no underflow for the clean rows'
+    multiples of 2**-149), and ``q + 1 <= thr`` for the integer ``q = r >> 11`` is
+    ``q < trunc(thr)``: one integer compare. An exact sum (``e == 0``) gives
+    ``thr = low29(H)·2**24``, the ``separate`` loops' add-and-truncate decision. ``random``
+    rounds up on the top bit unless exact. ``ok`` is False outside binary32's normal range
+    (zero kept) and where ``s`` lies on the grid with the exact value below it (``thr <
+    0``: ``D = 0``, ``L < 0``; round_core then steps down a possibly finer grid)."""
+    sb = _f64_bits(s)
+    sign = sb & _SIGN
+    ab = sb ^ sign
+    ok = ((ab - _LO32P) < _SPAN32P) | (s == 0.0)
+    A = _bits_f64(ab & _NLOW29)
+    L = _bits_f64(_f64_bits(e) ^ sign)
+    low = ab & _LOW29
+    if mode == _SR:
+        thr = ((_bits_f64(ab) - A) + L) * _bits_f64(_S76 - (ab & _EXPBITS))
+        up = np.int64(r >> _U11) < np.int64(thr)
+        ok = ok & (thr >= 0.0)
+    else:
+        up = ((r >> _U63) == _ONE) & ((low != np.uint64(0)) | (e != 0.0))
+        ok = ok & ((low != np.uint64(0)) | (L >= 0.0))
+    return _bits_f64((sb & _NLOW29) + (_ULP32 if up else np.uint64(0))), ok
+
+
+@njit(inline="always")
+def _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):
+    """:func:`_clean_loops` for ``contraction="fma"``: one rounding per multiply-add,
+    ``RND(acc + a·b)`` with the exact product and the term's bits ``r``. The float64 sum
+    of a 24-bit accumulator and a 48-bit product is often inexact; its TwoSum residual
+    ``e`` is rounded with it: sr and random at 24 bits by :func:`_fma_sr_step` (integer
+    decision, no branch), ieee and ud at 24 bits by the rounding core's residual fast path
+    (``numvar.rounding.kernels.lo32_fast``, identical to ``round_core`` where it accepts,
+    as the core's ``narrow_fma`` rounds); below 24 bits an inexact lane is recomputed.
+    Its sums can cancel below binary32's normal range (the products are not on the
+    2**-125 grid), so every mode checks the range of the sum (at least 2**-126, 2**-125
+    for ud at 24 bits, or zero)."""
+    ud_min = _UD_MIN if t == 24 else _UD_MIN_T
+    fma_min = ud_min if (mode == _UD or t != 24) else _UD_MIN_T
+    _clean_first(acc, jg, arow, bmat, ukey, base, j0, n, mode, t)
+    for k in range(1, arow.size):
+        ak = np.float64(arow[k])
+        bk = bmat[k, j0:j0 + n]
+        hk = _bits(ukey, base + np.uint64(k))
+        for jj in range(n):
+            z = hk + jg[jj]
+            r = ((z ^ (z >> _U32)) * _M1)
+            r = r ^ (r >> _U29)
+            p = ak * np.float64(bk[jj])  # exact
+            c = acc[jj]
+            s = c + p
+            bv = s - c
+            e = (c - (s - bv)) + (p - bv)  # TwoSum: s + e = c + p exactly
+            if t == 24 and (mode == _SR or mode == _RANDOM):
+                v, ok = _fma_sr_step(s, e, r, mode)
+                acc[jj] = v if ok else np.nan
+                continue
+            ok = (e == 0.0) & ((abs(s) >= fma_min) | (s == 0.0))
+            v = _round_term(s, r, mode, t, False)
+            if t == 24:  # an inexact float64 sum: the core's residual path
+                w, okw = K.lo32_fast(s, e, r, mode)
+                v = v if e == 0.0 else np.float64(w)
+                ok = ok | ((e != 0.0) & okw)
             acc[jj] = v if ok else np.nan
 
 
@@ -443,11 +525,11 @@ def _cleanx32(acc, jg, arow, bmat, ukey, base, j0, n, mode):  # pragma: no cover
     per mode, 512-bit vectors allowed. Same bits as :func:`_clean32`."""
     _wide_vectors()
     if mode == _SR:
-        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR, 24, False, True)
+        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR, 24, True)
     elif mode == _IEEE:
-        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, 24, False, True)
+        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, 24, True)
     else:
-        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, 24, False, True)
+        _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, 24, True)
 
 
 @njit(cache=True)
@@ -457,24 +539,24 @@ def _cleanfma32(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):  # pragma: no 
     _wide_vectors()
     if mode == _SR:
         if t == 24:
-            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR, 24, True)
+            _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR, 24)
         else:
-            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR, t, True)
+            _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR, t)
     elif mode == _IEEE:
         if t == 24:
-            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, 24, True)
+            _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, 24)
         else:
-            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, t, True)
+            _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE, t)
     elif mode == _UD:
         if t == 24:
-            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _UD, 24, True)
+            _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, _UD, 24)
         else:
-            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _UD, t, True)
+            _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, _UD, t)
     else:
         if t == 24:
-            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, 24, True)
+            _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, 24)
         else:
-            _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, t, True)
+            _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, t)
 
 
 @njit(inline="always")
@@ -791,6 +873,235 @@ def _contract_kernel(a, b, out, key, mode, t, is32, fma=False):  # pragma: no co
                         orow[j] = K.add_f64(np.float64(orow[j]), p64, mode, t, _rot(r))
 
 
+# ------------------------------------------------------------ binary64 clean rows
+@intrinsic
+def _fma64(typingctx, x, y, z):
+    """``x·y + z`` with one rounding (LLVM's ``llvm.fma.f64``: the hardware FMA, vfmadd,
+    where the CPU has one, a correctly rounded library call otherwise: exact either way)."""
+    if not all(v == types.float64 for v in (x, y, z)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+
+    return types.float64(types.float64, types.float64, types.float64), codegen
+
+
+#: A row of a binary64 product at 53 bits is *clean* when every input of the row (and of
+#: ``b``) is finite with every nonzero magnitude in [2**-300, 2**300]. Then every nonzero
+#: product lies in [2**-600, 2**600], where the rounding core's binary64 multiply takes
+#: TwoProduct (Dekker's, exact there; the clean loop's ``fma(a, b, -p)`` is the same exact
+#: error) and ``_rn64_fast``. Sums are checked per lane: a float64 sum that is zero or has
+#: magnitude in [2**-700, 2**1000) is rounded by :func:`_rn64_step` (``_rn64_fast``
+#: without branches: normal ulps, no overflow, the SR threshold's power-of-two scaling
+#: exact); any other lane becomes NaN and is recomputed on the scalar full path.
+_CLEAN64_LO = np.uint64(1023 - 300) << np.uint64(52)
+_CLEAN64_HI = np.uint64(1023 + 300) << np.uint64(52)
+_SUM64_LO = np.uint64(1023 - 700) << np.uint64(52)
+_SUM64_SPAN = np.uint64(1700) << np.uint64(52)
+_MANT = np.uint64((1 << 52) - 1)
+_U52E = np.uint64(52 << 52)
+_ONEE = np.uint64(1 << 52)
+_S53 = np.uint64(2099 << 52)  # minus a biased exponent e: the bits of 2**(53-(e-1023))
+
+
+@njit(inline="always")
+def _rn64_step(x, lo, r, mode):
+    """``numvar.rounding.kernels._rn64_fast(x, lo, mode, r)`` (binary64 at 53 bits of the
+    exact ``x + lo``, ``x = RN64(x + lo)``) for ``|x|`` in [2**-700, 2**1000) and modes
+    sr, ieee, ud, random, without branches (same operations, selects instead of jumps):
+    ulp ``u`` from the exponent bits (halved below a power of two when the exact value
+    lies below it, for sr and random, or on ud's step down); sr moves up iff
+    ``float(r >> 11) + 1 <= sv·2**(53 - exponent(u))``."""
+    if mode == _IEEE:
+        return x
+    xb = _f64_bits(x)
+    sign = xb & _SIGN
+    ab = xb ^ sign
+    H = _bits_f64(ab)
+    top = (r >> _U63) == _ONE
+    pw2 = (ab & _MANT) == np.uint64(0)
+    ueb = (ab & _EXPBITS) - _U52E
+    if mode == _UD:
+        u = _bits_f64(ueb - (_ONEE if pw2 & (not top) else np.uint64(0)))
+        R = H + u if top else H - u
+        return _bits_f64(_f64_bits(R) | sign)
+    L = _bits_f64(_f64_bits(lo) ^ sign)
+    pos = L > 0.0
+    ueb = ueb - (_ONEE if pw2 & (not pos) else np.uint64(0))
+    u = _bits_f64(ueb)
+    A = H if pos else H - u
+    if mode == _SR:
+        sv = L if pos else u + L
+        up = np.float64(r >> _U11) + 1.0 <= sv * _bits_f64(_S53 - ueb)
+    else:
+        up = top
+    R = A + u if up else A
+    R = H if lo == 0.0 else R
+    return _bits_f64(_f64_bits(R) | sign)
+
+
+@njit(inline="always")
+def _product64(x, y, r, mode):
+    """``numvar.rounding.kernels.mul_f64(x, y, mode, 53, r)`` for a clean row's factors
+    (zero, or magnitudes in [2**-300, 2**300]): TwoProduct by FMA, then
+    :func:`_rn64_step`; a zero product keeps IEEE's signed zero."""
+    p = x * y
+    v = _rn64_step(p, _fma64(x, y, -p), r, mode)
+    return p if p == 0.0 else v
+
+
+@njit(inline="always")
+def _clean64_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode):
+    """Every k-step of one clean binary64 row tile into ``acc``: the order and bits of
+    :func:`contract` (product with ``r``, add with ``rot(r)``), TwoProduct by FMA and
+    TwoSum; a lane whose sum leaves the range of :func:`_rn64_step` becomes NaN and stays
+    NaN (the inputs are finite: NaN marks exactly those lanes)."""
+    a0 = arow[0]
+    b0 = bmat[0, j0:j0 + n]
+    h0 = _bits(ukey, base)
+    for jj in range(n):
+        z = h0 + jg[jj]
+        r = ((z ^ (z >> _U32)) * _M1)
+        r = r ^ (r >> _U29)
+        acc[jj] = _product64(a0, b0[jj], r, mode)
+    for k in range(1, arow.size):
+        ak = arow[k]
+        bk = bmat[k, j0:j0 + n]
+        hk = _bits(ukey, base + np.uint64(k))
+        for jj in range(n):
+            z = hk + jg[jj]
+            r = ((z ^ (z >> _U32)) * _M1)
+            r = r ^ (r >> _U29)
+            p = _product64(ak, bk[jj], r, mode)
+            c = acc[jj]
+            s = c + p
+            bv = s - c
+            e = (c - (s - bv)) + (p - bv)  # TwoSum: s + e = c + p exactly
+            sb = _f64_bits(s) & ~_SIGN
+            ok = ((sb - _SUM64_LO) < _SUM64_SPAN) | (s == 0.0)
+            v = _rn64_step(s, e, _rot(r), mode)
+            v = s if s == 0.0 else v
+            acc[jj] = v if ok else np.nan
+
+
+@njit(cache=True)
+def _clean64(acc, jg, arow, bmat, ukey, base, j0, n, mode):  # pragma: no cover - compiled
+    """:func:`_clean64_loops` with the mode folded into a constant (one vectorised copy
+    per mode), 512-bit vectors allowed."""
+    _wide_vectors()
+    if mode == _SR:
+        _clean64_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR)
+    elif mode == _IEEE:
+        _clean64_loops(acc, jg, arow, bmat, ukey, base, j0, n, _IEEE)
+    elif mode == _UD:
+        _clean64_loops(acc, jg, arow, bmat, ukey, base, j0, n, _UD)
+    else:
+        _clean64_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM)
+
+
+@njit(inline="always")
+def _absbits64(x):
+    """(max, min nonzero) of the magnitudes' bit patterns of a contiguous binary64 array
+    (min is 2**64 - 1 when every element is ±0); see :func:`_absbits`."""
+    u = x.view(np.uint64)
+    hi = np.uint64(0)
+    lo = np.uint64(0xFFFFFFFFFFFFFFFF)
+    for i in range(u.size):
+        m = u[i] & ~_SIGN
+        hi = max(hi, m)
+        lo = min(lo, m - np.uint64(1))
+    return hi, lo + np.uint64(1) if lo != np.uint64(0xFFFFFFFFFFFFFFFF) else lo
+
+
+@njit(inline="always")
+def _in_clean64(hi, lo):
+    """Whether (max, min nonzero) magnitude patterns are those of a clean binary64 row."""
+    return hi <= _CLEAN64_HI and (hi == np.uint64(0) or lo >= _CLEAN64_LO)
+
+
+@njit(cache=True)
+def clean_rows64(a, b, BO):  # pragma: no cover - compiled
+    """Which rows ``(bo, i)`` (flattened ``bo·M + i``) of a binary64 product of ``a``
+    (BA, M, K) and ``b`` (BB, K, N) with batch BO are clean (see above)."""
+    BA, M, Kd = a.shape
+    BB = b.shape[0]
+    bok = np.empty(BB, dtype=np.bool_)
+    for bb in range(BB):
+        hi, lo = _absbits64(b[bb].reshape(-1))
+        bok[bb] = _in_clean64(hi, lo)
+    aok = np.empty((BA, M), dtype=np.bool_)
+    for ba in range(BA):
+        for i in range(M):
+            hi, lo = _absbits64(a[ba, i])
+            aok[ba, i] = _in_clean64(hi, lo)
+    out = np.empty(BO * M, dtype=np.bool_)
+    for bo in range(BO):
+        for i in range(M):
+            out[bo * M + i] = aok[bo % BA, i] and bok[bo % BB]
+    return out
+
+
+@njit(inline="always")
+def _step64(acc, x, y, r, first, mode, t):
+    """One k-step of the scalar binary64 path (numvar.rounding's functions): ``RND(x·y)``
+    with ``r``, then (not ``first``) ``RND(acc + that)`` with ``rot(r)``."""
+    p = K.mul_f64(x, y, mode, t, r)
+    return p if first else K.add_f64(acc, p, mode, t, _rot(r))
+
+
+@njit
+def _column64(arow, bmat, ukey, base, j, mode):  # pragma: no cover - compiled
+    """One output element of a binary64 product at 53 bits on the scalar full path, for
+    the lanes the clean loop gives up on."""
+    uj = np.uint64(j)
+    acc = 0.0
+    for k in range(arow.size):
+        acc = _step64(acc, arow[k], bmat[k, j], _term(_bits(ukey, base + np.uint64(k)), uj),
+                      k == 0, mode, 53)
+    return acc
+
+
+@njit(parallel=True, cache=True)
+def _contract_fast64(a, b, clean, out, key, mode):  # pragma: no cover
+    """binary64 at 53 bits, modes sr, ieee, ud, random: clean rows on the vectorised
+    loop (NaN lanes recomputed on the scalar full path), other rows on the scalar path
+    (k outer, one tile of columns at a time). Tiles as :func:`_contract_fast32`."""
+    BO, M, N = out.shape
+    Kd = b.shape[1]
+    BA = a.shape[0]
+    BB = b.shape[0]
+    ntile = (N + TILE - 1) // TILE
+    ukey = np.uint64(key)
+    for task in prange(BO * M * ntile):
+        row = task // ntile
+        tile = task - row * ntile
+        bo = row // M
+        i = row - bo * M
+        j0 = tile * TILE
+        j1 = min(N, j0 + TILE)
+        n = j1 - j0
+        arow = a[bo % BA, i]
+        bmat = b[bo % BB]
+        base = np.uint64(row) * np.uint64(Kd)
+        o = out[bo, i]
+        if clean[row]:
+            acc = np.empty(n)
+            jg = np.empty(n, dtype=np.uint64)
+            for jj in range(n):
+                jg[jj] = np.uint64(j0 + jj) * _G
+            _clean64(acc, jg, arow, bmat, ukey, base, j0, n, mode)
+            for jj in range(n):
+                v = acc[jj]
+                o[j0 + jj] = v if v == v else _column64(arow, bmat, ukey, base, j0 + jj, mode)
+            continue
+        for k in range(Kd):
+            hk = _bits(ukey, base + np.uint64(k))
+            for j in range(j0, j1):
+                o[j] = _step64(o[j], arow[k], bmat[k, j], _term(hk, np.uint64(j)), k == 0,
+                               mode, 53)
+
+
 @njit(inline="always")
 def _scanloop32(orow, xrow, ukey, q0, mode, use_mul, bad):
     """One k-step in place: ``orow[j] = RND(orow[j] ∘ xrow[j])`` on the fast path; a
@@ -1022,6 +1333,9 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
             b64 = b.astype(np.float64) if clean.any() else _NO_B64
             launch(work, _contract_fast32, a, b, b64, clean, out, np.uint64(key), mode, t, fma,
                    exact)
+        elif a.dtype == np.float64 and t == 53 and mode <= _RANDOM and not fma:
+            launch(work, _contract_fast64, a, b, clean_rows64(a, b, BO), out, np.uint64(key),
+                   mode)
         else:
             launch(work, _contract_kernel, a, b, out, np.uint64(key), mode, t,
                    a.dtype == np.float32, fma)

@@ -258,15 +258,20 @@ def _norms(size):
     return Built("norms", M.Norms(c, hw), (_images(2, 3, hw),), _square_loss)
 
 
-def _sine(size):
-    torch.manual_seed(0)
-    window, hidden, batch = _pick(size, (8, 16, 8), (32, 128, 256))
-    t = torch.arange(batch, dtype=torch.float64).unsqueeze(1) * 0.1 + torch.arange(
-        window, dtype=torch.float64) * 0.1
-    model = M.SineMLP(window, hidden).double()
-    target = torch.sin(t[:, -1:] + 0.1)
-    return Built("sine_mlp_f64", model, (torch.sin(t),),
-                 lambda out: (out - target).square().mean())
+def _sine(name, dtype):
+    """The sine-wave MLP in ``dtype`` (float64: the scientific-code model; float32: its
+    twin, the same architecture, weights and inputs, for the binary64/binary32 ratio)."""
+    def build(size):
+        torch.manual_seed(0)
+        window, hidden, batch = _pick(size, (8, 16, 8), (32, 128, 256))
+        t = torch.arange(batch, dtype=torch.float64).unsqueeze(1) * 0.1 + torch.arange(
+            window, dtype=torch.float64) * 0.1
+        model = M.SineMLP(window, hidden).to(dtype)
+        target = torch.sin(t[:, -1:] + 0.1).to(dtype)
+        return Built(name, model, (torch.sin(t).to(dtype),),
+                     lambda out: (out - target).square().mean())
+
+    return build
 
 
 # ----------------------------------------------------------------- transformers (tiny)
@@ -409,7 +414,10 @@ _ENTRIES = [
     Entry("spatial_transformer", "affine_grid, bilinear grid_sample", _stn),
     Entry("linear_solve", "torch.linalg.solve on a learned SPD matrix", _solve),
     Entry("norms", "batch/group/instance/layer/RMS norm, cumsum", _norms),
-    Entry("sine_mlp_f64", "float64 tanh MLP (LBFGS-style sine-wave predictor)", _sine),
+    Entry("sine_mlp_f64", "float64 tanh MLP (LBFGS-style sine-wave predictor)",
+          _sine("sine_mlp_f64", torch.float64)),
+    Entry("sine_mlp", "sine_mlp_f64 in float32 (its twin: the binary64 cost ratio)",
+          _sine("sine_mlp", torch.float32)),
     Entry("bert", "transformers BertModel, attention mask", _bert, "transformers"),
     Entry("gpt2", "transformers GPT2Model, causal + padding mask", _gpt2, "transformers"),
     Entry("t5", "transformers T5Model, relative position bias, RMS norm", _t5, "transformers"),
