@@ -728,6 +728,19 @@ def _tile32(o, arow, bmat, ukey, base, N, j0, mode, t, bad):  # pragma: no cover
         _tile_fast(o, arow, bmat, ukey, base, N, j0, _RANDOM, t, bad, False)
 
 
+#: bytes of b64 (float64) one clean-row task streams per k-pass set, kept within L2
+CLEAN_TILE_BYTES = 768 * 1024
+
+
+@njit(cache=True)
+def clean_tile(K):  # pragma: no cover - compiled
+    """Columns per task of :func:`_contract_fast32`: ``TILE`` (1024), narrowed so that a
+    task's slice of ``b64`` (K × columns × 8 bytes) stays within ``CLEAN_TILE_BYTES``,
+    but never below 256 columns (the per-k set-up then dominates)."""
+    w = (CLEAN_TILE_BYTES // (8 * max(K, 1))) // 64 * 64
+    return max(256, min(TILE, w))
+
+
 @njit(parallel=True, cache=True)
 def _contract_fast32(a, b, b64, clean, out, key, mode, t, fma=False,
                      exact=False):  # pragma: no cover
@@ -743,15 +756,20 @@ def _contract_fast32(a, b, b64, clean, out, key, mode, t, fma=False,
     Kd = b.shape[1]
     BA = a.shape[0]
     BB = b.shape[0]
-    ntile = (N + TILE - 1) // TILE
+    tw = clean_tile(Kd)
+    ntile = (N + tw - 1) // tw
     ukey = np.uint64(key)
+    # tasks batch-major, then column tile, then row: consecutive tasks of a thread reuse
+    # one tile of b64 (K × tw float64) while it is in L2. Every element is computed by one
+    # task from its own counter-based bits: the order and the tile width change no bit.
     for task in prange(BO * M * ntile):
-        row = task // ntile
-        tile = task - row * ntile
-        bo = row // M
-        i = row - bo * M
-        j0 = tile * TILE
-        j1 = min(N, j0 + TILE)
+        bo = task // (M * ntile)
+        rem = task - bo * (M * ntile)
+        tile = rem // M
+        i = rem - tile * M
+        row = bo * M + i
+        j0 = tile * tw
+        j1 = min(N, j0 + tw)
         n = j1 - j0
         arow = a[bo % BA, i]
         bb = bo % BB
