@@ -58,7 +58,8 @@ def nan_payload(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_noisy_custom_op_caught_with_user_stack_forward_and_backward():
-    x = torch.randn(3, 4, requires_grad=True)
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0)).clamp(-3.9, 3.9)
+    x.requires_grad_(True)
     with BitwiseEquivalenceMode() as mode:
         y = noisy(x * 2)  # FORWARD-LINE
         y.sum().backward()
@@ -68,14 +69,18 @@ def test_noisy_custom_op_caught_with_user_stack_forward_and_backward():
     fwd, bwd = ms
     assert fwd.output == 0 and fwd.shapes == ([3, 4], [3, 4])
     assert fwd.dtypes == ("float32", "float32")
-    assert fwd.n_differing == 12  # continuous noise: every element differs (prob. 1)
+    # Two noise draws (sd 1e-3 each) land on the same float32 of |2x| < 8 (ulp <= 2**-20)
+    # with p <= 2**-21 / (1.41e-3 * sqrt(2 pi)) < 3e-4 per element: all 12 differ w.p.
+    # 0.997 only, 10 or more differ w.p. > 1 - C(12, 3) p**3 > 1 - 1e-8.
+    assert fwd.n_differing >= 10
     assert 0 < fwd.max_abs_diff < 1e-2  # |N(0,1)·1e-3 difference| < 1e-2 w.p. > 1 - 1e-12
     for m in ms:  # both name the forward call in this file
         assert m.stack[-1].file == __file__ and "FORWARD-LINE" in m.stack[-1].code
     assert bwd.autograd_node and "noisy" in bwd.autograd_node
     assert "in backward" in bwd.format() and "FORWARD-LINE" in bwd.format()
     js = json.loads(json.dumps(bwd.to_json()))
-    assert js["in_backward"] and js["n_differing"] == 12 and js["stack"][-1]["file"] == __file__
+    assert js["in_backward"] and js["n_differing"] == bwd.n_differing >= 10
+    assert js["stack"][-1]["file"] == __file__
 
 
 def test_raise_on_mismatch_and_restores_global_state():
