@@ -25,10 +25,11 @@ import time
 
 import torch
 
-from numvar.instrument import _core, fuzzy
+from numvar.instrument import _core
 from numvar.instrument import kernels as KN
-from numvar.instrument.codepath import IdentityMode, codepath
 from numvar.workloads import zoo
+
+from bench_zoo import _variants, best_of
 
 _NARROW = dict(_core._NARROW)
 _NARROW_PRODUCTS = KN.narrow_products
@@ -43,40 +44,15 @@ def fast_paths(on: bool) -> None:
 
 
 def measure(name: str, repeats: int, clock) -> dict[str, float]:
-    built = zoo.build(name, "bench")
-    model, x = built.model.eval(), built.inputs
-
-    def native():
-        model(*x)
-
-    def floor():
-        with codepath(), IdentityMode():
-            model(*x)
-
-    def sr(granularity):
-        def run():
-            with fuzzy(mode="sr", granularity=granularity, seed=0):
-                model(*x)
-        return run
-
-    variants = {"native": (native, True), "floor": (floor, True),
-                "op before": (sr("op"), False), "op after": (sr("op"), True),
-                "flop before": (sr("flop"), False), "flop after": (sr("flop"), True)}
-    best = {k: float("inf") for k in variants}
+    v = _variants(zoo.build(name, "bench"))
+    variants = {"native": (v["native"], True), "floor": (v["floor"], True),
+                "op before": (v["op SR"], False), "op after": (v["op SR"], True),
+                "flop before": (v["flop SR"], False), "flop after": (v["flop SR"], True)}
     try:
-        with torch.no_grad():
-            for fn, on in variants.values():
-                fast_paths(on)
-                fn()
-            for _ in range(repeats):
-                for k, (fn, on) in variants.items():
-                    fast_paths(on)
-                    t = clock()
-                    fn()
-                    best[k] = min(best[k], clock() - t)
+        return best_of({k: fn for k, (fn, _) in variants.items()}, repeats, clock,
+                       setup=lambda k: fast_paths(variants[k][1]))
     finally:
         fast_paths(True)
-    return best
 
 
 def main(argv=None) -> None:

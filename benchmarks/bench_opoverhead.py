@@ -31,12 +31,13 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from numvar.instrument import fuzzy
 from numvar.instrument import pointwise as PW
-from numvar.instrument.codepath import IdentityMode, codepath
+from numvar.instrument.codepath import codepath
 from numvar.rounding import Stream
 from numvar.rounding import kernels as RK
 from numvar.workloads import zoo
+
+from bench_zoo import _variants, best_of
 
 _SR = RK.mode_code("sr")
 _ONE = np.ones(1, np.float32)
@@ -61,44 +62,17 @@ class OneCallMode(TorchDispatchMode):
         return out
 
 
-def _variants(model, x):
-    def native():
-        model(*x)
-
-    def floor():
-        with codepath(), IdentityMode():
-            model(*x)
+def measure(name: str, repeats: int) -> dict:
+    built = zoo.build(name, "bench")
+    model, x = built.model.eval(), built.inputs
 
     def bound():
         with codepath(), OneCallMode():
             model(*x)
-
-    def op():
-        with fuzzy(mode="sr", granularity="op", seed=0):
-            model(*x)
-
-    def flop():
-        with fuzzy(mode="sr", granularity="flop", seed=0):
-            model(*x)
-    return {"native": native, "floor": floor, "bound": bound, "op SR": op, "flop SR": flop}
-
-
-def measure(name: str, repeats: int) -> dict:
-    built = zoo.build(name, "bench")
-    model, x = built.model.eval(), built.inputs
-    fns = _variants(model, x)
-    best = {k: float("inf") for k in fns}
-    with torch.no_grad():
-        for fn in fns.values():
-            fn()
-        for _ in range(repeats):
-            for k, fn in fns.items():
-                t = time.thread_time()
-                fn()
-                best[k] = min(best[k], time.thread_time() - t)
-        counter = OneCallMode()
-        with codepath(), counter:
-            model(*x)
+    best = best_of({**_variants(built), "bound": bound}, repeats, time.thread_time)
+    counter = OneCallMode()
+    with torch.no_grad(), codepath(), counter:
+        model(*x)
     best["ops"] = counter.ops
     return best
 

@@ -76,10 +76,25 @@ def kernel_rate(repeats: int, dtype: str = "float32", n: int = 256) -> float:
     return n ** 3 / best
 
 
-def _timed(fn) -> float:
-    t = time.perf_counter()
+def _timed(fn, clock=time.perf_counter) -> float:
+    t = clock()
     fn()
-    return time.perf_counter() - t
+    return clock() - t
+
+
+def best_of(fns: dict, repeats: int, clock=time.perf_counter, setup=None) -> dict[str, float]:
+    """Best time (s) of each of ``fns`` over ``repeats`` interleaved rounds after a warm-up
+    round, under ``no_grad``; ``setup(name)``, if given, runs (untimed) before each call."""
+    best = {k: float("inf") for k in fns}
+    with torch.no_grad():
+        for rnd in range(repeats + 1):
+            for k, fn in fns.items():
+                if setup is not None:
+                    setup(k)
+                dt_ = _timed(fn, clock)
+                if rnd:
+                    best[k] = min(best[k], dt_)
+    return best
 
 
 def _variants(built: zoo.Built) -> dict:
@@ -127,15 +142,7 @@ def _flat(out) -> list[torch.Tensor]:
 
 def measure(built: zoo.Built, repeats: int) -> dict[str, float]:
     """Best time (s) of each variant over ``repeats`` interleaved rounds, after a warm-up."""
-    fns = _variants(built)
-    best = {k: float("inf") for k in fns}
-    with torch.no_grad():
-        for fn in fns.values():
-            fn()
-        for _ in range(repeats):
-            for k, fn in fns.items():
-                best[k] = min(best[k], _timed(fn))
-    return best
+    return best_of(_variants(built), repeats)
 
 
 def contraction_terms(built: zoo.Built) -> dict[str, int]:
