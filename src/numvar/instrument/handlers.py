@@ -384,9 +384,10 @@ def _pow(ctx, func, args, kwargs):
     return op_once(ctx, func, args, kwargs)
 
 
-@register("aten.addcmul", how="elementwise")
-def _addcmul(ctx, func, args, kwargs):
-    """``RND(self + RND(RND(value·t1)·t2))`` (PyTorch's CPU evaluation order)."""
+def _add_combined(ctx, func, args, kwargs, combine):
+    """``RND(self + RND(combine(RND(value·t1), t2)))``, PyTorch's CPU evaluation order of
+    addcmul (``combine`` = ``ctx.mul``) and addcdiv (``ctx.div``); ``value·t1`` is skipped
+    when ``value`` is 1."""
     s, t1, t2 = args[:3]
     value = _get(args, kwargs, 3, "value", 1)
     if cplx.any_complex(s, t1, t2, value):  # complex: the complex128 result rounded once
@@ -394,20 +395,19 @@ def _addcmul(ctx, func, args, kwargs):
     if not _float_result(s, t1, t2):
         return EXACT
     p = t1 if value == 1 else ctx.mul(value, t1)
-    return ctx.add(s, ctx.mul(p, t2))
+    return ctx.add(s, combine(p, t2))
+
+
+@register("aten.addcmul", how="elementwise")
+def _addcmul(ctx, func, args, kwargs):
+    """``RND(self + RND(RND(value·t1)·t2))`` (PyTorch's CPU evaluation order)."""
+    return _add_combined(ctx, func, args, kwargs, ctx.mul)
 
 
 @register("aten.addcdiv", how="elementwise")
 def _addcdiv(ctx, func, args, kwargs):
     """``RND(self + RND(RND(value·t1)/t2))`` (PyTorch's CPU evaluation order)."""
-    s, t1, t2 = args[:3]
-    value = _get(args, kwargs, 3, "value", 1)
-    if cplx.any_complex(s, t1, t2, value):  # complex: the complex128 result rounded once
-        return op_once(ctx, func, args, kwargs)
-    if not _float_result(s, t1, t2):
-        return EXACT
-    p = t1 if value == 1 else ctx.mul(value, t1)
-    return ctx.add(s, ctx.div(p, t2))
+    return _add_combined(ctx, func, args, kwargs, ctx.div)
 
 
 @register("aten.lerp", how="elementwise")
