@@ -16,6 +16,7 @@ from functools import wraps
 import torch
 import torch.nn.functional as F
 
+from . import bag_kernels as BK
 from . import cplx, flop
 from . import fft as fftmod
 from . import linalg as LA
@@ -732,6 +733,10 @@ def _embedding_bag(ctx, func, args, kwargs):
     idx = indices.reshape(-1).cpu().to(torch.int64)
     keep = (bag < nbags) & (idx != padding_idx) if padding_idx >= 0 else bag < nbags
     idx, bag = idx[keep], bag[keep]
+    if BK.accepts(ctx, weight, psw):  # one compiled call, same keys and bits
+        kept = psw.reshape(-1)[keep] if psw is not None else None
+        sums = BK.embedding_bag32(ctx, weight, idx, bag, nbags, kept, mode == 1)
+        return sums.reshape(out.shape), offset2bag, bag_size, max_indices
     d = weight.shape[1]
     rows = weight[idx.to(weight.device)]
     if psw is not None:
