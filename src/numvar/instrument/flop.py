@@ -453,10 +453,28 @@ def mean(x, dim, ctx: Ctx, *, keepdim=False, dtype=None):
     return ctx.div(s, float(n))
 
 
+#: flop.var over trailing dims of small contiguous binary32 tensors in one compiled call
+#: (scan_kernels.rowvar32; False: the tensor steps below, its reference)
+USE_ROWVAR = True
+
+
 def var(x, dim, correction, ctx: Ctx, *, keepdim=False):
     """Two-pass variance: mean, then Σ(x − mean)² / max(0, n − correction)."""
     dims = _dims(x, dim) if x.dim() else []
     n = math.prod(x.shape[d] for d in dims)
+    m = x.numel() // n if n else 0
+    if (USE_ROWVAR and n >= 2 and m and x.dtype is torch.float32 and ctx._t32 and ctx._numba
+            and ctx.target(torch.float32) is None and x.is_cpu and x.is_contiguous()
+            and dims[0] == x.dim() - len(dims) and (m < PW.ROW_M_MIN or n <= PW.ROW_K_MAX)
+            and x.numel() < KN.PARALLEL_MIN_WORK and flop_backend(x.device) == "numba"):
+        keys = np.array([ctx.stream.next_key() for _ in range(6)], np.uint64)
+        out = np.empty(m, np.float32)
+        SK.rowvar32(PW.array(x).reshape(m, n), keys, np.float32(n),
+                    np.float32(max(0, n - correction)), ctx.code, out)
+        kshape = [1 if d in dims else x.shape[d] for d in range(x.dim())]
+        res = torch.from_numpy(out)
+        return res.reshape(kshape) if keepdim else res.reshape(
+            [x.shape[d] for d in range(x.dim()) if d not in dims])
     mu = mean(x, dims, ctx, keepdim=True)
     d = ctx.sub(x, mu)
     s = reduce(ctx.mul(d, d), dims, ctx, keepdim=keepdim)

@@ -11,6 +11,11 @@ on the transposed rows: element (k, m) uses ``bits64(key, k·M + m)``, the fast 
 ``kernels._fast32`` where it accepts (exact float64 sum, normal range, modes
 ieee/sr/ud/random), else the rounding core's ``add_f32``/``mul_f32`` (the scan's own
 fallback). Tested bit for bit against ``kernels.scan``.
+
+:func:`rowvar32` is ``flop.var`` over the trailing dims of a small contiguous tensor
+(LayerNorm's and GroupNorm's statistics) in one call instead of six tensor ops: the same
+keys, element indices and kernels (tested bit for bit against the tensor steps,
+``flop.USE_ROWVAR = False``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from numba import njit
 
 from numvar.rounding import kernels as K
 
+from . import pointwise as PW
 from .kernels import _bits, _fast32
 
 
@@ -63,3 +69,51 @@ def rowscan32(x, out, key, mode, use_mul, cumulative):  # pragma: no cover - com
     if not cumulative:
         for m in range(M):
             out[m, 0] = acc[m]
+
+
+# --------------------------------------------------------------- two-pass variance
+@njit(inline="always")
+def _pointwise(op, a, b, o, ukey, l0, mode):
+    """``o[j] = RND(a[j] op b[j])`` with ``bits64(ukey, l0 + j)``: the tile kernel of
+    ``Ctx.add``/``sub``/``mul``/``div`` on binary32 (``pointwise._tile``, its scalar path
+    ``pointwise._slow`` where it declines); ``o`` aliases neither operand."""
+    if PW._tile(op, a, b, o, ukey, l0, mode):
+        PW._slow(op, a, b, o, ukey, l0, mode)
+
+
+@njit(inline="always")
+def _rows(x, out, key, mode):
+    """Row sums of x (M, K), K ≥ 2, in flop.reduce's order and bits (rowscan32 for a few
+    rows, pointwise's row blocks for many: the same bits)."""
+    M, Kd = x.shape
+    if M < PW.ROW_M_MIN:
+        rowscan32(x, out.reshape(M, 1), key, mode, False, False)
+    else:
+        R = max(1, min(PW.RBLOCK, PW.RBLOCK_ELEMS // Kd))
+        PW._rowsum_ser(x, out, R, key, K.OP_ADD, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def rowvar32(x, keys, n_mean, n_var, mode, out):  # pragma: no cover - compiled
+    """``flop.var`` of each row of x (M, K) float32 C-contiguous, K ≥ 2, binary32 at 24
+    bits, into ``out`` (M,): the six stream keys of its six tensor steps, in order, and
+    their element indices: row sums (key 0, element (k, m) ``k·M + m``); ``mu = RND(s /
+    n_mean)`` (key 1, element m); ``d = RND(x − mu)`` (key 2, element ``m·K + k``);
+    ``RND(d·d)`` (key 3, same); their row sums (key 4); ``RND(s2 / n_var)`` (key 5)."""
+    M, Kd = x.shape
+    s = np.empty(M, np.float32)
+    _rows(x, s, keys[0], mode)
+    nb = np.empty(M, np.float32)
+    nb[:] = n_mean
+    mu = np.empty(M, np.float32)
+    _pointwise(K.OP_DIV, s, nb, mu, np.uint64(keys[1]), 0, mode)
+    d = np.empty(Kd, np.float32)
+    mub = np.empty(Kd, np.float32)
+    sq = np.empty((M, Kd), np.float32)
+    for m in range(M):
+        mub[:] = mu[m]
+        _pointwise(K.OP_SUB, x[m], mub, d, np.uint64(keys[2]), m * Kd, mode)
+        _pointwise(K.OP_MUL, d, d, sq[m], np.uint64(keys[3]), m * Kd, mode)
+    _rows(sq, s, keys[4], mode)
+    nb[:] = n_var
+    _pointwise(K.OP_DIV, s, nb, out, np.uint64(keys[5]), 0, mode)
