@@ -16,9 +16,9 @@ keys, the same element indices and the same order:
   ``RND(out[b, j] / count)`` with ``bits64(key_div, c·d + j)``.
 
 Each row goes through the tile kernel ``Ctx.add``/``mul``/``div`` run on binary32
-(``pointwise._tile``, its scalar fallback ``pointwise._slow``), the same arithmetic as the
-tensor path's ``pointwise.binary32`` and the scatter's ``add_f32``. The tensor path stays the reference
-(:data:`USE_KERNEL` = False); ``tests/test_instrument_bag_kernels.py`` compares the two bit
+(``pointwise._tile``, its scalar fallback ``pointwise._slow``), the same arithmetic as
+the tensor path's ``pointwise.binary32`` and the scatter's ``add_f32``. The tensor path
+stays the reference (:data:`USE_KERNEL` = False); ``tests/test_instrument_bag_kernels.py`` compares the two bit
 for bit.
 """
 
