@@ -18,8 +18,8 @@ keys, the same element indices and the same order:
 Each row goes through the tile kernel ``Ctx.add``/``mul``/``div`` run on binary32
 (``pointwise._tile``, its scalar fallback ``pointwise._slow``), the same arithmetic as
 the tensor path's ``pointwise.binary32`` and the scatter's ``add_f32``. The tensor path
-stays the reference (:data:`USE_KERNEL` = False); ``tests/test_instrument_bag_kernels.py`` compares the two bit
-for bit.
+stays the reference (:data:`USE_KERNEL` = False);
+``tests/test_instrument_bag_kernels.py`` compares the two bit for bit.
 """
 
 from __future__ import annotations
