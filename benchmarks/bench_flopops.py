@@ -22,8 +22,10 @@ import warnings
 
 import torch
 
-from numvar.instrument import bag_kernels, flop, fuzzy
+from numvar.instrument import bag_kernels, flop
 from numvar.workloads import zoo
+
+from bench_zoo import _variants, best_of
 
 MODELS = ["embedding_bag", "norms", "vit", "multihead_attention", "whisper"]
 
@@ -35,31 +37,14 @@ def _switch(on: bool) -> None:
 
 def measure(name: str, repeats: int) -> tuple[float, float, float]:
     """(native seconds, flop SR ratio with the fast paths, without them)."""
-    built = zoo.build(name, "bench")
-    model, x = built.model.eval(), built.inputs
-
-    def flop_sr():
-        with fuzzy(mode="sr", granularity="flop", seed=0):
-            model(*x)
-
-    def timed(fn) -> float:
-        t = time.thread_time()
-        fn()
-        return time.thread_time() - t
-
-    best = {"native": float("inf"), True: float("inf"), False: float("inf")}
-    with torch.no_grad():
-        for on in (True, False):
-            _switch(on)
-            flop_sr()
-        for _ in range(repeats):
-            for on in (True, False):
-                _switch(on)
-                best[on] = min(best[on], timed(flop_sr))
-            best["native"] = min(best["native"], timed(lambda: model(*x)))
-    _switch(True)
+    v = _variants(zoo.build(name, "bench"))
+    fns = {"native": v["native"], "on": v["flop SR"], "off": v["flop SR"]}
+    try:
+        best = best_of(fns, repeats, time.thread_time, setup=lambda k: _switch(k != "off"))
+    finally:
+        _switch(True)
     n = best["native"]
-    return n, best[True] / n, best[False] / n
+    return n, best["on"] / n, best["off"] / n
 
 
 def main(argv=None) -> None:
