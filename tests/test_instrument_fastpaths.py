@@ -190,3 +190,34 @@ def test_alpha_scaling_of_add_sub_rsub_is_rounded_first():
             r32(d(b) - d(r32(d(a) * 3.0))))
     for g, w in zip(got, want):
         assert _same(g, w)
+
+
+def test_eval_batch_norm_skips_the_identity_write_back_bit_for_bit(monkeypatch):
+    """native_batch_norm in eval leaves the running statistics alone: op_once then skips
+    their rounded write-back where rounding is the identity (ieee, sr, random at 24 bits)
+    and only advances the stream. Outputs, statistics (-0.0, subnormals, NaN, inf kept;
+    NaN payloads not compared), the next op's bits and the stream counter match the full
+    write-back in every mode and precision, in eval and in training."""
+    x = _gen(3, 4, 5, 5, seed=6)
+    w, b = _gen(4, seed=8), _gen(4, seed=9)
+    rm = torch.tensor([1.5, -0.0, 1e-40, 3.25])
+    rv = _gen(4, seed=12).abs() + 0.5
+    rm_special = torch.tensor([math.nan, math.inf, -2.0, 0.0])
+    for mode in MODES:
+        for prec in (None, 9):
+            for training in (False, True):
+                for mean in (rm, rm_special):
+                    res = []
+                    for skip in (True, False):
+                        monkeypatch.setattr(H, "SKIP_UNWRITTEN_WRITEBACK", skip)
+                        ctx = Ctx(mode, "op", prec, R.Stream(5))
+                        m, v = mean.clone(), rv.clone()
+                        out = H.op_once(ctx, aten.native_batch_norm.default,
+                                        (x, w, b, m, v, training, 0.1, 1e-5), {})
+                        after = H.op_once(ctx, aten.exp.default, (x,), {})  # the next key
+                        res.append((out, after, m, v, ctx.stream.counter))
+                    (o1, a1, m1, v1, c1), (o2, a2, m2, v2, c2) = res
+                    assert _same((o1, a1, m1, v1), (o2, a2, m2, v2)), (mode, prec, training)
+                    assert c1 == c2
+                    if not training and prec is None and mode != "ud":  # untouched
+                        assert _same(m1, mean) and _same(v1, rv)

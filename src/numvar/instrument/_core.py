@@ -21,6 +21,9 @@ _LEAN = {torch.float32: (24, -126, 127), torch.float64: (53, -1022, 1023)}
 #: (p, emin, emax) of bfloat16 and float16: their roundings take a binary32 carrier
 _NARROW = {torch.bfloat16: (8, -126, 127), torch.float16: (11, -14, 15)}
 
+#: codes of the modes that return a value exact in the target format unchanged
+_KEEPS_EXACT = frozenset(RK.mode_code(m) for m in ("ieee", "sr", "random"))
+
 #: significand bits of each float format (the implicit bit included)
 NATIVE_BITS = {torch.float32: 24, torch.float64: 53, torch.bfloat16: 8, torch.float16: 11}
 FLOATS = frozenset(NATIVE_BITS)
@@ -284,6 +287,22 @@ class Ctx:
             return out
         return launch(hi.numel(), R.round, hi, lo, dtype=dtype, mode=self.mode,
                       stream=self.stream, precision=self.prec(dtype), backend=self.backend)
+
+    def round_keeps(self, t: torch.Tensor) -> bool:
+        """Whether ``round(t.to(float64), t.dtype)`` returns ``t``'s own values, which
+        makes that call skippable: then the stream is advanced by the one key the call
+        takes, so that every later key (and bit) stays as if it had run.
+
+        True for binary32 CPU tensors at 24 bits on the short path of :meth:`round`, in
+        the modes that return exact values unchanged (ieee, sr, random; not ud, which
+        perturbs them). NaNs stay NaN (their payload is not rounded: the float64 round
+        trip would quiet a signalling NaN).
+        """
+        if (t.dtype is torch.float32 and self._t32 and self._numba and t.is_cpu
+                and self.code in _KEEPS_EXACT):
+            self.stream.next_key()
+            return True
+        return False
 
     def _binary_narrow(self, op: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``a op b`` for bfloat16 or float16 CPU tensors of one dtype, rounded once: the

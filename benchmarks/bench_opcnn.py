@@ -1,0 +1,180 @@
+"""Op granularity on CNNs: what numvar's op SR pays above the floor, and a lower bound.
+
+At ``op`` granularity numvar re-runs every op that has no exact short path in float64
+(``handlers.op_once``: convolutions, batch norm, activations, means) and rounds the
+float64 result once. That float64 re-run is part of the semantics (the value rounded is
+torch's float64 result), so no design that keeps the bits can skip it. This benchmark
+measures, per model, one forward under ``no_grad``, one thread:
+
+- **native**, **floor** (``codepath`` + ``IdentityMode``, as ``bench_zoo.py``), **op SR**;
+- **f64 ref**: the floor with every op that op SR sends through ``op_once`` (recorded
+  from one op SR forward) upcast to float64, run, and cast back to float32 (no rounding,
+  no numvar Python): what the float64 re-run alone costs;
+- **round**: the SR rounding kernel (``pointwise.round32``) over as many elements as op
+  SR rounds in ``op_once`` per forward, minus a plain float64 -> float32 cast of them;
+- **bound** = f64 ref + round: a lower bound of op SR for any design that re-runs in
+  float64 through torch and rounds with numvar's kernel; the goal is op SR <= floor + 2.
+
+Times are CPU time of the (only) thread (``time.thread_time``: preemption on a loaded
+machine does not count), best of ``--repeats`` interleaved rounds after a warm-up, as
+ratios to native.
+
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_opcnn.py \
+        [--repeats 7] [--models efficientnet_mbconv mobilenet_se ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from numvar.instrument import fuzzy
+from numvar.instrument import handlers as H
+from numvar.instrument import pointwise as PW
+from numvar.instrument.codepath import IdentityMode, codepath
+from numvar.workloads import zoo
+
+CNNS = ("efficientnet_mbconv", "mobilenet_se", "densenet", "unet", "resnet_basic",
+        "resnet_bottleneck")
+
+
+def _op(model, x):
+    with fuzzy(mode="sr", granularity="op", seed=0):
+        return model(*x)
+
+
+def recorded_once(model, x) -> tuple[set, int]:
+    """The ops op SR sends through op_once in one forward, and the float elements
+    their outputs hold (the elements rounded)."""
+    funcs, elems = set(), [0]
+    real = H.op_once
+
+    def spy(ctx, func, args, kwargs):
+        funcs.add(func)
+        out = real(ctx, func, args, kwargs)
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor) and o.is_floating_point():
+                elems[0] += o.numel()
+        return out
+
+    H.op_once = spy
+    try:
+        _op(model, x)
+    finally:
+        H.op_once = real
+    return funcs, elems[0]
+
+
+def _map(x, fn):
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(v, fn) for v in x)
+    return x
+
+
+def _up(t):
+    return t.to(torch.float64) if t.dtype is torch.float32 else t
+
+
+def _down(t):
+    return t.to(torch.float32) if t.dtype is torch.float64 else t
+
+
+class Float64Rerun(TorchDispatchMode):
+    """Runs the ops in ``funcs`` on float64 copies of their float32 arguments and casts
+    the results back to float32; every other op as it is."""
+
+    def __init__(self, funcs) -> None:
+        super().__init__()
+        self.funcs = funcs
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in self.funcs:
+            return func(*args, **kwargs)
+        out = func(*_map(args, _up), **{k: _map(v, _up) for k, v in kwargs.items()})
+        return _map(out, _down)
+
+
+def round_cost(elems: int, repeats: int) -> float:
+    """Seconds the SR rounding kernel takes over ``elems`` elements above a plain cast
+    (in 64 Ki-element tensors, the size of a typical CNN activation here)."""
+    n = 1 << 16
+    h = torch.randn(n, dtype=torch.float64)
+    out = torch.empty(n, dtype=torch.float32)
+    PW.round32(h.numpy(), out.numpy(), 1, 1)
+
+    def best(fn):
+        b = float("inf")
+        for _ in range(max(repeats, 20)):
+            t = time.thread_time()
+            fn()
+            b = min(b, time.thread_time() - t)
+        return b
+
+    rnd = best(lambda: PW.round32(h.numpy(), out.numpy(), 1, 1))
+    cast = best(lambda: h.to(torch.float32))
+    return max(0.0, rnd - cast) * elems / n
+
+
+def measure(name: str, repeats: int) -> dict:
+    built = zoo.ZOO[name].build("bench")
+    model, x = built.model.eval(), built.inputs
+    with torch.no_grad():
+        funcs, elems = recorded_once(model, x)
+
+        def native():
+            model(*x)
+
+        def floor():
+            with codepath(), IdentityMode():
+                model(*x)
+
+        def f64ref():
+            with codepath(), Float64Rerun(funcs):
+                model(*x)
+
+        def op():
+            _op(model, x)
+
+        fns = {"native": native, "floor": floor, "f64 ref": f64ref, "op SR": op}
+        best = {k: float("inf") for k in fns}
+        for fn in fns.values():
+            fn()
+        for _ in range(repeats):
+            for k, fn in fns.items():
+                t = time.thread_time()
+                fn()
+                best[k] = min(best[k], time.thread_time() - t)
+    best["round"] = round_cost(elems, repeats)
+    best["elems"] = elems
+    return best
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--models", nargs="+", default=list(CNNS))
+    args = ap.parse_args(argv)
+    print("| model | native ms | floor | f64 ref | round | bound | op SR | goal (floor + 2) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for name in args.models:
+        r = measure(name, args.repeats)
+        n = r["native"]
+        fl, f64, rnd, op = r["floor"] / n, r["f64 ref"] / n, r["round"] / n, r["op SR"] / n
+        bound = f64 + rnd
+        verdict = ("✓" if op <= fl + 2 else "✗") + (
+            f", bound {bound - fl:.1f} above floor" + (" > 2: out of reach" if bound > fl + 2
+                                                        else ""))
+        print(f"| {name} | {n * 1e3:.2f} | {fl:.2f}× | {f64:.2f}× | {rnd:.2f}× | {bound:.2f}× "
+              f"| {op:.2f}× | {verdict} |", flush=True)
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    main()
