@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -176,5 +175,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=3)
     main()
