@@ -34,8 +34,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from numvar.instrument import fuzzy
 from numvar.instrument import handlers as H
 from numvar.instrument import pointwise as PW
-from numvar.instrument.codepath import IdentityMode, codepath
+from numvar.instrument.codepath import codepath
 from numvar.workloads import zoo
+
+from bench_zoo import _variants, best_of
 
 CNNS = ("efficientnet_mbconv", "mobilenet_se", "densenet", "unet", "resnet_basic",
         "resnet_bottleneck")
@@ -127,29 +129,12 @@ def measure(name: str, repeats: int) -> dict:
     with torch.no_grad():
         funcs, elems = recorded_once(model, x)
 
-        def native():
+    def f64ref():
+        with codepath(), Float64Rerun(funcs):
             model(*x)
-
-        def floor():
-            with codepath(), IdentityMode():
-                model(*x)
-
-        def f64ref():
-            with codepath(), Float64Rerun(funcs):
-                model(*x)
-
-        def op():
-            _op(model, x)
-
-        fns = {"native": native, "floor": floor, "f64 ref": f64ref, "op SR": op}
-        best = {k: float("inf") for k in fns}
-        for fn in fns.values():
-            fn()
-        for _ in range(repeats):
-            for k, fn in fns.items():
-                t = time.thread_time()
-                fn()
-                best[k] = min(best[k], time.thread_time() - t)
+    v = _variants(built)
+    fns = {"native": v["native"], "floor": v["floor"], "f64 ref": f64ref, "op SR": v["op SR"]}
+    best = best_of(fns, repeats, time.thread_time)
     best["round"] = round_cost(elems, repeats)
     best["elems"] = elems
     return best
