@@ -27,7 +27,8 @@ checked per row at one thread: flop SR ≤ floor + contraction + 5 and op SR ≤
   ≥ 1.7 on 2 cores for ``resnet_basic``, ResNet-18's layout, and ``bert``), and whether the
   flop SR outputs are bitwise identical across the thread counts. Times are the best of ``--repeats`` rounds after a warm-up round
 (numba compilation, recorded decompositions); rounds interleave the variants so that a
-load spike on a shared machine hits them alike.
+load spike on a shared machine hits them alike. ``OMP_WAIT_POLICY`` is set to ``PASSIVE``
+unless the environment sets it (see the comment at the imports).
 
     python benchmarks/bench_zoo.py [--repeats 3] [--models resnet_basic bert ...]
                                    [--threads 1 all] [--no-write]
@@ -44,6 +45,13 @@ import os
 import platform
 import time
 from pathlib import Path
+
+# torch's OpenMP runtime and the one numba's threading layer loads are two runtimes with a
+# worker each; with the default wait policy a worker spins after every parallel region of
+# its runtime and takes the core the other runtime's worker needs. Passive workers sleep
+# at once (docs/speed.md, "Threads"). Read when torch loads its runtime: set before the
+# import; an OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numba
 import numpy as np
@@ -167,7 +175,8 @@ def _machine(threads) -> list[str]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return [f"cpu: {cpu}, {os.cpu_count()} cores; threads measured: {', '.join(map(str, threads))}",
             f"torch {torch.__version__}, numba {numba.__version__}, "
-            f"python {platform.python_version()}",
+            f"python {platform.python_version()}, OMP_WAIT_POLICY="
+            f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}",
             f"load average at start: {', '.join(f'{v:.1f}' for v in load)}" if load else "",
             f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"]
 

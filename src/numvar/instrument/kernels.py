@@ -81,7 +81,15 @@ the eliminated move; without it the ceiling is 3.11 G terms/s, and
 dependency chain (about 25 cycles from the ``jg`` load to the store): the same
 instructions run in isolation (the loop body as inline assembly, every operand in L1)
 at 12.1 cycles per pass, and at 11.5 when two passes are interleaved by hand, which
-LLVM does not do here.
+LLVM does not do here. Handing it two independent chains per iteration does not help
+either: a variant of the loop that runs two rows per pass (each ``b`` element loaded
+once for both, two rows' hashes, products and sums interleaved in one vectorised
+iteration) measured 13.0 cycles per 8 terms against 12.8 for the one-row loop (16 × 288
+@ 288 × 1024, every row through the bare loops, thread CPU time, best of 25 interleaved,
+clock 3.68 GHz measured in the same process, load average 8). The measured bound is
+therefore the dependency chain's: 12.1 cycles per pass for the loop body alone (83 % of
+the 10-cycle ceiling), 11.5 with two passes interleaved by hand (87 %); numba's loop
+reaches 12.6–12.8 cycles (78–79 %), the 80 % goal (12.5 cycles) not met by 1–2 %.
 
 ``benchmarks/bench_kernels.py`` recounts the micro-ops in the code generated on the
 host, measures the clock (a chain of dependent float64 adds) and prints the fraction of
@@ -665,6 +673,73 @@ def clean_rows(a, b, BO, t):  # pragma: no cover - compiled
             sb = bst[bo % BB]
             out[bo * M + i] = _is_clean(sa[0], sa[1], sb[0], sb[1], Kd, t)
     return out
+
+
+@njit(inline="always")
+def _row_stats(u):
+    """(max, min nonzero, OR of the fraction fields) of the magnitudes' bit patterns of
+    one contiguous row of binary32 patterns ``u``: :func:`_absbits` and
+    :func:`_fraction_or` in one pass."""
+    hi = np.uint32(0)
+    lo = np.uint32(0xFFFFFFFF)
+    fo = np.uint32(0)
+    for i in range(u.size):
+        m = u[i] & _ABS32
+        hi = max(hi, m)
+        lo = min(lo, m - np.uint32(1))  # ±0 wraps to 0xFFFFFFFF: ignored
+        fo |= u[i]
+    return hi, lo + np.uint32(1) if lo != np.uint32(0xFFFFFFFF) else lo, fo & _FRAC32
+
+
+_FRAC32 = np.uint32(0x7FFFFF)
+
+
+@njit(parallel=True, cache=True)
+def _prepare32(a, b, b64, BO, t):  # pragma: no cover - compiled
+    """What :func:`contract` needs before a binary32 product, in one parallel pass over
+    the rows of ``a`` (BA, M, K) and of ``b`` (BB, K, N): ``b`` widened to float64 into
+    ``b64``, the clean rows (the same as :func:`clean_rows`) and the OR of the fraction
+    fields of ``a`` and of ``b`` (for :func:`narrow_products`). Before, these ran on the
+    calling thread alone (``astype``, :func:`clean_rows`, :func:`_narrow_bits`): about
+    4 % of a ResNet forward at flop, a serial part that two threads could not shrink.
+    Returns (clean, the significant bits bound of a's values plus b's, see
+    :func:`_sig_bits`)."""
+    BA, M, Kd = a.shape
+    BB, _, N = b.shape
+    bu = b.reshape(BB * Kd, N).view(np.uint32)
+    bw = b64.reshape(BB * Kd, N)
+    bf = b.reshape(BB * Kd, N)
+    bst = np.empty((BB * Kd, 3), dtype=np.uint32)
+    for r in prange(BB * Kd):
+        bst[r, 0], bst[r, 1], bst[r, 2] = _row_stats(bu[r])
+        src = bf[r]
+        dst = bw[r]
+        for j in range(N):
+            dst[j] = np.float64(src[j])
+    au = a.reshape(BA * M, Kd).view(np.uint32)
+    ast = np.empty((BA * M, 3), dtype=np.uint32)
+    for r in prange(BA * M):
+        ast[r, 0], ast[r, 1], ast[r, 2] = _row_stats(au[r])
+    bsum = np.empty((BB, 2), dtype=np.uint32)
+    fb = np.uint32(0)
+    for bb in range(BB):
+        hi = np.uint32(0)
+        lo = np.uint32(0xFFFFFFFF)
+        for k in range(bb * Kd, (bb + 1) * Kd):
+            hi = max(hi, bst[k, 0])
+            lo = min(lo, bst[k, 1])
+            fb |= bst[k, 2]
+        bsum[bb, 0], bsum[bb, 1] = hi, lo
+    fa = np.uint32(0)
+    for r in range(BA * M):
+        fa |= ast[r, 2]
+    clean = np.empty(BO * M, dtype=np.bool_)
+    for bo in range(BO):
+        for i in range(M):
+            sa = ast[(bo % BA) * M + i]
+            sb = bsum[bo % BB]
+            clean[bo * M + i] = _is_clean(sa[0], sa[1], sb[0], sb[1], Kd, t)
+    return clean, _sig_bits(fa) + _sig_bits(fb)
 
 
 @njit
@@ -1299,9 +1374,6 @@ def scan_format(x: np.ndarray, key: int, mode: int, t: int, spec: tuple, *,
     return out
 
 
-_NO_B64 = np.empty((0, 0, 0))  # _contract_fast32's b64 when no row is clean
-
-
 def _check(arr: np.ndarray, name: str) -> None:
     if arr.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name}: float32 or float64 array expected, got {arr.dtype}")
@@ -1346,9 +1418,11 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
         work = out.size * a.shape[2]
         if a.dtype == np.float32 and 1 <= t <= 24 and mode <= _RANDOM:
             # products exact (bf16/fp16 values): sr, ieee and random leave them unchanged
-            exact = (not fma and t == 24 and mode != _UD and narrow_products(a, b, t))
-            clean = clean_rows(a, b, BO, t)
-            b64 = b.astype(np.float64) if clean.any() else _NO_B64
+            # b widened, clean rows and significant bits in one parallel pass (same values
+            # as b.astype(np.float64), clean_rows and narrow_products)
+            b64 = np.empty(b.shape)
+            clean, pab = launch(a.size + b.size, _prepare32, a, b, b64, BO, t)
+            exact = not fma and t == 24 and mode != _UD and pab <= t
             launch(work, _contract_fast32, a, b, b64, clean, out, np.uint64(key), mode, t, fma,
                    exact)
         elif a.dtype == np.float64 and t == 53 and mode <= _RANDOM and not fma:
