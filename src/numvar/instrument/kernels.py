@@ -627,15 +627,10 @@ _INF32 = np.uint32(0x7F800000)
 def _absbits(x):
     """(max, min nonzero) of the magnitudes' bit patterns of a contiguous binary32 array
     (integer reductions: they vectorise; patterns of non-negative floats order as the
-    floats; min is 0xFFFFFFFF when every element is ±0)."""
-    u = x.view(np.uint32)
-    hi = np.uint32(0)
-    lo = np.uint32(0xFFFFFFFF)
-    for i in range(u.size):
-        m = u[i] & _ABS32
-        hi = max(hi, m)
-        lo = min(lo, m - np.uint32(1))  # ±0 wraps to 0xFFFFFFFF: ignored
-    return hi, lo + np.uint32(1) if lo != np.uint32(0xFFFFFFFF) else lo
+    floats; min is 0xFFFFFFFF when every element is ±0): :func:`_row_stats` without the
+    fraction field."""
+    hi, lo, _ = _row_stats(x.view(np.uint32))
+    return hi, lo
 
 
 @njit(inline="always")
