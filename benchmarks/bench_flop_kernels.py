@@ -1,12 +1,14 @@
-"""The compiled flop kernels of linear algebra and FFTs against the tensor
-implementations they replace, on the zoo models that use them.
+"""The compiled flop kernels of linear algebra, FFTs and grid sampling against the tensor
+implementations (or the decomposition) they replace, on the zoo models that use them.
 
 For each model, in one process and interleaved (best of ``--repeats`` rounds after a
 warm-up): the native forward, the flop SR forward with the module's ``USE_KERNELS`` off
-(the tensor implementation: a vectorised rounding call per column or stage) and on (one
-compiled call); ratios to native, and whether both give the same bits.
+(the tensor implementation: a vectorised rounding call per column or stage; for grid
+sampling the decomposition, op by op) and on (one compiled call); ratios to native, and
+whether both give the same bits.
 
-    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_flop_kernels.py [--repeats 11]
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_flop_kernels.py \
+        [--repeats 11] [--models spatial_transformer ...]
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import time
 
 import torch
 
-from numvar.instrument import fft, fuzzy, linalg
+from numvar.instrument import fft, fuzzy, grid_kernels, linalg
 from numvar.workloads import zoo
 
 #: zoo entry -> the module whose USE_KERNELS switches its kernels
-CASES = {"linear_solve": linalg, "fft_filter": fft}
+CASES = {"linear_solve": linalg, "fft_filter": fft, "spatial_transformer": grid_kernels}
 
 
 def _best(fn, rounds: list[float]) -> None:
@@ -58,10 +60,11 @@ def measure(name: str, module, repeats: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=11)
+    ap.add_argument("--models", nargs="+", choices=list(CASES), default=list(CASES))
     args = ap.parse_args()
     print(f"threads: torch {torch.get_num_threads()}; best of {args.repeats}, ratios to native")
-    for name, module in CASES.items():
-        r = measure(name, module, args.repeats)
+    for name in args.models:
+        r = measure(name, CASES[name], args.repeats)
         print(f"{name:14s} native {r['native_ms']:.3f} ms | flop SR tensor implementation "
               f"{r['tensor']:.1f}x | compiled kernels {r['kernels']:.1f}x | same bits "
               f"{r['same_bits']}")

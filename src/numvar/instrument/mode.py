@@ -53,6 +53,7 @@ from . import handlers as H
 from . import oplevel as _oplevel  # noqa: F401  (registers its handlers)
 from . import ops as O
 from . import optim as _optim  # noqa: F401  (registers its handlers)
+from . import grid_kernels as GK
 from . import replay as RP
 from ._core import FLOATS, Ctx
 from .config import FuzzyConfig
@@ -230,6 +231,11 @@ _CLASSIFIED: dict = {}
 _SELECTED: dict = {}
 #: recorded decompositions: signature -> replay.Program, or None (not replayable)
 _PROGRAMS: dict = {}
+#: decomposed ops with a compiled kernel that computes the decomposition's bits:
+#: op -> fn(ctx, args, kwargs, nkeys) -> result, or None (the decomposition runs)
+_FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d}
+#: signature -> (keys the decomposition drew, [(count category, op name, count, how)])
+_FUSED_SEEN: dict = {}
 
 
 def _classified(func, granularity: str) -> _OpInfo:
@@ -499,25 +505,64 @@ class FuzzyMode(TorchDispatchMode):
 
     def _decompose(self, func, info: _OpInfo, args, kwargs):
         """Run the decomposition with the mode re-entered, recording the ops it dispatches;
-        later calls with the same signature replay them (numvar.instrument.replay)."""
+        later calls with the same signature replay them (numvar.instrument.replay), or
+        take the op's compiled kernel (:data:`_FUSED`)."""
         key = RP.signature(func, args, kwargs)
-        if key is not None:
-            prog = _PROGRAMS.get(key, False)
-            if prog:
-                self.depth += 1
-                try:
-                    return RP.replay(prog, RP.flatten(args, kwargs), self._dispatch)
-                finally:
-                    self.depth -= 1
-            if prog is False and len(_PROGRAMS) < RP.MAX_PROGRAMS:
-                rec = RP.Recorder(self.depth + 1, RP.flatten(args, kwargs))
-                self._recorders.append(rec)
-                try:
-                    out = self._reenter(info.handler, *args, **kwargs)
-                finally:
-                    self._recorders.remove(rec)
-                _PROGRAMS[key] = rec.finish(out)
+        if key is None:
+            return self._reenter(info.handler, *args, **kwargs)
+        fused = _FUSED.get(func)
+        fz = self.fz
+        if fused is not None and fz._include is None and not fz._exclude:
+            return self._fused(fused, key, info, args, kwargs)  # (every sub-op rounded)
+        return self._decompose_reference(key, info, args, kwargs)
+
+    def _fused(self, fused, key, info: _OpInfo, args, kwargs):
+        """A decomposed op through its compiled kernel: the first call with a signature runs
+        the decomposition (recorded as usual) and notes the stream keys it drew and the
+        counts of its sub-ops; later calls run ``fused(ctx, args, kwargs, nkeys)``, which
+        draws as many keys and computes the same bits (or returns None: the
+        decomposition runs), and add those counts, so the report is the same."""
+        fz = self.fz
+        seen = _FUSED_SEEN.get(key)
+        if seen is not None:
+            nkeys, delta = seen
+            out = fused(fz._ctx, args, kwargs, nkeys)
+            if out is not None:
+                for cat, name, n, how in delta:
+                    fz._counts[cat][name] += n
+                    if how is not None:
+                        fz._how[name] = how
                 return out
+            return self._decompose_reference(key, info, args, kwargs)
+        stream = fz._ctx.stream
+        c0 = stream.counter
+        before = {cat: Counter(c) for cat, c in fz._counts.items()}
+        out = self._decompose_reference(key, info, args, kwargs)
+        delta = [(cat, name, n - before[cat][name], fz._how.get(name))
+                 for cat, c in fz._counts.items() for name, n in c.items()
+                 if n != before[cat][name]]
+        if all(cat in ("instrumented", "decomposed", "exact") for cat, *_ in delta):
+            _FUSED_SEEN[key] = (stream.counter - c0, delta)
+        return out
+
+    def _decompose_reference(self, key, info: _OpInfo, args, kwargs):
+        """The decomposition, replayed when recorded (the path of :meth:`_decompose`)."""
+        prog = _PROGRAMS.get(key, False)
+        if prog:
+            self.depth += 1
+            try:
+                return RP.replay(prog, RP.flatten(args, kwargs), self._dispatch)
+            finally:
+                self.depth -= 1
+        if prog is False and len(_PROGRAMS) < RP.MAX_PROGRAMS:
+            rec = RP.Recorder(self.depth + 1, RP.flatten(args, kwargs))
+            self._recorders.append(rec)
+            try:
+                out = self._reenter(info.handler, *args, **kwargs)
+            finally:
+                self._recorders.remove(rec)
+            _PROGRAMS[key] = rec.finish(out)
+            return out
         return self._reenter(info.handler, *args, **kwargs)
 
     def _run(self, func, info: _OpInfo, args, kwargs):

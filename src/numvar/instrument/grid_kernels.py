@@ -1,0 +1,274 @@
+"""``grid_sampler_2d`` at flop granularity in one compiled call (binary32, bilinear and
+nearest).
+
+The reference is the decomposition (:func:`numvar.instrument.decompositions.grid_sampler_2d`,
+torch's ``_grid_sampler_2d`` with the grid not expanded over channels) run op by op
+through the mode: some 100 aten ops per call (35–140 with padding and interpolation),
+each with its own stream key. :func:`grid_sampler_2d` computes the same values with the
+same keys in one numba call: the keys the decomposition's rounded ops would draw are
+drawn in that order (one per op), and each rounding uses the key of its op and the
+element's index in that op's result (C order), ``bits64(key, l)``, through the same
+fast path and the same rounding-core fallback as the elementwise kernels of
+:mod:`numvar.instrument.pointwise`. The ops, per output location ``(n, h, w)``
+(index ``l``) and, for the taps, per ``(n, c, h, w)`` (index ``lc``):
+
+* unnormalise x then y: ``RND(RND(g·mul) + ofs)`` (2 keys each);
+  border padding: a clamp (exact); reflection (span > 0): ``s = RND(v − min)``,
+  ``RND(fmod(|s|, span))`` (a float64 op rounded once), ``q = RND(|s| / span)``,
+  ``RND(extra + min)`` and ``RND((span + min) − extra)``, chosen by the parity of
+  ``floor(q)``, then the clamp (5 keys more);
+* bilinear: ``floor``; ``RND(nw + 1)`` for x then y; the four weights
+  ``RND(RND(·−·)·RND(·−·))`` (nw, ne, sw, se: 12 keys); per channel the four taps
+  ``RND(v·w)`` (the value at (0, 0) and weight +0 outside the image), summed left to
+  right ``RND(RND(RND(t_nw + t_ne) + t_sw) + t_se)`` (7 keys);
+* nearest: round half to even (exact); ``RND(v·1)`` inside, ``RND(v(0,0)·0)`` outside
+  (1 key).
+
+The decomposition stays the slow reference: with :data:`USE_KERNELS` false (or outside
+the cases :func:`serves` names) every call takes it;
+``tests/test_instrument_grid_kernels.py`` compares the two bit for bit. The mode calls
+:func:`grid_sampler_2d` with the number of keys the decomposition drew on its first
+call with the same signature, and takes the decomposition whenever the two disagree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from numvar.rounding import kernels as K
+
+from .kernels import _bits, _fast32
+
+#: take the compiled kernel where it serves (False: the decomposition, the reference)
+USE_KERNELS = True
+
+_OP_ADD, _OP_SUB, _OP_MUL, _OP_DIV = K.OP_ADD, K.OP_SUB, K.OP_MUL, K.OP_DIV
+_lo32 = K.lo32_fast
+
+#: interpolation modes served (0 bilinear, 1 nearest; bicubic takes the decomposition)
+_SERVED_MODES = (0, 1)
+
+
+# ------------------------------------------------------------------ one rounding each
+# the rounding core's scalar functions, compiled once (not inlined at every call site)
+@njit(cache=True, error_model="numpy")
+def _core_binary(op, a, b, mode, r):  # pragma: no cover - compiled
+    return np.float32(K.narrow_binary(op, a, b, mode, 24, 24, -126, 127, r))
+
+
+@njit(cache=True, error_model="numpy")
+def _core_round(h, mode, r):  # pragma: no cover - compiled
+    return np.float32(K.round_f32(h, 0.0, mode, 24, r))
+
+
+# the arithmetic of numvar.instrument.pointwise's loops (fast path, then the rounding
+# core's scalar function where it declines), for one element
+@njit(inline="always", error_model="numpy")
+def _mul(a, b, ukey, l, mode):
+    r = _bits(ukey, np.uint64(l))
+    v, ok = _fast32(np.float64(a) * np.float64(b), r, mode)
+    if not ok:
+        v = _core_binary(_OP_MUL, a, b, mode, r)
+    return v
+
+
+@njit(inline="always", error_model="numpy")
+def _addsub(a, b, neg, ukey, l, mode):
+    r = _bits(ukey, np.uint64(l))
+    x = np.float64(a)
+    y = np.float64(b)
+    if neg:
+        y = -y
+    s = x + y
+    bv = s - x
+    e = (x - (s - bv)) + (y - bv)
+    v, ok = _fast32(s, r, mode)
+    if not (ok and e == 0.0):
+        v = _core_binary(_OP_SUB if neg else _OP_ADD, a, b, mode, r)
+    return v
+
+
+@njit(inline="always", error_model="numpy")
+def _div(a, b, ukey, l, mode):
+    r = _bits(ukey, np.uint64(l))
+    x = np.float64(a)
+    y = np.float64(b)
+    q = x / y
+    ph, pl = K.two_prod(q, y)
+    e = ((x - ph) - pl) / y
+    fin = q != 0.0 and abs(q) < np.inf and abs(x) < np.inf and abs(y) < np.inf
+    v, ok = _lo32(q, e if fin else 0.0, r, mode)
+    if not ok:
+        v = _core_binary(_OP_DIV, a, b, mode, r)
+    return v
+
+
+@njit(inline="always", error_model="numpy")
+def _round(h, ukey, l, mode):
+    r = _bits(ukey, np.uint64(l))
+    v, ok = _fast32(h, r, mode)
+    if not ok:
+        v = _core_round(h, mode, r)
+    return v
+
+
+@njit(inline="always")
+def _clamp(v, hi):
+    """torch.clamp(v, 0, hi): NaN and -0.0 kept."""
+    if v < 0.0:
+        return np.float32(0.0)
+    if v > hi:
+        return hi
+    return v
+
+
+@njit(inline="always", error_model="numpy")
+def _source(g, size, align, pad, ks, k, l, mode):
+    """The source coordinate of grid value ``g`` along a dim of ``size`` (keys from
+    ``ks[k]`` on): (coordinate, next key index)."""
+    mul = np.float32(size * 0.5 - 0.5) if align else np.float32(size * 0.5)
+    v = _mul(g, mul, ks[k], l, mode)
+    v = _addsub(v, np.float32(size * 0.5 - 0.5), False, ks[k + 1], l, mode)
+    k += 2
+    hi = np.float32(size - 1)
+    if pad == 1:
+        v = _clamp(v, hi)
+    elif pad == 2:
+        lo2, hi2 = (0, 2 * (size - 1)) if align else (-1, 2 * size - 1)
+        if lo2 == hi2:
+            v = np.float32(0.0)
+        else:
+            cmin = lo2 / 2
+            span = (hi2 - lo2) / 2
+            s = abs(_addsub(v, np.float32(cmin), True, ks[k], l, mode))
+            extra = _round(np.fmod(np.float64(s), span), ks[k + 1], l, mode)
+            q = np.floor(_div(s, np.float32(span), ks[k + 2], l, mode))
+            # the parity of torch's int8 cast of floor(q): |q| >= 2**24 (every float32
+            # there is even), inf and NaN (the cast's integer indefinite) count as even
+            odd = abs(q) < 16777216.0 and (np.int64(q) & 1) == 1
+            e1 = _addsub(extra, np.float32(cmin), False, ks[k + 3], l, mode)
+            e2 = _addsub(np.float32(span + cmin), extra, True, ks[k + 4], l, mode)
+            v = e2 if odd else e1
+            k += 5
+        v = _clamp(v, hi)
+    return v, k
+
+
+@njit(inline="always")
+def _tap(x, y, iW, iH):
+    """(in bounds, column, row) of a corner: (0, 0) outside the image."""
+    inb = x >= 0.0 and x < iW and y >= 0.0 and y < iH
+    if inb:
+        return True, np.int64(x), np.int64(y)
+    return False, 0, 0
+
+
+@njit(cache=True, error_model="numpy")
+def _grid_sample(inp, grid, out, interp, pad, align, ks, mode):  # pragma: no cover
+    """``out`` (N, C, oH, oW) from ``inp`` (N, C, iH, iW) and ``grid`` (N, oH, oW, 2),
+    all C-contiguous binary32; ``ks``: the ops' keys in the decomposition's order."""
+    K.wide_vectors()
+    N, C, iH, iW = inp.shape
+    oH, oW = out.shape[2], out.shape[3]
+    HW = oH * oW
+    for n in range(N):
+        for q in range(HW):
+            h = q // oW
+            w = q - h * oW
+            l = n * HW + q
+            ix, k = _source(grid[n, h, w, 0], iW, align, pad, ks, 0, l, mode)
+            iy, k = _source(grid[n, h, w, 1], iH, align, pad, ks, k, l, mode)
+            if interp == 1:
+                inb, xi, yi = _tap(np.rint(ix), np.rint(iy), iW, iH)
+                wt = np.float32(1.0) if inb else np.float32(0.0)
+                for c in range(C):
+                    lc = (n * C + c) * HW + q
+                    out[n, c, h, w] = _mul(inp[n, c, yi, xi], wt, ks[k], lc, mode)
+                continue
+            one = np.float32(1.0)
+            x0 = np.floor(ix)
+            y0 = np.floor(iy)
+            x1 = _addsub(x0, one, False, ks[k], l, mode)
+            y1 = _addsub(y0, one, False, ks[k + 1], l, mode)
+            k += 2
+            w_nw = _mul(_addsub(x1, ix, True, ks[k], l, mode),
+                        _addsub(y1, iy, True, ks[k + 1], l, mode), ks[k + 2], l, mode)
+            w_ne = _mul(_addsub(ix, x0, True, ks[k + 3], l, mode),
+                        _addsub(y1, iy, True, ks[k + 4], l, mode), ks[k + 5], l, mode)
+            w_sw = _mul(_addsub(x1, ix, True, ks[k + 6], l, mode),
+                        _addsub(iy, y0, True, ks[k + 7], l, mode), ks[k + 8], l, mode)
+            w_se = _mul(_addsub(ix, x0, True, ks[k + 9], l, mode),
+                        _addsub(iy, y0, True, ks[k + 10], l, mode), ks[k + 11], l, mode)
+            k += 12
+            zero = np.float32(0.0)
+            i_nw, x_nw, y_nw = _tap(x0, y0, iW, iH)
+            i_ne, x_ne, y_ne = _tap(x1, y0, iW, iH)
+            i_sw, x_sw, y_sw = _tap(x0, y1, iW, iH)
+            i_se, x_se, y_se = _tap(x1, y1, iW, iH)
+            w_nw = w_nw if i_nw else zero
+            w_ne = w_ne if i_ne else zero
+            w_sw = w_sw if i_sw else zero
+            w_se = w_se if i_se else zero
+            for c in range(C):
+                lc = (n * C + c) * HW + q
+                s = _mul(inp[n, c, y_nw, x_nw], w_nw, ks[k], lc, mode)
+                t = _mul(inp[n, c, y_ne, x_ne], w_ne, ks[k + 1], lc, mode)
+                s = _addsub(s, t, False, ks[k + 2], lc, mode)
+                t = _mul(inp[n, c, y_sw, x_sw], w_sw, ks[k + 3], lc, mode)
+                s = _addsub(s, t, False, ks[k + 4], lc, mode)
+                t = _mul(inp[n, c, y_se, x_se], w_se, ks[k + 5], lc, mode)
+                out[n, c, h, w] = _addsub(s, t, False, ks[k + 6], lc, mode)
+
+
+def _keys_per_coordinate(size: int, padding_mode: int, align_corners: bool) -> int:
+    if padding_mode != 2:
+        return 2
+    degenerate = align_corners and size == 1
+    return 2 if degenerate else 7
+
+
+def keys_needed(input: torch.Tensor, interpolation_mode: int, padding_mode: int,
+                align_corners: bool) -> int:
+    """The number of stream keys the decomposition draws for these arguments."""
+    iH, iW = input.shape[2], input.shape[3]
+    n = (_keys_per_coordinate(iW, padding_mode, align_corners)
+         + _keys_per_coordinate(iH, padding_mode, align_corners))
+    return n + (1 if interpolation_mode == 1 else 21)
+
+
+def serves(ctx, input, grid, interpolation_mode, padding_mode) -> bool:
+    """The kernel computes this call: binary32 CPU input and grid at 24 bits in their own
+    format, numba backend, bilinear or nearest, a padding mode torch knows."""
+    return (USE_KERNELS and ctx._t32 and ctx._numba and ctx.format is None
+            and isinstance(input, torch.Tensor) and isinstance(grid, torch.Tensor)
+            and input.dtype is torch.float32 and grid.dtype is torch.float32
+            and input.is_cpu and grid.is_cpu and input.dim() == 4 and grid.dim() == 4
+            and grid.shape[3] == 2 and grid.shape[0] == input.shape[0]
+            and interpolation_mode in _SERVED_MODES and padding_mode in (0, 1, 2))
+
+
+def grid_sampler_2d(ctx, args, kwargs, nkeys: int):
+    """``aten.grid_sampler_2d`` on the mode's stream, or None where the kernel does not
+    serve the call or the decomposition drew a number of keys other than ``nkeys``
+    (the caller then runs the decomposition)."""
+    input, grid, interp, pad, align = _arguments(args, kwargs)
+    if not serves(ctx, input, grid, interp, pad):
+        return None
+    if keys_needed(input, interp, pad, align) != nkeys:
+        return None
+    N, C = input.shape[0], input.shape[1]
+    oH, oW = grid.shape[1], grid.shape[2]
+    out = torch.empty((N, C, oH, oW), dtype=torch.float32)
+    ks = np.array([ctx.stream.next_key() for _ in range(nkeys)], dtype=np.uint64)
+    if out.numel():
+        _grid_sample(input.detach().contiguous().numpy(), grid.detach().contiguous().numpy(),
+                     out.numpy(), interp, pad, bool(align), ks, ctx.code)
+    return out
+
+
+def _arguments(args, kwargs):
+    names = ("input", "grid", "interpolation_mode", "padding_mode", "align_corners")
+    vals = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
+    return tuple(vals)

@@ -1,0 +1,129 @@
+"""The compiled grid_sampler_2d (numvar.instrument.grid_kernels) against the decomposition
+run op by op (its slow reference, ``USE_KERNELS = False``): same bits, same stream
+position afterwards, same report, in every rounding mode, for bilinear and nearest
+sampling, each padding mode and both corner alignments, with grid coordinates outside
+the image, on its borders and non-finite, and non-finite image values."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from numvar.instrument import fuzzy
+from numvar.instrument import grid_kernels as GK
+
+INF, NAN = float("inf"), float("nan")
+
+
+def _data(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 2, 3, 4, generator=g)
+    x[1, 0, 0, 0] = INF  # read (with weight 0) by every tap outside the image
+    x[1, 1, 2, 3] = NAN
+    grid = (torch.rand(2, 3, 5, 2, generator=g) * 2.8 - 1.4)
+    grid[0, 0, :, 0] = torch.tensor([-1.0, 1.0, 0.0, -0.0, 1e30])
+    grid[0, 1, :, 1] = torch.tensor([INF, -INF, NAN, 3.75, -7.0])
+    grid[0, 2, :2] = 1 / 3
+    return x, grid
+
+
+def _run(use: bool, monkeypatch, mode, interp, pad, align, seed=3):
+    monkeypatch.setattr(GK, "USE_KERNELS", use)
+    x, grid = _data(seed)
+    with torch.no_grad(), fuzzy(mode=mode, granularity="flop", seed=seed) as fz:
+        outs = [F.grid_sample(x, grid, mode=interp, padding_mode=pad, align_corners=align)
+                for _ in range(2)]  # the first call with a signature runs the decomposition
+        pos = fz.stream.counter
+    return outs, pos, fz.report().to_dict()
+
+
+def _same(a, b):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("interp", ["bilinear", "nearest"])
+@pytest.mark.parametrize("pad", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("mode", ["sr", "ud"])
+def test_kernel_matches_decomposition(monkeypatch, mode, interp, pad, align):
+    calls = []
+    kernel = GK._grid_sample
+
+    def spy(*a):
+        calls.append(1)
+        return kernel(*a)
+
+    monkeypatch.setattr(GK, "_grid_sample", spy)
+    fast, pos, rep = _run(True, monkeypatch, mode, interp, pad, align)
+    assert calls, "the compiled kernel did not run"
+    ref, pos_ref, rep_ref = _run(False, monkeypatch, mode, interp, pad, align)
+    for a, b in zip(fast, ref):
+        _same(a, b)
+    assert pos == pos_ref
+    assert rep == rep_ref
+
+
+@pytest.mark.parametrize("mode", ["random", "ieee", "down"])
+def test_kernel_other_modes(monkeypatch, mode):
+    for interp, pad in (("bilinear", "reflection"), ("nearest", "zeros")):
+        fast, pos, _ = _run(True, monkeypatch, mode, interp, pad, False, seed=5)
+        ref, pos_ref, _ = _run(False, monkeypatch, mode, interp, pad, False, seed=5)
+        for a, b in zip(fast, ref):
+            _same(a, b)
+        assert pos == pos_ref
+
+
+def test_kernel_degenerate_reflection_and_bicubic(monkeypatch):
+    """A one-pixel dim under reflection with aligned corners (no reflection keys);
+    bicubic is not served: both still equal the reference."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 2, 1, 3, generator=g)
+    grid = torch.rand(1, 2, 3, 2, generator=g) * 3 - 1.5
+
+    def run(use, interp):
+        monkeypatch.setattr(GK, "USE_KERNELS", use)
+        with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=2) as fz:
+            out = [F.grid_sample(x, grid, mode=interp, padding_mode="reflection",
+                                 align_corners=True) for _ in range(2)]
+            return out, fz.stream.counter
+
+    for interp in ("bilinear", "bicubic"):
+        (fast, pos), (ref, pos_ref) = run(True, interp), run(False, interp)
+        for a, b in zip(fast, ref):
+            _same(a, b)
+        assert pos == pos_ref
+
+
+def test_kernel_with_autograd_and_strided_grid(monkeypatch):
+    """A grid that needs grad and is not contiguous (forward values and the gradient of
+    the decomposed backward as with the reference)."""
+    def run(use):
+        monkeypatch.setattr(GK, "USE_KERNELS", use)
+        g = torch.Generator().manual_seed(4)
+        x = torch.randn(1, 3, 4, 4, generator=g, requires_grad=True)
+        base = torch.rand(1, 5, 3, 2, generator=g) * 2 - 1
+        grid = base.transpose(1, 2).requires_grad_(True)  # (1, 3, 5, 2), strided
+        with fuzzy(mode="sr", granularity="flop", seed=9):
+            outs = [F.grid_sample(x, grid, align_corners=False) for _ in range(2)]
+            sum(o.sum() for o in outs).backward()
+        return outs, x.grad, grid.grad
+
+    fast, ref = run(True), run(False)
+    for a, b in zip(fast[0], ref[0]):
+        _same(a.detach(), b.detach())
+    _same(fast[1], ref[1])
+    _same(fast[2], ref[2])
+
+
+def test_kernel_keys_mismatch_falls_back(monkeypatch):
+    """Where the kernel's key count differs from what the decomposition drew, the
+    decomposition runs (the result is still the reference's)."""
+    x, grid = _data(7)
+    monkeypatch.setattr(GK, "keys_needed", lambda *a: -1)
+    with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=1):
+        a = [F.grid_sample(x, grid, align_corners=False) for _ in range(2)]
+    monkeypatch.setattr(GK, "USE_KERNELS", False)
+    with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=1):
+        b = [F.grid_sample(x, grid, align_corners=False) for _ in range(2)]
+    for u, v in zip(a, b):
+        _same(u, v)
