@@ -49,11 +49,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import numvar.rounding as R
 
 from ..errors import ConfigError, UninstrumentedOpError
+from . import grid_kernels as GK
 from . import handlers as H
 from . import oplevel as _oplevel  # noqa: F401  (registers its handlers)
 from . import ops as O
 from . import optim as _optim  # noqa: F401  (registers its handlers)
-from . import grid_kernels as GK
 from . import replay as RP
 from ._core import FLOATS, Ctx
 from .config import FuzzyConfig
