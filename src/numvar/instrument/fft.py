@@ -57,7 +57,7 @@ lengths): one rounded multiplication of each real and imaginary part by the fact
 Every batch of transforms is one set of vectorised calls over the batch (torch tensor
 ops per stage, each rounding through numvar's core). Binary32 at 24 bits on the CPU
 (numba backend), the radix-2 stages run in one compiled call
-(:func:`numvar.instrument.fft_kernels.radix2_fused32`: the same keys, element indices and
+(:func:`numvar.instrument.fft_kernels.radix2_32`: the same keys, element indices and
 arithmetic); with :data:`USE_KERNELS` false they take the tensor implementation (the
 kernel's reference in the tests). :func:`c2c_reference` is the slow
 reference (plain Python loops, same order, same random bits), compared bit for bit in
@@ -76,7 +76,7 @@ from . import cplx
 from . import flop
 from . import linalg_kernels as LK
 from ._core import Ctx
-from .fft_kernels import radix2_fused32, radix2_keys
+from .fft_kernels import radix2_32
 
 #: binary32 radix-2 stages in the compiled kernel (False: the tensor implementation)
 USE_KERNELS = True
@@ -106,7 +106,7 @@ def twiddles(n: int, sign: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch
 
 @functools.lru_cache(maxsize=64)
 def _twiddles32(n: int, sign: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`twiddles` in binary32 as arrays for :func:`radix2_fused32`, kept per (n, sign)
+    """:func:`twiddles` in binary32 as arrays for :func:`radix2_32`, kept per (n, sign)
     (the kernel only reads them)."""
     cw, sw = twiddles(n, sign, torch.float32)
     return cw.numpy(), sw.numpy()
@@ -116,11 +116,11 @@ def _radix2(ctx: Ctx, re: torch.Tensor, im: torch.Tensor, sign: int):
     """Radix-2 DIT on the last axis of (B, n) parts (module docstring)."""
     B, n = re.shape
     if USE_KERNELS and LK.serves(ctx, re, im):
+        stages = n.bit_length() - 1
+        h1 = 2 ** np.arange(stages) > 1  # stages with twiddle products (h = 2^s)
+        kp, ka, kb = LK.keys(ctx, h1, h1, np.ones(stages, bool))
         cw, sw = _twiddles32(n, sign)
-        st = ctx.stream
-        xr, xi = radix2_fused32(LK.flat32(re), LK.flat32(im), B, n, cw, sw, st._base,
-                                st.counter, ctx.code)
-        st.counter += radix2_keys(n)
+        xr, xi = radix2_32(LK.flat32(re), LK.flat32(im), B, n, cw, sw, kp, ka, kb, ctx.code)
         return torch.from_numpy(xr).view(B, n), torch.from_numpy(xi).view(B, n)
     perm = torch.tensor(bit_reverse(n), dtype=torch.long, device=re.device)
     re, im = re[:, perm], im[:, perm]
