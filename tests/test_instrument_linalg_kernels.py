@@ -93,6 +93,44 @@ def test_radix2_matches_tensor_implementation(mode):
             assert same(fast, slow) and nf == ns
 
 
+@pytest.mark.parametrize("mode", ["sr", "ieee", "random", "ud"])
+def test_radix2_specials_and_scalar_redo(mode):
+    """fft_kernels.radix2_32 against the tensor implementation where the fast path
+    declines in part of a stage (subnormal and overflowing products, inexact float64
+    sums from values 2^±60 apart, inf, NaN, zeros): the tiles redone on the scalar path
+    keep the bits of the rest; lengths 4 and 16."""
+    from numvar.instrument import fft as FT
+
+    for n in (4, 16):
+        re, im = _rand(2, n, seed=n), _rand(2, n, seed=n + 7)
+        re[0, 1], im[0, 3] = 2.0 ** 60, 2.0 ** -60
+        re[1, 2], im[1, 1] = 1e-40, 3e38
+        re[1, n - 1], im[0, n - 2] = float("inf"), float("nan")
+        re[0, 0] = 0.0
+        (fast, nf), (slow, ns) = _pair(lambda c: FT.c2c_parts(c, re, im, -1), mode, module=FT)
+        assert same(fast, slow) and nf == ns
+
+
+def test_radix2_through_torch_fft():
+    """torch.fft.rfft/irfft/fft under fuzzy flop (batch dims, the kernel and the tensor
+    implementation on the same seed): same bits."""
+    from numvar.instrument import fft as FT
+    from numvar.instrument import fuzzy
+
+    x = _rand(2, 3, 16, seed=5)
+    out = []
+    for use in (True, False):
+        FT.USE_KERNELS = use
+        try:
+            with fuzzy(mode="sr", granularity="flop", seed=1):
+                y = torch.fft.irfft(torch.fft.rfft(x) * 0.5, n=16)
+                z = torch.fft.fft(x.to(torch.complex64), dim=1)
+            out.append((y, torch.view_as_real(z)))
+        finally:
+            FT.USE_KERNELS = True
+    assert same(out[0][0], out[1][0]) and same(out[0][1], out[1][1])
+
+
 @pytest.mark.parametrize("mode", ["sr", "ud", "random", "up"])
 def test_rowscan_matches_column_scan(mode):
     """flop.reduce / flop.scan over the last dim of fewer than ROW_M_MIN rows
