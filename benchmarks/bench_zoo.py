@@ -27,8 +27,8 @@ checked per row at one thread: flop SR ≤ floor + contraction + 5 and op SR ≤
   ≥ 1.7 on 2 cores for ``resnet_basic``, ResNet-18's layout, and ``bert``), and whether the
   flop SR outputs are bitwise identical across the thread counts. Times are the best of ``--repeats`` rounds after a warm-up round
 (numba compilation, recorded decompositions); rounds interleave the variants so that a
-load spike on a shared machine hits them alike. ``OMP_WAIT_POLICY`` is set to ``PASSIVE``
-unless the environment sets it (see the comment at the imports).
+load spike on a shared machine hits them alike. The machine line says which
+``OMP_WAIT_POLICY`` the run had (docs/speed.md, "Threads").
 
     python benchmarks/bench_zoo.py [--repeats 3] [--models resnet_basic bert ...]
                                    [--threads 1 all] [--no-write]
@@ -45,13 +45,6 @@ import os
 import platform
 import time
 from pathlib import Path
-
-# torch's OpenMP runtime and the one numba's threading layer loads are two runtimes with a
-# worker each; with the default wait policy a worker spins after every parallel region of
-# its runtime and takes the core the other runtime's worker needs. Passive workers sleep
-# at once (docs/speed.md, "Threads"). Read when torch loads its runtime: set before the
-# import; an OMP_WAIT_POLICY in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numba
 import numpy as np
