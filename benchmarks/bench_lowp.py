@@ -5,7 +5,7 @@ For each zoo entry (default: ``resnet_basic``, ``resnet_basic_bf16``, ``bert``,
 ``bert_bf16``), one forward under ``no_grad`` at its bench size: native, the floor (a
 do-nothing dispatch mode on numvar's code path), op SR and flop SR, the last two
 **before** (the bf16/fp16 fast paths switched off in this process: the exact-product
-contraction loop, ``narrow_products``, and the binary32-carrier roundings and binary ops of
+contraction loop, ``kernels.EXACT_PRODUCTS``, and the binary32-carrier roundings and binary ops of
 ``Ctx``, ``_core._NARROW``) and **after** (on). Both give the same bits (tests/test_instrument_lowp.py);
 only the time differs. Best of ``--repeats`` interleaved rounds after a warm-up, ratios
 to native in the same run.
@@ -32,7 +32,6 @@ from numvar.workloads import zoo
 from bench_zoo import _variants, best_of
 
 _NARROW = dict(_core._NARROW)
-_NARROW_PRODUCTS = KN.narrow_products
 
 
 def fast_paths(on: bool) -> None:
@@ -40,7 +39,7 @@ def fast_paths(on: bool) -> None:
     _core._NARROW.clear()
     if on:
         _core._NARROW.update(_NARROW)
-    KN.narrow_products = _NARROW_PRODUCTS if on else (lambda a, b, t: False)
+    KN.EXACT_PRODUCTS = on
 
 
 def measure(name: str, repeats: int, clock) -> dict[str, float]:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from numvar.instrument import bag_kernels as BK
 from numvar.instrument import fuzzy
+from _spy import count_calls  # noqa: E402
 
 torch.set_num_threads(1)
 numba.set_num_threads(1)
@@ -56,14 +57,7 @@ def test_kernel_matches_tensor_path(mode, bag_mode, psw, monkeypatch):
 def test_kernel_is_taken_and_rounds(monkeypatch):
     """The switch selects the kernel (the results would be the tensor path's otherwise:
     counted calls), and SR moves the sums off the float64 result by at most one ulp."""
-    calls = []
-    real = BK.bag32
-
-    def counting(*a):
-        calls.append(1)
-        return real(*a)
-
-    monkeypatch.setattr(BK, "bag32", counting)
+    calls = count_calls(monkeypatch, BK, "bag32")
     out, _ = _run("sr", "sum", False, True, None, False, True, monkeypatch)
     assert calls, "the kernel was not taken"
     calls.clear()

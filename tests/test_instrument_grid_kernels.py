@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from numvar.instrument import fuzzy
 from numvar.instrument import grid_kernels as GK
+from _spy import count_calls  # noqa: E402
 
 INF, NAN = float("inf"), float("nan")
 
@@ -46,14 +47,7 @@ def _same(a, b):
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("mode", ["sr", "ud"])
 def test_kernel_matches_decomposition(monkeypatch, mode, interp, pad, align):
-    calls = []
-    kernel = GK._grid_sample
-
-    def spy(*a):
-        calls.append(1)
-        return kernel(*a)
-
-    monkeypatch.setattr(GK, "_grid_sample", spy)
+    calls = count_calls(monkeypatch, GK, "_grid_sample")
     fast, pos, rep = _run(True, monkeypatch, mode, interp, pad, align)
     assert calls, "the compiled kernel did not run"
     ref, pos_ref, rep_ref = _run(False, monkeypatch, mode, interp, pad, align)

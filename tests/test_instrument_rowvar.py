@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from numvar.instrument import flop, fuzzy
+from _spy import count_calls  # noqa: E402
 
 torch.set_num_threads(1)
 numba.set_num_threads(1)
@@ -57,9 +58,7 @@ def test_rowvar_taken_and_close(monkeypatch):
     """The switch selects the kernel, and SR's variance stays within the two-pass bound
     of the float64 one: |err| ≤ (2K + 4)·u·Σ(x − μ)²/(K − 1) (first-order, u = 2^-24,
     K terms per sum, doubled for SR's ≤ 1 ulp per rounding)."""
-    calls = []
-    real = flop.SK.rowvar32
-    monkeypatch.setattr(flop.SK, "rowvar32", lambda *a: (calls.append(1), real(*a))[1])
+    calls = count_calls(monkeypatch, flop.SK, "rowvar32")
     x = _x((3, 40), False)
     out, _ = _run("sr", CASES["var_few_rows"][1], x, True, monkeypatch)
     assert calls

@@ -15,8 +15,8 @@ keys, the same element indices and the same order:
 - mean: the c-th non-empty bag (in bag order) divided by its count,
   ``RND(out[b, j] / count)`` with ``bits64(key_div, c·d + j)``.
 
-Each row goes through the tile kernel ``Ctx.add``/``mul``/``div`` run on binary32
-(``pointwise._tile``, its scalar fallback ``pointwise._slow``), the same arithmetic as
+Each row goes through ``pointwise.round_into`` (the tile kernel ``Ctx.add``/``mul``/``div``
+run on binary32, its scalar fallback where it declines), the same arithmetic as
 the tensor path's ``pointwise.binary32`` and the scatter's ``add_f32``. The tensor path
 stays the reference (:data:`USE_KERNEL` = False);
 ``tests/test_instrument_bag_kernels.py`` compares the two bit for bit.
@@ -35,15 +35,6 @@ from . import pointwise as PW
 
 #: take :func:`bag32` where it applies (False: the tensor path, the reference)
 USE_KERNEL = True
-
-
-@njit(inline="always")
-def _row(op, a, b, o, ukey, l0, mode):
-    """``o[j] = RND(a[j] op b[j])`` with ``bits64(ukey, l0 + j)``: the pointwise tile
-    kernel of ``Ctx.add``/``mul``/``div`` (its fast loop, the scalar path where it
-    declines); ``o`` must not alias ``a`` or ``b``."""
-    if PW._tile(op, a, b, o, ukey, l0, mode):
-        PW._slow(op, a, b, o, ukey, l0, mode)
 
 
 @njit(cache=True, error_model="numpy")
@@ -69,12 +60,12 @@ def bag32(weight, idx, bag, w, key_mul, key_add, key_div, mode, mean, out):  # p
         src = weight[idx[k]]
         if has_w:
             scale[:] = w[k]
-            _row(K.OP_MUL, src, scale, x, ukm, q, mode)
+            PW.round_into(K.OP_MUL, src, scale, x, ukm, q, mode)
             src = x
         if count[b] == 0:
             out[b] = src
         else:
-            _row(K.OP_ADD, out[b], src, tmp, uka, q, mode)
+            PW.round_into(K.OP_ADD, out[b], src, tmp, uka, q, mode)
             out[b] = tmp
         count[b] += 1
     if mean:
@@ -82,7 +73,7 @@ def bag32(weight, idx, bag, w, key_mul, key_add, key_div, mode, mean, out):  # p
         for b in range(nb):
             if count[b] > 0:
                 scale[:] = np.float32(count[b])
-                _row(K.OP_DIV, out[b], scale, tmp, ukd, c * d, mode)
+                PW.round_into(K.OP_DIV, out[b], scale, tmp, ukd, c * d, mode)
                 out[b] = tmp
                 c += 1
 

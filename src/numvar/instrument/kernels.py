@@ -651,7 +651,8 @@ def _is_clean(ahi, alo, bhi, blo, Kd, t):
 @njit(cache=True)
 def clean_rows(a, b, BO, t):  # pragma: no cover - compiled
     """Which rows ``(bo, i)`` (flattened ``bo·M + i``) of a binary32 product at ``t`` bits
-    of ``a`` (BA, M, K) and ``b`` (BB, K, N) with batch BO are clean (see above)."""
+    of ``a`` (BA, M, K) and ``b`` (BB, K, N) with batch BO are clean (see above): the
+    serial reference of the clean flags :func:`_prepare32` computes for :func:`contract`."""
     BA, M, Kd = a.shape
     BB = b.shape[0]
     bst = np.empty((BB, 2), dtype=np.uint32)
@@ -914,7 +915,8 @@ def narrow_products(a: np.ndarray, b: np.ndarray, t: int) -> bool:
     range (as in every clean row), is exact, and sr, ieee and random return an exact
     value unchanged whatever the random bits. :func:`contract` then skips the product
     roundings of its clean rows (same bits, about 3 of the 21 vector micro-ops per 8
-    terms of the clean loop)."""
+    terms of the clean loop). :func:`contract` takes the bound from :func:`_prepare32`'s
+    parallel pass; this is its serial reference (the tests compare the two)."""
     pa, pb = _narrow_bits(a, b)
     return pa + pb <= t
 
@@ -1369,6 +1371,12 @@ def scan_format(x: np.ndarray, key: int, mode: int, t: int, spec: tuple, *,
     return out
 
 
+#: skip the product roundings of clean rows whose products are all exact (see
+#: :func:`narrow_products`; same bits either way; False: every product rounded, which
+#: ``benchmarks/bench_lowp.py`` times against)
+EXACT_PRODUCTS = True
+
+
 def _check(arr: np.ndarray, name: str) -> None:
     if arr.dtype not in (np.float32, np.float64):
         raise TypeError(f"{name}: float32 or float64 array expected, got {arr.dtype}")
@@ -1417,7 +1425,7 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
             # as b.astype(np.float64), clean_rows and narrow_products)
             b64 = np.empty(b.shape)
             clean, pab = launch(a.size + b.size, _prepare32, a, b, b64, BO, t)
-            exact = not fma and t == 24 and mode != _UD and pab <= t
+            exact = EXACT_PRODUCTS and not fma and t == 24 and mode != _UD and pab <= t
             launch(work, _contract_fast32, a, b, b64, clean, out, np.uint64(key), mode, t, fma,
                    exact)
         elif a.dtype == np.float64 and t == 53 and mode <= _RANDOM and not fma:

@@ -26,25 +26,9 @@ from numba import njit
 
 from numvar.rounding import kernels as K
 
-from . import pointwise as PW
+from .pointwise import round_into
 
 _DIV, _MUL, _SUB = K.OP_DIV, K.OP_MUL, K.OP_SUB
-
-
-#: elements per tile of :func:`round_into` (a tile with an element the vectorised path
-#: declines, such as an inexact float64 sum, is redone on the scalar path)
-TILE = 256
-
-
-@njit(inline="always", error_model="numpy")
-def round_into(op, a, b, o, ukey, l0, mode):
-    """``o[j] = RND(a[j] op b[j])`` with ``bits64(key, l0 + j)``: pointwise.binary32's
-    arithmetic, tile by tile (``o`` must not alias ``a`` or ``b``)."""
-    n = o.size
-    for t0 in range(0, n, TILE):
-        t1 = min(n, t0 + TILE)
-        if PW._tile(op, a[t0:t1], b[t0:t1], o[t0:t1], ukey, l0 + t0, mode):
-            PW._slow(op, a[t0:t1], b[t0:t1], o[t0:t1], ukey, l0 + t0, mode)
 
 
 @njit(cache=True, error_model="numpy")

@@ -151,6 +151,23 @@ def _slow(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
             o[jj] = np.float32(K.narrow_binary(op, a[jj], b[jj], mode, 24, 24, -126, 127, r))
 
 
+#: elements per tile of :func:`round_into` (a tile with an element the vectorised path
+#: declines, such as an inexact float64 sum, is redone on the scalar path)
+ROUND_TILE = 256
+
+
+@njit(inline="always", error_model="numpy")
+def round_into(op, a, b, o, ukey, l0, mode):
+    """``o[j] = RND(a[j] op b[j])`` with ``bits64(key, l0 + j)``: :func:`binary32`'s
+    arithmetic (:func:`_tile`, then :func:`_slow` where the fast path declines), tile by
+    tile, for compiled callers (``o`` must not alias ``a`` or ``b``)."""
+    n = o.size
+    for t0 in range(0, n, ROUND_TILE):
+        t1 = min(n, t0 + ROUND_TILE)
+        if _tile(op, a[t0:t1], b[t0:t1], o[t0:t1], ukey, l0 + t0, mode):
+            _slow(op, a[t0:t1], b[t0:t1], o[t0:t1], ukey, l0 + t0, mode)
+
+
 @njit(inline="always")
 def _block(src, s0, s1, s2, M2, r0, rows, j0, ncols, buf, held):
     """The values of rows r0..r0+rows-1 (row r = (r // M2, r % M2) over the two outer

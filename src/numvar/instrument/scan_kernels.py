@@ -73,15 +73,6 @@ def rowscan32(x, out, key, mode, use_mul, cumulative):  # pragma: no cover - com
 
 # --------------------------------------------------------------- two-pass variance
 @njit(inline="always")
-def _pointwise(op, a, b, o, ukey, l0, mode):
-    """``o[j] = RND(a[j] op b[j])`` with ``bits64(ukey, l0 + j)``: the tile kernel of
-    ``Ctx.add``/``sub``/``mul``/``div`` on binary32 (``pointwise._tile``, its scalar path
-    ``pointwise._slow`` where it declines); ``o`` aliases neither operand."""
-    if PW._tile(op, a, b, o, ukey, l0, mode):
-        PW._slow(op, a, b, o, ukey, l0, mode)
-
-
-@njit(inline="always")
 def _rows(x, out, key, mode):
     """Row sums of x (M, K), K ≥ 2, in flop.reduce's order and bits (rowscan32 for a few
     rows, pointwise's row blocks for many: the same bits)."""
@@ -106,14 +97,14 @@ def rowvar32(x, keys, n_mean, n_var, mode, out):  # pragma: no cover - compiled
     nb = np.empty(M, np.float32)
     nb[:] = n_mean
     mu = np.empty(M, np.float32)
-    _pointwise(K.OP_DIV, s, nb, mu, np.uint64(keys[1]), 0, mode)
+    PW.round_into(K.OP_DIV, s, nb, mu, np.uint64(keys[1]), 0, mode)
     d = np.empty(Kd, np.float32)
     mub = np.empty(Kd, np.float32)
     sq = np.empty((M, Kd), np.float32)
     for m in range(M):
         mub[:] = mu[m]
-        _pointwise(K.OP_SUB, x[m], mub, d, np.uint64(keys[2]), m * Kd, mode)
-        _pointwise(K.OP_MUL, d, d, sq[m], np.uint64(keys[3]), m * Kd, mode)
+        PW.round_into(K.OP_SUB, x[m], mub, d, np.uint64(keys[2]), m * Kd, mode)
+        PW.round_into(K.OP_MUL, d, d, sq[m], np.uint64(keys[3]), m * Kd, mode)
     _rows(sq, s, keys[4], mode)
     nb[:] = n_var
-    _pointwise(K.OP_DIV, s, nb, out, np.uint64(keys[5]), 0, mode)
+    PW.round_into(K.OP_DIV, s, nb, out, np.uint64(keys[5]), 0, mode)
