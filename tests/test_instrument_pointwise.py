@@ -127,6 +127,32 @@ def test_sqrt_and_round_equal_the_rounding_core(mode):
                      R.round(h * 2.0 ** -200, dtype=torch.float32, mode=mode, stream=s))
 
 
+@pytest.mark.parametrize("mode", ["up", "down", "zero"])
+def test_directed_modes_write_every_element(mode):
+    """In the modes the vectorised loops leave to the scalar loop, every element of the
+    output is written, exact zero quotients and square roots of ±0 included (they were
+    once accepted by the fast path and left as whatever the output memory held): the
+    outputs start as a NaN sentinel and must equal the rounding core."""
+    rng = np.random.default_rng(7)
+    a = _weird(rng, 600)
+    a[::3] = 0.0
+    a[1::7] = -0.0
+    b = _weird(rng, 600)
+    b[b == 0] = 3.0
+    code, key = RK.mode_code(mode), R.Stream(9).next_key()
+    full = np.array([0, 0, 1])
+    for op, name in ((RK.OP_DIV, "div"), (RK.OP_MUL, "mul"), (RK.OP_ADD, "add")):
+        out = np.full(600, np.nan, np.float32)
+        PW.binary32(op, a, full, b, full, out, (1, 1, 600), key, code)
+        want = getattr(R, name)(torch.from_numpy(a), torch.from_numpy(b), mode=mode,
+                                stream=R.Stream(9))
+        assert _same(torch.from_numpy(out), want), name
+    out = np.full(600, np.nan, np.float32)
+    PW.sqrt32(a, out, key, code)
+    assert _same(torch.from_numpy(out), R.sqrt(torch.from_numpy(a), mode=mode,
+                                                stream=R.Stream(9)))
+
+
 def test_binary32_matches_the_scalar_core_on_hard_quotients():
     """Quotients around the binary32 range limits and exact quotients, for every mode."""
     rng = np.random.default_rng(4)

@@ -30,7 +30,6 @@ from numvar.rounding import kernels as K
 
 from .linalg_kernels import round_into
 
-_ADD, _MUL = K.OP_ADD, K.OP_MUL
 
 
 @njit(cache=True, error_model="numpy")
@@ -80,15 +79,15 @@ def radix2_32(re, im, B, n, cw, sw, kp, ka, kb, mode):  # pragma: no cover - com
                         wi[e] = sw[k * stride]
                         e += 1
             kps = np.uint64(kp[s])
-            round_into(_MUL, vr[:S], wr[:S], p[0:S], kps, 0, mode)
-            round_into(_MUL, vi[:S], wi[:S], p[S:2 * S], kps, S, mode)
-            round_into(_MUL, vr[:S], wi[:S], p[2 * S:3 * S], kps, 2 * S, mode)
-            round_into(_MUL, vi[:S], wr[:S], p[3 * S:4 * S], kps, 3 * S, mode)
+            round_into(K.OP_MUL, vr[:S], wr[:S], p[0:S], kps, 0, mode)
+            round_into(K.OP_MUL, vi[:S], wi[:S], p[S:2 * S], kps, S, mode)
+            round_into(K.OP_MUL, vr[:S], wi[:S], p[2 * S:3 * S], kps, 2 * S, mode)
+            round_into(K.OP_MUL, vi[:S], wr[:S], p[3 * S:4 * S], kps, 3 * S, mode)
             for e in range(S):
                 vi[e] = -p[S + e]  # −vi·wi (exact)
             kas = np.uint64(ka[s])
-            round_into(_ADD, p[0:S], vi[:S], vr[:S], kas, 0, mode)  # re of the product
-            round_into(_ADD, p[2 * S:3 * S], p[3 * S:4 * S], wr[:S], kas, S, mode)  # im
+            round_into(K.OP_ADD, p[0:S], vi[:S], vr[:S], kas, 0, mode)  # re of the product
+            round_into(K.OP_ADD, p[2 * S:3 * S], p[3 * S:4 * S], wr[:S], kas, S, mode)  # im
         S2 = B * nb * h
         e = 0
         e1 = 0
@@ -107,13 +106,13 @@ def radix2_32(re, im, B, n, cw, sw, kp, ka, kb, mode):  # pragma: no cover - com
                         e1 += 1
                     e += 1
         kbs = np.uint64(kb[s])
-        round_into(_ADD, ur[:S2], tr[:S2], o[0:S2], kbs, 0, mode)
-        round_into(_ADD, ui[:S2], ti[:S2], o[S2:2 * S2], kbs, S2, mode)
+        round_into(K.OP_ADD, ur[:S2], tr[:S2], o[0:S2], kbs, 0, mode)
+        round_into(K.OP_ADD, ui[:S2], ti[:S2], o[S2:2 * S2], kbs, S2, mode)
         for e in range(S2):
             tr[e] = -tr[e]
             ti[e] = -ti[e]
-        round_into(_ADD, ur[:S2], tr[:S2], o[2 * S2:3 * S2], kbs, 2 * S2, mode)
-        round_into(_ADD, ui[:S2], ti[:S2], o[3 * S2:4 * S2], kbs, 3 * S2, mode)
+        round_into(K.OP_ADD, ur[:S2], tr[:S2], o[2 * S2:3 * S2], kbs, 2 * S2, mode)
+        round_into(K.OP_ADD, ui[:S2], ti[:S2], o[3 * S2:4 * S2], kbs, 3 * S2, mode)
         e = 0
         for b in range(B):
             for blk in range(nb):

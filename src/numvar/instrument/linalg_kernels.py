@@ -28,7 +28,6 @@ from numvar.rounding import kernels as K
 
 from .pointwise import round_into
 
-_DIV, _MUL, _SUB = K.OP_DIV, K.OP_MUL, K.OP_SUB
 
 
 @njit(cache=True, error_model="numpy")
@@ -77,7 +76,7 @@ def lu32(W, B, m, n, piv, info, kdiv, kmul, ksub, mode):  # pragma: no cover - c
             for i in range(L):
                 bufa[i] = W[base + (j + 1 + i) * n + j]
                 bufb[i] = pivot
-            round_into(_DIV, bufa[:L], bufb[:L], res[:L], np.uint64(kdiv[j]), b * L, mode)
+            round_into(K.OP_DIV, bufa[:L], bufb[:L], res[:L], np.uint64(kdiv[j]), b * L, mode)
             if not zero:
                 for i in range(L):
                     W[base + (j + 1 + i) * n + j] = res[i]
@@ -94,8 +93,8 @@ def lu32(W, B, m, n, piv, info, kdiv, kmul, ksub, mode):  # pragma: no cover - c
                     bufb[i * N + c] = W[u0 + c]
                     bufc[i * N + c] = W[r0 + c]
             w = L * N
-            round_into(_MUL, bufa[:w], bufb[:w], prod[:w], np.uint64(kmul[j]), b * w, mode)
-            round_into(_SUB, bufc[:w], prod[:w], res[:w], np.uint64(ksub[j]), b * w, mode)
+            round_into(K.OP_MUL, bufa[:w], bufb[:w], prod[:w], np.uint64(kmul[j]), b * w, mode)
+            round_into(K.OP_SUB, bufc[:w], prod[:w], res[:w], np.uint64(ksub[j]), b * w, mode)
             for i in range(L):
                 r0 = base + (j + 1 + i) * n + j + 1
                 for c in range(N):
@@ -122,7 +121,7 @@ def trsm32(T, Y, B, n, r, upper, unit, kdiv, kmul, ksub, mode):  # pragma: no co
             yj = Y[yb + j * r:yb + (j + 1) * r]
             if not unit:
                 bufa[:r] = T[tb + j * n + j]
-                round_into(_DIV, yj, bufa[:r], res[:r], np.uint64(kdiv[s]), b * r, mode)
+                round_into(K.OP_DIV, yj, bufa[:r], res[:r], np.uint64(kdiv[s]), b * r, mode)
                 yj[:] = res[:r]
             R = j if upper else n - j - 1
             if R == 0:
@@ -135,9 +134,9 @@ def trsm32(T, Y, B, n, r, upper, unit, kdiv, kmul, ksub, mode):  # pragma: no co
                     bufa[ii * r + c] = tij
                     bufb[ii * r + c] = yj[c]
             w = R * r
-            round_into(_MUL, bufa[:w], bufb[:w], prod[:w], np.uint64(kmul[s]), b * w, mode)
+            round_into(K.OP_MUL, bufa[:w], bufb[:w], prod[:w], np.uint64(kmul[s]), b * w, mode)
             blk = Y[yb + i0 * r:yb + (i0 + R) * r]
-            round_into(_SUB, blk, prod[:w], res[:w], np.uint64(ksub[s]), b * w, mode)
+            round_into(K.OP_SUB, blk, prod[:w], res[:w], np.uint64(ksub[s]), b * w, mode)
             blk[:] = res[:w]
 
 

@@ -51,6 +51,7 @@ import numvar.rounding as R
 from ..errors import ConfigError, UninstrumentedOpError
 from . import grid_kernels as GK
 from . import handlers as H
+from . import norm_kernels as NK
 from . import oplevel as _oplevel  # noqa: F401  (registers its handlers)
 from . import ops as O
 from . import optim as _optim  # noqa: F401  (registers its handlers)
@@ -233,7 +234,8 @@ _SELECTED: dict = {}
 _PROGRAMS: dict = {}
 #: decomposed ops with a compiled kernel that computes the decomposition's bits:
 #: op -> fn(ctx, args, kwargs, nkeys) -> result, or None (the decomposition runs)
-_FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d}
+_FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d,
+                torch.ops.aten.native_layer_norm.default: NK.native_layer_norm}
 #: signature -> (keys the decomposition drew, [(count category, op name, count, how)])
 _FUSED_SEEN: dict = {}
 

@@ -127,7 +127,7 @@ def _tile(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
 @njit(cache=True, error_model="numpy")
 def _slow(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
     """Recompute a tile with declined elements: the rounding core's scalar function where
-    the fast path declines (the fast values stand elsewhere: they are the same)."""
+    the fast path declines, the fast path's value elsewhere."""
     for jj in range(o.size):
         x = np.float64(a[jj])
         y = np.float64(b[jj])
@@ -147,8 +147,10 @@ def _slow(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
             e = (x - (s - bv)) + (yy - bv)
             v, ok = _fast32(s, r, mode)
             ok = ok and e == 0.0
-        if not ok:
-            o[jj] = np.float32(K.narrow_binary(op, a[jj], b[jj], mode, 24, 24, -126, 127, r))
+        # written also where the fast path accepts: in the modes _tile leaves to this loop
+        # (up, down, zero, farthest) an exact zero quotient is accepted and written nowhere else
+        o[jj] = v if ok else np.float32(
+            K.narrow_binary(op, a[jj], b[jj], mode, 24, 24, -126, 127, r))
 
 
 #: elements per tile of :func:`round_into` (a tile with an element the vectorised path
@@ -307,8 +309,10 @@ def _sqrttile(a, o, ukey, l0, mode):  # pragma: no cover - compiled
             ph, pl = K.two_prod(s, s)
             e = ((x - ph) - pl) / (2.0 * s)
             v, ok = _lo32(s, e if (x > 0.0 and x < np.inf) else 0.0, r, mode)
-            if not (ok and x >= 0.0):
-                o[jj] = np.float32(K.narrow_sqrt(a[jj], mode, 24, 24, -126, 127, r))
+            # (written also where the fast path accepts: in the modes the vectorised loop
+            # leaves to this one, an exact zero is accepted here and written nowhere else)
+            o[jj] = v if (ok and x >= 0.0) else np.float32(
+                K.narrow_sqrt(a[jj], mode, 24, 24, -126, 127, r))
 
 
 @njit(inline="always", error_model="numpy")

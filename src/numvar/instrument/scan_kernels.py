@@ -98,13 +98,16 @@ def rowvar32(x, keys, n_mean, n_var, mode, out):  # pragma: no cover - compiled
     nb[:] = n_mean
     mu = np.empty(M, np.float32)
     PW.round_into(K.OP_DIV, s, nb, mu, np.uint64(keys[1]), 0, mode)
-    d = np.empty(Kd, np.float32)
-    mub = np.empty(Kd, np.float32)
-    sq = np.empty((M, Kd), np.float32)
+    # whole-array passes (element m·K + k of the C-order arrays): one round_into call per
+    # step, not one per row (short rows made the per-call set-up dominate)
+    mub = np.empty((M, Kd), np.float32)
     for m in range(M):
-        mub[:] = mu[m]
-        PW.round_into(K.OP_SUB, x[m], mub, d, np.uint64(keys[2]), m * Kd, mode)
-        PW.round_into(K.OP_MUL, d, d, sq[m], np.uint64(keys[3]), m * Kd, mode)
+        mub[m, :] = mu[m]
+    d = np.empty(M * Kd, np.float32)
+    PW.round_into(K.OP_SUB, x.reshape(M * Kd), mub.reshape(M * Kd), d, np.uint64(keys[2]), 0,
+                  mode)
+    sq = np.empty((M, Kd), np.float32)
+    PW.round_into(K.OP_MUL, d, d, sq.reshape(M * Kd), np.uint64(keys[3]), 0, mode)
     _rows(sq, s, keys[4], mode)
     nb[:] = n_var
     PW.round_into(K.OP_DIV, s, nb, out, np.uint64(keys[5]), 0, mode)

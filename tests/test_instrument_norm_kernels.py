@@ -1,0 +1,114 @@
+"""The compiled native_layer_norm (numvar.instrument.norm_kernels) against torch's
+decomposition run op by op (its slow reference, ``USE_KERNEL = False``): same bits of all
+three outputs (out, mean, rstd), same stream position afterwards, same report, in every
+rounding mode, with and without weight and bias, normalised over one and two dims, for
+few rows (the row-scan sums) and many (the row-block sums), with rows holding inf, NaN,
+a constant (variance 0: rstd = rsqrt(eps)) and values whose squares overflow binary32."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from numvar.instrument import fuzzy
+from numvar.instrument import norm_kernels as NK
+from _spy import count_calls  # noqa: E402
+
+LN = torch.ops.aten.native_layer_norm.default
+
+
+def _data(shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * 3 + 0.5
+    rows = x.view(-1, x.shape[-1])
+    rows[0, 1] = float("inf")
+    rows[1, 0] = float("nan")
+    rows[2] = 0.25  # constant row: variance 0
+    rows[3, :2] = torch.tensor([3e19, -2e19])  # squares overflow binary32
+    return x
+
+
+def _run(use, monkeypatch, mode, x, nshape, w, b, seed=5):
+    monkeypatch.setattr(NK, "USE_KERNEL", use)
+    with torch.no_grad(), fuzzy(mode=mode, granularity="flop", seed=seed) as fz:
+        outs = [LN(x, nshape, w, b, 1e-5) for _ in range(2)]  # the first call decomposes
+        pos = fz.stream.counter
+    return outs, pos, fz.report().to_dict()
+
+
+def _same(a, b):
+    assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def _check(monkeypatch, mode, shape, nd, affine):
+    x = _data(shape)
+    nshape = list(shape[len(shape) - nd:])
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(nshape, generator=g) if affine in ("both", "weight") else None
+    b = torch.randn(nshape, generator=g) if affine in ("both", "bias") else None
+    calls = count_calls(monkeypatch, NK, "layer_norm32")
+    fast, pos, rep = _run(True, monkeypatch, mode, x, nshape, w, b)
+    assert calls, "the compiled kernel did not run"
+    ref, pos_ref, rep_ref = _run(False, monkeypatch, mode, x, nshape, w, b)
+    for o1, o2 in zip(fast, ref):
+        for a, c in zip(o1, o2):
+            _same(a, c)
+    assert pos == pos_ref
+    assert rep == rep_ref
+    return fast[1]
+
+
+@pytest.mark.parametrize("mode", ["sr", "ud", "random", "ieee", "down"])
+def test_kernel_matches_decomposition(monkeypatch, mode):
+    out, mean, rstd = _check(monkeypatch, mode, (3, 7, 8), 1, "both")  # 21 rows: row blocks
+    # the special rows came through: NaN where inf/NaN, rsqrt(eps) for the constant row
+    assert torch.isnan(out.view(-1, 8)[:2]).all()
+    assert torch.isfinite(out.view(-1, 8)[4:]).all()
+    assert abs(rstd.view(-1)[2].item() - 1e-5 ** -0.5) < 1.0
+
+
+@pytest.mark.parametrize("affine", ["none", "weight", "bias"])
+def test_kernel_without_affine_parameters(monkeypatch, affine):
+    _check(monkeypatch, "sr", (2, 4, 3, 5), 2, affine)  # 8 rows: row scans; 2-D shape
+
+
+def test_mean_and_rstd_against_float64():
+    """In ieee mode the kernel's statistics are binary32 roundings of what float64 gives
+    (two-pass variance; each step rounded: a few units of binary32's last place)."""
+    x = torch.randn(6, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), fuzzy(mode="ieee", granularity="flop", seed=0):
+        outs = [LN(x, [32], None, None, 1e-5) for _ in range(2)]
+    out, mean, rstd = outs[1]
+    x64 = x.double()
+    m64 = x64.mean(-1, keepdim=True)
+    r64 = (x64.var(-1, unbiased=False, keepdim=True) + 1e-5).rsqrt()
+    torch.testing.assert_close(mean.double(), m64, rtol=4 * 2.0 ** -24, atol=1e-7)
+    torch.testing.assert_close(rstd.double(), r64, rtol=16 * 2.0 ** -24, atol=0)
+    torch.testing.assert_close(out.double(), (x64 - m64) * r64, rtol=0, atol=1e-5)
+
+
+def test_declines_and_autograd(monkeypatch):
+    """Non-contiguous input and float64 take the decomposition (no kernel call); with
+    autograd the forward takes the kernel and the gradients equal the reference's."""
+    calls = count_calls(monkeypatch, NK, "layer_norm32")
+    xt = torch.randn(8, 5).t()
+    with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
+        for _ in range(2):
+            F.layer_norm(xt, [8])
+            F.layer_norm(xt.contiguous().double(), [8])
+    assert not calls
+
+    def grads(use):
+        monkeypatch.setattr(NK, "USE_KERNEL", use)
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(3), requires_grad=True)
+        w = torch.ones(6, requires_grad=True)
+        with fuzzy(mode="sr", granularity="flop", seed=1):
+            for _ in range(2):
+                y = F.layer_norm(x, [6], w, None)
+            (y * torch.arange(6.0)).sum().backward()
+        return y.detach(), x.grad, w.grad
+
+    fast = grads(True)
+    assert calls
+    for a, b in zip(fast, grads(False)):
+        _same(a, b)
