@@ -1,9 +1,11 @@
-"""The compiled native_layer_norm (numvar.instrument.norm_kernels) against torch's
-decomposition run op by op (its slow reference, ``USE_KERNEL = False``): same bits of all
-three outputs (out, mean, rstd), same stream position afterwards, same report, in every
-rounding mode, with and without weight and bias, normalised over one and two dims, for
-few rows (the row-scan sums) and many (the row-block sums), with rows holding inf, NaN,
-a constant (variance 0: rstd = rsqrt(eps)) and values whose squares overflow binary32."""
+"""The compiled layer norm and eval batch norm (numvar.instrument.norm_kernels) against
+torch's decompositions run op by op (their slow reference, ``USE_KERNEL = False``): same
+bits of all three outputs, same stream position afterwards, same report, in every
+rounding mode, with and without weight and bias. Layer norm: normalised over one and
+two dims, few rows (the row-scan sums) and many (the row-block sums), rows holding inf,
+NaN, a constant (variance 0: rstd = rsqrt(eps)) and values whose squares overflow
+binary32. Batch norm: 2-, 3- and 4-D inputs, a zero running variance, non-finite inputs
+and statistics, under no_grad and with autograd (another aten op reaches the mode)."""
 
 import pytest
 import torch
@@ -112,3 +114,52 @@ def test_declines_and_autograd(monkeypatch):
     assert calls
     for a, b in zip(fast, grads(False)):
         _same(a, b)
+
+
+def _bn(c, affine, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    bn = torch.nn.BatchNorm1d(c, affine=affine).eval()
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(c, generator=g))
+        bn.running_var.copy_(torch.rand(c, generator=g) * 3)
+        bn.running_var[0] = 0.0  # invstd = 1/sqrt(eps)
+        bn.running_mean[1] = float("inf")
+        if affine:
+            bn.weight.copy_(torch.randn(c, generator=g))
+            bn.bias.copy_(torch.randn(c, generator=g))
+    return bn
+
+
+def _bn_run(use, monkeypatch, mode, x, bn, grad):
+    monkeypatch.setattr(NK, "USE_KERNEL", use)
+    with torch.set_grad_enabled(grad), fuzzy(mode=mode, granularity="flop", seed=2) as fz:
+        outs = [F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, False,
+                             0.1, 1e-5) for _ in range(2)]
+        pos = fz.stream.counter
+    return [o.detach() for o in outs], pos, fz.report().to_dict()
+
+
+@pytest.mark.parametrize("mode", ["sr", "ud", "down"])
+@pytest.mark.parametrize("shape,affine,grad", [((3, 5, 4, 2), True, False),
+                                                ((4, 5), False, False), ((2, 5, 7), True, True)])
+def test_eval_batch_norm_matches_decomposition(monkeypatch, mode, shape, affine, grad):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(6))
+    x.view(-1)[3] = float("nan")
+    x.view(-1)[-1] = 1e38
+    bn = _bn(shape[1], affine)
+    calls = count_calls(monkeypatch, NK, "batch_norm_eval32")
+    fast, pos, rep = _bn_run(True, monkeypatch, mode, x, bn, grad)
+    assert calls, "the compiled kernel did not run"
+    ref, pos_ref, rep_ref = _bn_run(False, monkeypatch, mode, x, bn, grad)
+    for a, b in zip(fast, ref):
+        _same(a, b)
+    assert pos == pos_ref and rep == rep_ref
+
+
+def test_training_batch_norm_takes_the_decomposition(monkeypatch):
+    calls = count_calls(monkeypatch, NK, "batch_norm_eval32")
+    bn = torch.nn.BatchNorm1d(3).train()
+    with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
+        for _ in range(2):
+            bn(torch.randn(4, 3))
+    assert not calls

@@ -235,7 +235,10 @@ _PROGRAMS: dict = {}
 #: decomposed ops with a compiled kernel that computes the decomposition's bits:
 #: op -> fn(ctx, args, kwargs, nkeys) -> result, or None (the decomposition runs)
 _FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d,
-                torch.ops.aten.native_layer_norm.default: NK.native_layer_norm}
+                torch.ops.aten.native_layer_norm.default: NK.native_layer_norm,
+                torch.ops.aten.native_batch_norm.default: NK.native_batch_norm,
+                torch.ops.aten._native_batch_norm_legit_no_training.default:
+                    NK.batch_norm_no_training}
 #: signature -> (keys the decomposition drew, [(count category, op name, count, how)])
 _FUSED_SEEN: dict = {}
 

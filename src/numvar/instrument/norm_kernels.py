@@ -70,35 +70,77 @@ def layer_norm32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd):  # pr
     for m in range(M):
         h[m] = 1.0 / np.sqrt(np.float64(ve[m]))
     PW._roundtile(h, rstd, np.uint64(keys[9]), 0, mode)
-    # whole-array passes (element m·K + k of the C-order arrays), operands broadcast
-    # into full arrays: one round_into call per step, not one per row
-    n = M * Kd
-    xf = x.reshape(n)
-    full = np.empty((M, Kd), np.float32)
-    for m in range(M):
-        full[m, :] = mean[m]
+    _normalize_affine(x.reshape(M * Kd), mean, rstd, w, b, has_w, has_b, keys, 10, mode,
+                      out.reshape(M * Kd), M, 1, Kd, 1, 0, 0, 0, 0, 1)
+
+
+@njit(inline="always")
+def _spread(full, v, d0, d1, d2, s0, s1, s2):
+    """``full`` (d0·d1·d2,) in C order ← ``v[i0·s0 + i1·s1 + i2·s2]`` (a broadcast)."""
+    l0 = 0
+    for i0 in range(d0):
+        for i1 in range(d1):
+            base = i0 * s0 + i1 * s1
+            if s2 == 0:
+                c = v[base]
+                for i2 in range(d2):
+                    full[l0 + i2] = c
+            else:
+                for i2 in range(d2):
+                    full[l0 + i2] = v[base + i2 * s2]
+            l0 += d2
+
+
+@njit(cache=True, error_model="numpy")
+def _normalize_affine(xf, mean, inv, w, b, has_w, has_b, keys, k0, mode, out, d0, d1, d2,
+                      s0, s1, s2, a0, a1, a2):  # pragma: no cover - compiled
+    """``out = RND(RND(RND(RND(x − mean)·inv)·w) + b)`` (the weight and bias steps where
+    present), keys ``keys[k0]``, ``keys[k0 + 1]``, then one per affine step, element l of
+    the C-order (d0, d1, d2) arrays: the statistics read with strides (s0, s1, s2), the
+    affine parameters with (a0, a1, a2). Whole-array passes, operands broadcast into one
+    full buffer: one round_into call per step (one per row made short rows slow)."""
+    n = out.size
+    full = np.empty(n, np.float32)
+    _spread(full, mean, d0, d1, d2, s0, s1, s2)
     d = np.empty(n, np.float32)
-    PW.round_into(K.OP_SUB, xf, full.reshape(n), d, np.uint64(keys[10]), 0, mode)
-    for m in range(M):
-        full[m, :] = rstd[m]
-    of = out.reshape(n)
+    PW.round_into(K.OP_SUB, xf, full, d, np.uint64(keys[k0]), 0, mode)
+    _spread(full, inv, d0, d1, d2, s0, s1, s2)
     last = has_w or has_b
-    e = np.empty(n, np.float32) if last else of
-    PW.round_into(K.OP_MUL, d, full.reshape(n), e, np.uint64(keys[11]), 0, mode)
+    e = np.empty(n, np.float32) if last else out
+    PW.round_into(K.OP_MUL, d, full, e, np.uint64(keys[k0 + 1]), 0, mode)
     if not last:
         return
-    k = 12
+    k = k0 + 2
     if has_w:
-        for m in range(M):
-            full[m, :] = w
-        PW.round_into(K.OP_MUL, e, full.reshape(n), d if has_b else of, np.uint64(keys[k]), 0,
-                      mode)
+        _spread(full, w, d0, d1, d2, a0, a1, a2)
+        PW.round_into(K.OP_MUL, e, full, d if has_b else out, np.uint64(keys[k]), 0, mode)
         k += 1
         e, d = d, e
     if has_b:
-        for m in range(M):
-            full[m, :] = b
-        PW.round_into(K.OP_ADD, e, full.reshape(n), of, np.uint64(keys[k]), 0, mode)
+        _spread(full, b, d0, d1, d2, a0, a1, a2)
+        PW.round_into(K.OP_ADD, e, full, out, np.uint64(keys[k]), 0, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def batch_norm_eval32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, N, C,
+                      S):  # pragma: no cover - compiled
+    """Batch norm with running statistics (eval) of x (N·C·S,) float32 in C order, binary32
+    at 24 bits, into ``out``: torch's decomposition step by step, ``invstd = RND(RND(1 /
+    RND(sqrt(RND(var + eps)))) · 1)`` per channel (keys 0–3, element c), then
+    :func:`_normalize_affine` per channel (keys 4…, element l)."""
+    col = np.empty(C, np.float32)
+    col[:] = eps
+    ve = np.empty(C, np.float32)
+    PW.round_into(K.OP_ADD, rvar, col, ve, np.uint64(keys[0]), 0, mode)
+    sd = np.empty(C, np.float32)
+    PW._sqrttile(ve, sd, np.uint64(keys[1]), 0, mode)
+    col[:] = 1.0
+    rc = np.empty(C, np.float32)
+    PW.round_into(K.OP_DIV, col, sd, rc, np.uint64(keys[2]), 0, mode)
+    inv = np.empty(C, np.float32)
+    PW.round_into(K.OP_MUL, rc, col, inv, np.uint64(keys[3]), 0, mode)
+    _normalize_affine(x, rmean, inv, w, b, has_w, has_b, keys, 4, mode, out, N, C, S,
+                      0, 1, 0, 0, 1, 0)
 
 
 def keys_needed(weight, bias) -> int:
@@ -106,27 +148,38 @@ def keys_needed(weight, bias) -> int:
     return 12 + (weight is not None) + (bias is not None)
 
 
+def _vector_ok(p, k: int) -> bool:
+    """A binary32 contiguous CPU tensor of k elements."""
+    return (isinstance(p, torch.Tensor) and p.dtype is torch.float32 and p.is_cpu
+            and p.numel() == k and p.is_contiguous())
+
+
 def _affine_ok(p, k: int) -> bool:
-    return p is None or (isinstance(p, torch.Tensor) and p.dtype is torch.float32 and p.is_cpu
-                         and p.numel() == k and p.is_contiguous())
+    return p is None or _vector_ok(p, k)
+
+
+def _input_ok(ctx, x, eps) -> bool:
+    """A binary32 contiguous CPU input below ``kernels.PARALLEL_MIN_WORK`` elements (the
+    kernels are serial; above it the decomposition's kernels run on every thread), an
+    eps the scalar path holds in binary32, binary32 at 24 bits in its own format on the
+    numba backend."""
+    return (USE_KERNEL and ctx._t32 and ctx._numba and ctx.format is None
+            and isinstance(x, torch.Tensor) and x.dtype is torch.float32 and x.is_cpu
+            and x.is_contiguous() and 0 < x.numel() < KN.PARALLEL_MIN_WORK
+            and isinstance(eps, float) and ctx._scalar32(x, eps)
+            and flop_backend(x.device) == "numba")
 
 
 def serves(ctx, x, normalized_shape, weight, bias, eps) -> bool:
-    """The kernel computes this call: binary32 contiguous CPU input (and affine
-    parameters) at 24 bits in its own format, numba backend, at least two normalised
-    elements per row, fewer elements than ``kernels.PARALLEL_MIN_WORK`` (the kernel is
-    serial; above it the decomposition's kernels run on every thread), an ``eps`` that
-    the scalar path holds in binary32."""
-    if not (USE_KERNEL and ctx._t32 and ctx._numba and ctx.format is None
-            and isinstance(x, torch.Tensor) and x.dtype is torch.float32 and x.is_cpu
-            and x.is_contiguous() and isinstance(eps, float) and ctx._scalar32(x, eps)):
+    """The layer-norm kernel computes this call (:func:`_input_ok`, at least two
+    normalised elements per row, affine parameters of the normalised shape)."""
+    if not _input_ok(ctx, x, eps):
         return False
     nd = len(normalized_shape)
     if nd == 0 or nd > x.dim() or tuple(x.shape[x.dim() - nd:]) != tuple(normalized_shape):
         return False
     k = math.prod(normalized_shape)
-    return (k >= 2 and 0 < x.numel() < KN.PARALLEL_MIN_WORK and _affine_ok(weight, k)
-            and _affine_ok(bias, k) and flop_backend(x.device) == "numba")
+    return k >= 2 and _affine_ok(weight, k) and _affine_ok(bias, k)
 
 
 def native_layer_norm(ctx, args, kwargs, nkeys: int):
@@ -158,3 +211,43 @@ def native_layer_norm(ctx, args, kwargs, nkeys: int):
 def _arguments(args, kwargs):
     names = ("input", "normalized_shape", "weight", "bias", "eps")
     return tuple(list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs])
+
+
+def native_batch_norm(ctx, args, kwargs, nkeys: int):
+    """``aten.native_batch_norm`` in eval (``training=False``: running statistics) as
+    (out, save_mean, save_invstd), the last two empty as torch's CPU decomposition gives
+    them; None where the kernel does not serve the call (training, missing or
+    non-binary32 running statistics, ...) or the decomposition drew another number of
+    keys."""
+    names = ("input", "weight", "bias", "running_mean", "running_var", "training",
+             "momentum", "eps")
+    x, weight, bias, rmean, rvar, training, _, eps = tuple(
+        list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs])
+    return _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, training, eps, nkeys)
+
+
+def batch_norm_no_training(ctx, args, kwargs, nkeys: int):
+    """``aten._native_batch_norm_legit_no_training`` (the same computation)."""
+    names = ("input", "weight", "bias", "running_mean", "running_var", "momentum", "eps")
+    x, weight, bias, rmean, rvar, _, eps = tuple(
+        list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs])
+    return _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, False, eps, nkeys)
+
+
+def _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, training, eps, nkeys):
+    if training or not _input_ok(ctx, x, eps) or x.dim() < 2:
+        return None
+    N, C = x.shape[0], x.shape[1]
+    if not (_vector_ok(rmean, C) and _vector_ok(rvar, C) and _affine_ok(weight, C)
+            and _affine_ok(bias, C)) or 6 + (weight is not None) + (bias is not None) != nkeys:
+        return None
+    S = x.numel() // (N * C)
+    out = torch.empty(x.shape, dtype=torch.float32)
+    keys = np.array([ctx.stream.next_key() for _ in range(nkeys)], dtype=np.uint64)
+    empty = np.empty(0, np.float32)
+    w = empty if weight is None else weight.detach().numpy()
+    b = empty if bias is None else bias.detach().numpy()
+    batch_norm_eval32(x.detach().numpy().reshape(-1), w, b, weight is not None,
+                      bias is not None, rmean.detach().numpy(), rvar.detach().numpy(),
+                      np.float32(eps), keys, ctx.code, out.numpy().reshape(-1), N, C, S)
+    return out, x.new_zeros((0,)), x.new_zeros((0,))
