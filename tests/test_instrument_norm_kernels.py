@@ -4,7 +4,9 @@ bits of all three outputs, same stream position afterwards, same report, in ever
 rounding mode, with and without weight and bias. Layer norm: normalised over one and
 two dims, few rows (the row-scan sums) and many (the row-block sums), rows holding inf,
 NaN, a constant (variance 0: rstd = rsqrt(eps)) and values whose squares overflow
-binary32. Batch norm: 2-, 3- and 4-D inputs, a zero running variance, non-finite inputs
+binary32. Softmax (``_softmax``, ``_safe_softmax``, through SDPA's math path too) over
+the last dim, rows with −inf, inf, NaN and a dominant value, with autograd. Batch norm:
+2-, 3- and 4-D inputs, a zero running variance, non-finite inputs
 and statistics, under no_grad and with autograd (another aten op reaches the mode)."""
 
 import pytest
@@ -162,4 +164,49 @@ def test_training_batch_norm_takes_the_decomposition(monkeypatch):
     with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
         for _ in range(2):
             bn(torch.randn(4, 3))
+    assert not calls
+
+
+def _softmax_data():
+    x = torch.randn(4, 5, 6, generator=torch.Generator().manual_seed(8))
+    x[0, 0, :] = float("-inf")  # an all −inf row: NaN in _softmax, 0 in _safe_softmax
+    x[1, 1, 2] = float("inf")
+    x[1, 2, 3] = float("nan")
+    x[2, 0, 1] = 100.0
+    return x
+
+
+@pytest.mark.parametrize("mode", ["sr", "ud", "down"])
+@pytest.mark.parametrize("which", ["softmax", "safe", "sdpa"])
+def test_softmax_matches_decomposition(monkeypatch, mode, which):
+    x = _softmax_data()
+    fn = {"softmax": lambda t: torch.softmax(t, -1),
+          "safe": lambda t: torch.ops.aten._safe_softmax.default(t, -1),
+          "sdpa": lambda t: F.scaled_dot_product_attention(t, t, t)}[which]
+    grad = which == "softmax"
+
+    def run(use):
+        monkeypatch.setattr(NK, "USE_KERNEL", use)
+        t = x.clone().requires_grad_(grad)
+        with torch.set_grad_enabled(grad), fuzzy(mode=mode, granularity="flop", seed=4) as fz:
+            outs = [fn(t) for _ in range(2)]
+            if grad:
+                torch.nan_to_num(outs[1]).sum().backward()
+            pos = fz.stream.counter
+        return [o.detach() for o in outs] + ([t.grad] if grad else []), pos, fz.report().to_dict()
+
+    calls = count_calls(monkeypatch, NK, "softmax_tail32")
+    fast, pos, rep = run(True)
+    assert calls, "the compiled kernel did not run"
+    ref, pos_ref, rep_ref = run(False)
+    for a, b in zip(fast, ref):
+        _same(a, b)
+    assert pos == pos_ref and rep == rep_ref
+
+
+def test_softmax_over_another_dim_takes_the_decomposition(monkeypatch):
+    calls = count_calls(monkeypatch, NK, "softmax_tail32")
+    with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
+        for _ in range(2):
+            torch.softmax(_softmax_data(), 1)
     assert not calls

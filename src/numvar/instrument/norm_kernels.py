@@ -143,6 +143,31 @@ def batch_norm_eval32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, 
                       0, 1, 0, 0, 1, 0)
 
 
+@njit(cache=True, error_model="numpy")
+def softmax_sub32(x, mx, key, mode, out):  # pragma: no cover - compiled
+    """``out = RND(x − max)`` of the rows of x (R, L) float32 C-contiguous, ``mx`` (R,) the
+    row maxima, element r·L + l (softmax's first rounded step)."""
+    R, L = x.shape
+    full = np.empty(R * L, np.float32)
+    _spread(full, mx, R, 1, L, 1, 0, 0)
+    PW.round_into(K.OP_SUB, x.reshape(R * L), full, out, np.uint64(key), 0, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def softmax_tail32(e64, keys, mode, out):  # pragma: no cover - compiled
+    """Softmax's steps after torch's float64 exp ``e64`` (R, L), L ≥ 2: ``e = RND(e64)``
+    (key 0, element r·L + l), the row sums of e (key 1, ``scan_kernels._rows``), ``out =
+    RND(e / sum)`` (key 2, element r·L + l); out (R·L,) float32."""
+    R, L = e64.shape
+    e = np.empty(R * L, np.float32)
+    PW._roundtile(e64.reshape(R * L), e, np.uint64(keys[0]), 0, mode)
+    s = np.empty(R, np.float32)
+    SK._rows(e.reshape(R, L), s, np.uint64(keys[1]), mode)
+    full = np.empty(R * L, np.float32)
+    _spread(full, s, R, 1, L, 1, 0, 0)
+    PW.round_into(K.OP_DIV, e, full, out, np.uint64(keys[2]), 0, mode)
+
+
 def keys_needed(weight, bias) -> int:
     """Stream keys of the decomposition (module docstring)."""
     return 12 + (weight is not None) + (bias is not None)
@@ -251,3 +276,47 @@ def _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, training, eps, nkeys):
                       bias is not None, rmean.detach().numpy(), rvar.detach().numpy(),
                       np.float32(eps), keys, ctx.code, out.numpy().reshape(-1), N, C, S)
     return out, x.new_zeros((0,)), x.new_zeros((0,))
+
+
+def softmax(ctx, args, kwargs, nkeys: int):
+    """``aten._softmax`` over the last dim: torch's decomposition (``amax``, ``x − max``,
+    ``exp``, ``sum``, ``/ sum``; four keys) with its exact steps (amax, the float64 exp
+    that the flop ``exp`` rounds once) run by torch and its rounded steps in two
+    compiled calls; None where not served."""
+    names = ("self", "dim", "half_to_float")
+    x, dim, half = tuple(list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs])
+    if half:
+        return None
+    return _softmax_last(ctx, x, dim, nkeys)
+
+
+def safe_softmax(ctx, args, kwargs, nkeys: int):
+    """``aten._safe_softmax`` (softmax, then 0 on rows that are all −inf: exact)."""
+    names = ("self", "dim", "dtype")
+    x, dim, dtype = tuple(list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
+                          + [None] * (3 - len(args) - len(kwargs)))[:3]
+    if dtype is not None:
+        return None
+    out = _softmax_last(ctx, x, dim, nkeys)
+    if out is None:
+        return None
+    empty = torch.eq(x, float("-inf")).all(dim, keepdim=True)
+    return torch.where(empty, torch.zeros_like(out), out)
+
+
+def _softmax_last(ctx, x, dim, nkeys):
+    if (nkeys != 4 or not isinstance(dim, int) or not _input_ok(ctx, x, 0.0) or x.dim() == 0
+            or dim % x.dim() != x.dim() - 1 or x.shape[-1] < 2):
+        return None
+    L = x.shape[-1]
+    R = x.numel() // L
+    x2 = x.detach().reshape(R, L)
+    mx = torch.amax(x2, -1)
+    keys = [ctx.stream.next_key() for _ in range(4)]
+    d = torch.empty(x.shape, dtype=torch.float32)
+    softmax_sub32(x2.numpy(), mx.numpy(), np.uint64(keys[0]), ctx.code, d.numpy().reshape(-1))
+    e64 = torch.exp(d.to(torch.float64))
+    out = torch.empty(x.shape, dtype=torch.float32)
+    softmax_tail32(e64.numpy().reshape(R, L), np.array(keys[1:], np.uint64), ctx.code,
+                   out.numpy().reshape(-1))
+    return out
