@@ -4,12 +4,15 @@ replaces, in one process.
 For each zoo model (default: the ones these paths serve), one forward under ``no_grad`` at
 its bench size under ``numvar.fuzzy(mode="sr", granularity="flop")``, with the compiled
 paths on and off (``bag_kernels.USE_KERNEL``: ``nn.EmbeddingBag`` sum/mean in one call;
-``flop.USE_ROWVAR``: the two-pass variance of LayerNorm/GroupNorm statistics in one call),
+``flop.USE_ROWVAR``: the two-pass variance of LayerNorm/GroupNorm statistics in one call;
+``norm_kernels.USE_KERNEL``: LayerNorm, eval BatchNorm and last-dim softmax in one or
+two calls instead of their decompositions op by op),
 best of ``--repeats`` interleaved rounds after a warm-up, each timed by the thread's CPU
 time (``time.thread_time``, as ``bench_opoverhead.py``: one torch and one numba thread do
 all the work, and a loaded machine's descheduling would otherwise dominate), ratios to
 native in the same run. Both settings give the same bits (``tests/test_instrument_bag_kernels.py``,
-``tests/test_instrument_rowvar.py``); this measures only the time.
+``tests/test_instrument_rowvar.py``, ``tests/test_instrument_norm_kernels.py``); this
+measures only the time.
 
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_flopops.py [--repeats 15]
 """
@@ -22,17 +25,19 @@ import warnings
 
 import torch
 
-from numvar.instrument import bag_kernels, flop
+from numvar.instrument import bag_kernels, flop, norm_kernels
 from numvar.workloads import zoo
 
 from bench_zoo import _variants, best_of
 
-MODELS = ["embedding_bag", "norms", "vit", "multihead_attention", "whisper"]
+MODELS = ["embedding_bag", "norms", "vit", "multihead_attention", "whisper", "bert",
+          "transformer_encoder", "mobilenet_se", "efficientnet_mbconv"]
 
 
 def _switch(on: bool) -> None:
     bag_kernels.USE_KERNEL = on
     flop.USE_ROWVAR = on
+    norm_kernels.USE_KERNEL = on
 
 
 def measure(name: str, repeats: int) -> tuple[float, float, float]:
