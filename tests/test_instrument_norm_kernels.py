@@ -62,7 +62,7 @@ def _check(monkeypatch, mode, shape, nd, affine):
     return fast[1]
 
 
-@pytest.mark.parametrize("mode", ["sr", "ud", "random", "ieee", "down"])
+@pytest.mark.parametrize("mode", ["sr", "ud", "random", "down"])
 def test_kernel_matches_decomposition(monkeypatch, mode):
     out, mean, rstd = _check(monkeypatch, mode, (3, 7, 8), 1, "both")  # 21 rows: row blocks
     # the special rows came through: NaN where inf/NaN, rsqrt(eps) for the constant row
@@ -141,9 +141,9 @@ def _bn_run(use, monkeypatch, mode, x, bn, grad):
     return [o.detach() for o in outs], pos, fz.report().to_dict()
 
 
-@pytest.mark.parametrize("mode", ["sr", "ud", "down"])
-@pytest.mark.parametrize("shape,affine,grad", [((3, 5, 4, 2), True, False),
-                                                ((4, 5), False, False), ((2, 5, 7), True, True)])
+@pytest.mark.parametrize("mode,shape,affine,grad", [
+    ("sr", (3, 5, 4, 2), True, False), ("down", (3, 5, 4, 2), True, False),
+    ("ud", (4, 5), False, False), ("sr", (2, 5, 7), True, True)])
 def test_eval_batch_norm_matches_decomposition(monkeypatch, mode, shape, affine, grad):
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(6))
     x.view(-1)[3] = float("nan")
@@ -176,8 +176,8 @@ def _softmax_data():
     return x
 
 
-@pytest.mark.parametrize("mode", ["sr", "ud", "down"])
-@pytest.mark.parametrize("which", ["softmax", "safe", "sdpa"])
+@pytest.mark.parametrize("mode,which", [("sr", "softmax"), ("ud", "safe"), ("down", "safe"),
+                                        ("random", "sdpa")])
 def test_softmax_matches_decomposition(monkeypatch, mode, which):
     x = _softmax_data()
     fn = {"softmax": lambda t: torch.softmax(t, -1),
