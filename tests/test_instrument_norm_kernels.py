@@ -5,7 +5,8 @@ rounding mode, with and without weight and bias. Layer norm: normalised over one
 two dims, few rows (the row-scan sums) and many (the row-block sums), rows holding inf,
 NaN, a constant (variance 0: rstd = rsqrt(eps)) and values whose squares overflow
 binary32. Softmax (``_softmax``, ``_safe_softmax``, through SDPA's math path too) over
-the last dim, rows with −inf, inf, NaN and a dominant value, with autograd. Batch norm:
+the last dim, rows with −inf, inf, NaN and a dominant value, with autograd. Group norm
+(with a weight; with and without bias; 2- and 4-D; a constant group, inf, NaN). Batch norm:
 2-, 3- and 4-D inputs, a zero running variance, non-finite inputs
 and statistics, under no_grad and with autograd (another aten op reaches the mode)."""
 
@@ -210,3 +211,34 @@ def test_softmax_over_another_dim_takes_the_decomposition(monkeypatch):
         for _ in range(2):
             torch.softmax(_softmax_data(), 1)
     assert not calls
+
+
+@pytest.mark.parametrize("mode,shape,groups,bias", [("sr", (3, 6, 4, 5), 2, True),
+                                                     ("down", (3, 6, 4, 5), 3, False),
+                                                     ("ud", (5, 6), 3, True)])
+def test_group_norm_matches_decomposition(monkeypatch, mode, shape, groups, bias):
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(*shape, generator=g)
+    x.view(shape[0], -1)[0, 0] = float("inf")
+    x.view(shape[0], -1)[1, :shape[1] // groups * (x.numel() // shape[0] // shape[1])] = 0.5
+    x.view(-1)[-2] = float("nan")
+    w = torch.randn(shape[1], generator=g)
+    b = torch.randn(shape[1], generator=g) if bias else None
+
+    def run(use):
+        monkeypatch.setattr(NK, "USE_KERNEL", use)
+        with torch.no_grad(), fuzzy(mode=mode, granularity="flop", seed=6) as fz:
+            outs = [torch.ops.aten.native_group_norm.default(
+                x, w, b, shape[0], shape[1], x.numel() // shape[0] // shape[1], groups, 1e-5)
+                for _ in range(2)]  # (out, mean, rstd)
+            pos = fz.stream.counter
+        return outs, pos, fz.report().to_dict()
+
+    calls = count_calls(monkeypatch, NK, "group_norm32")
+    fast, pos, rep = run(True)
+    assert calls, "the compiled kernel did not run"
+    ref, pos_ref, rep_ref = run(False)
+    for o1, o2 in zip(fast, ref):
+        for a, c in zip(o1, o2):
+            _same(a, c)
+    assert pos == pos_ref and rep == rep_ref

@@ -1,4 +1,8 @@
-"""numba kernel of ``aten.native_layer_norm`` at flop granularity (binary32).
+"""numba kernels of LayerNorm, GroupNorm, eval BatchNorm and softmax at flop granularity
+(binary32): ``aten.native_layer_norm``, ``native_group_norm`` (with a weight),
+``native_batch_norm`` / ``_native_batch_norm_legit_no_training`` (running statistics),
+``_softmax`` / ``_safe_softmax`` (last dim). The layer norm is described here; the
+others follow the same rules (their functions say their steps and keys).
 
 At flop granularity LayerNorm runs torch's decomposition with the mode re-entered:
 ``var_mean`` (``prims.var``: six tensor steps, ``prims.sum``, ``prims.div``), ``+ eps``,
@@ -50,11 +54,11 @@ from .flop import flop_backend
 #: take the kernel (False: the decomposition, op by op: the slow reference)
 USE_KERNEL = True
 
-@njit(cache=True, error_model="numpy")
-def layer_norm32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd):  # pragma: no cover
-    """LayerNorm of the rows of x (M, K) float32 C-contiguous, K ≥ 2, binary32 at 24 bits:
-    ``out`` (M, K), ``mean`` and ``rstd`` (M,), with the keys and indices of the module
-    docstring. ``w``, ``b``: (K,) float32 (read only when ``has_w`` / ``has_b``)."""
+
+@njit(inline="always")
+def _statistics(x, eps, keys, mode, mean, rstd):
+    """``var_mean`` (biased) of the rows of x (M, K), then ``rstd = RND(rsqrt(RND(var +
+    eps)))``: keys 0–9 as in the module docstring; ``mean``, ``rstd`` (M,)."""
     M, Kd = x.shape
     var = np.empty(M, np.float32)
     SK.rowvar32(x, keys[0:6], np.float32(Kd), np.float32(Kd), mode, var)
@@ -70,6 +74,15 @@ def layer_norm32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd):  # pr
     for m in range(M):
         h[m] = 1.0 / np.sqrt(np.float64(ve[m]))
     PW._roundtile(h, rstd, np.uint64(keys[9]), 0, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def layer_norm32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd):  # pragma: no cover
+    """LayerNorm of the rows of x (M, K) float32 C-contiguous, K ≥ 2, binary32 at 24 bits:
+    ``out`` (M, K), ``mean`` and ``rstd`` (M,), with the keys and indices of the module
+    docstring. ``w``, ``b``: (K,) float32 (read only when ``has_w`` / ``has_b``)."""
+    M, Kd = x.shape
+    _statistics(x, eps, keys, mode, mean, rstd)
     _normalize_affine(x.reshape(M * Kd), mean, rstd, w, b, has_w, has_b, keys, 10, mode,
                       out.reshape(M * Kd), M, 1, Kd, 1, 0, 0, 0, 0, 1)
 
@@ -141,6 +154,45 @@ def batch_norm_eval32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, 
     PW.round_into(K.OP_MUL, rc, col, inv, np.uint64(keys[3]), 0, mode)
     _normalize_affine(x, rmean, inv, w, b, has_w, has_b, keys, 4, mode, out, N, C, S,
                       0, 1, 0, 0, 1, 0)
+
+
+@njit(cache=True, error_model="numpy")
+def group_norm32(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
+                 rstd):  # pragma: no cover - compiled
+    """GroupNorm with a weight of x (N·C·HW,) float32 in C order, binary32 at 24 bits, as
+    torch's CPU decomposition: the statistics of the N·G rows of (C/G)·HW elements as in
+    :func:`layer_norm32` (keys 0–9, ``mean`` and ``rstd`` (N·G,)), ``scale = RND(rstd ·
+    weight)`` (key 10) and ``shift = RND(−mean · scale)`` (key 11) on (N, C) (element
+    n·C + c), ``shift = RND(shift + bias)`` (key 12, if a bias), then ``out = RND(RND(x ·
+    scale) + shift)`` (the last two keys, element l)."""
+    R = N * G
+    Cg = C // G
+    Kd = Cg * HW
+    x2 = x.reshape(R, Kd)
+    _statistics(x2, eps, keys, mode, mean, rstd)
+    n = N * C
+    a = np.empty(n, np.float32)
+    c = np.empty(n, np.float32)
+    scale = np.empty(n, np.float32)
+    _spread(a, rstd, N, G, Cg, G, 1, 0)
+    _spread(c, w, N, G, Cg, 0, Cg, 1)
+    PW.round_into(K.OP_MUL, a, c, scale, np.uint64(keys[10]), 0, mode)
+    negm = -mean
+    _spread(a, negm, N, G, Cg, G, 1, 0)
+    shift = np.empty(n, np.float32)
+    PW.round_into(K.OP_MUL, a, scale, shift, np.uint64(keys[11]), 0, mode)
+    k = 12
+    if has_b:
+        _spread(c, b, N, G, Cg, 0, Cg, 1)
+        PW.round_into(K.OP_ADD, shift, c, a, np.uint64(keys[12]), 0, mode)
+        shift[:] = a
+        k = 13
+    full = np.empty(x.size, np.float32)
+    _spread(full, scale, N, C, HW, C, 1, 0)
+    t = np.empty(x.size, np.float32)
+    PW.round_into(K.OP_MUL, x, full, t, np.uint64(keys[k]), 0, mode)
+    _spread(full, shift, N, C, HW, C, 1, 0)
+    PW.round_into(K.OP_ADD, t, full, out, np.uint64(keys[k + 1]), 0, mode)
 
 
 @njit(cache=True, error_model="numpy")
@@ -320,3 +372,29 @@ def _softmax_last(ctx, x, dim, nkeys):
     softmax_tail32(e64.numpy().reshape(R, L), np.array(keys[1:], np.uint64), ctx.code,
                    out.numpy().reshape(-1))
     return out
+
+
+def native_group_norm(ctx, args, kwargs, nkeys: int):
+    """``aten.native_group_norm`` with a weight (torch's CPU decomposition then folds the
+    statistics and the affine parameters into a per-channel scale and shift) as (out,
+    mean, rstd); None where the kernel does not serve the call (no weight, fewer than
+    two elements per group, ...) or the decomposition drew another number of keys."""
+    names = ("input", "weight", "bias", "N", "C", "HxW", "group", "eps")
+    x, weight, bias, N, C, HW, G, eps = tuple(
+        list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs])
+    if not _input_ok(ctx, x, eps) or weight is None or not all(
+            isinstance(v, int) for v in (N, C, HW, G)):
+        return None
+    if (G < 1 or C % G or N * C * HW != x.numel() or (C // G) * HW < 2
+            or not _vector_ok(weight, C) or not _affine_ok(bias, C)
+            or 14 + (bias is not None) != nkeys):
+        return None
+    out = torch.empty(x.shape, dtype=torch.float32)
+    mean = torch.empty((N, G), dtype=torch.float32)
+    rstd = torch.empty((N, G), dtype=torch.float32)
+    keys = np.array([ctx.stream.next_key() for _ in range(nkeys)], dtype=np.uint64)
+    b = np.empty(0, np.float32) if bias is None else bias.detach().numpy()
+    group_norm32(x.detach().numpy().reshape(-1), weight.detach().numpy(), b, bias is not None,
+                 N, C, HW, G, np.float32(eps), keys, ctx.code, out.numpy().reshape(-1),
+                 mean.numpy().reshape(-1), rstd.numpy().reshape(-1))
+    return out, mean, rstd
