@@ -263,9 +263,10 @@ def native_layer_norm(ctx, args, kwargs, nkeys: int):
     """``aten.native_layer_norm`` (out, mean, rstd) on the mode's stream, or None where the
     kernel does not serve the call or the decomposition drew another number of keys
     (the caller then runs the decomposition)."""
-    x, normalized_shape, weight, bias, eps = _arguments(args, kwargs)
-    if not serves(ctx, x, normalized_shape, weight, bias, eps):
+    a = _arguments(args, kwargs, ("input", "normalized_shape", "weight", "bias", "eps"))
+    if a is None or not serves(ctx, *a):
         return None
+    x, normalized_shape, weight, bias, eps = a
     if keys_needed(weight, bias) != nkeys:
         return None
     nd = len(normalized_shape)
@@ -285,9 +286,18 @@ def native_layer_norm(ctx, args, kwargs, nkeys: int):
     return out, mean, rstd
 
 
-def _arguments(args, kwargs):
-    names = ("input", "normalized_shape", "weight", "bias", "eps")
-    return tuple(list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs])
+def _arguments(args, kwargs, names, defaults=None):
+    """The op's arguments by schema position (``names``), keyword ones and ``defaults``
+    filled in; None when one is missing (the caller then declines)."""
+    vals = list(args)
+    for n in names[len(args):]:
+        if n in kwargs:
+            vals.append(kwargs[n])
+        elif defaults and n in defaults:
+            vals.append(defaults[n])
+        else:
+            return None
+    return vals
 
 
 def native_batch_norm(ctx, args, kwargs, nkeys: int):
@@ -296,18 +306,21 @@ def native_batch_norm(ctx, args, kwargs, nkeys: int):
     them; None where the kernel does not serve the call (training, missing or
     non-binary32 running statistics, ...) or the decomposition drew another number of
     keys."""
-    names = ("input", "weight", "bias", "running_mean", "running_var", "training",
-             "momentum", "eps")
-    x, weight, bias, rmean, rvar, training, _, eps = tuple(
-        list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs])
+    a = _arguments(args, kwargs, ("input", "weight", "bias", "running_mean", "running_var",
+                                  "training", "momentum", "eps"))
+    if a is None:
+        return None
+    x, weight, bias, rmean, rvar, training, _, eps = a
     return _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, training, eps, nkeys)
 
 
 def batch_norm_no_training(ctx, args, kwargs, nkeys: int):
     """``aten._native_batch_norm_legit_no_training`` (the same computation)."""
-    names = ("input", "weight", "bias", "running_mean", "running_var", "momentum", "eps")
-    x, weight, bias, rmean, rvar, _, eps = tuple(
-        list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs])
+    a = _arguments(args, kwargs, ("input", "weight", "bias", "running_mean", "running_var",
+                                  "momentum", "eps"))
+    if a is None:
+        return None
+    x, weight, bias, rmean, rvar, _, eps = a
     return _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, False, eps, nkeys)
 
 
@@ -335,20 +348,18 @@ def softmax(ctx, args, kwargs, nkeys: int):
     ``exp``, ``sum``, ``/ sum``; four keys) with its exact steps (amax, the float64 exp
     that the flop ``exp`` rounds once) run by torch and its rounded steps in two
     compiled calls; None where not served."""
-    names = ("self", "dim", "half_to_float")
-    x, dim, half = tuple(list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs])
-    if half:
+    a = _arguments(args, kwargs, ("self", "dim", "half_to_float"))
+    if a is None or a[2]:
         return None
-    return _softmax_last(ctx, x, dim, nkeys)
+    return _softmax_last(ctx, a[0], a[1], nkeys)
 
 
 def safe_softmax(ctx, args, kwargs, nkeys: int):
     """``aten._safe_softmax`` (softmax, then 0 on rows that are all −inf: exact)."""
-    names = ("self", "dim", "dtype")
-    x, dim, dtype = tuple(list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
-                          + [None] * (3 - len(args) - len(kwargs)))[:3]
-    if dtype is not None:
+    a = _arguments(args, kwargs, ("self", "dim", "dtype"), {"dtype": None})
+    if a is None or a[2] is not None:
         return None
+    x, dim, _ = a
     out = _softmax_last(ctx, x, dim, nkeys)
     if out is None:
         return None
@@ -379,9 +390,10 @@ def native_group_norm(ctx, args, kwargs, nkeys: int):
     statistics and the affine parameters into a per-channel scale and shift) as (out,
     mean, rstd); None where the kernel does not serve the call (no weight, fewer than
     two elements per group, ...) or the decomposition drew another number of keys."""
-    names = ("input", "weight", "bias", "N", "C", "HxW", "group", "eps")
-    x, weight, bias, N, C, HW, G, eps = tuple(
-        list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs])
+    a = _arguments(args, kwargs, ("input", "weight", "bias", "N", "C", "HxW", "group", "eps"))
+    if a is None:
+        return None
+    x, weight, bias, N, C, HW, G, eps = a
     if not _input_ok(ctx, x, eps) or weight is None or not all(
             isinstance(v, int) for v in (N, C, HW, G)):
         return None
