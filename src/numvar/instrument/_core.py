@@ -288,6 +288,11 @@ class Ctx:
         return launch(hi.numel(), R.round, hi, lo, dtype=dtype, mode=self.mode,
                       stream=self.stream, precision=self.prec(dtype), backend=self.backend)
 
+    def stream_keys(self, n: int) -> np.ndarray:
+        """The next ``n`` stream keys, in order, as a uint64 array (for compiled kernels
+        that do the work of n rounding calls in one)."""
+        return np.array([self.stream.next_key() for _ in range(n)], dtype=np.uint64)
+
     def round_keeps(self, t: torch.Tensor) -> bool:
         """Whether ``round(t.to(float64), t.dtype)`` returns ``t``'s own values, which
         makes that call skippable: then the stream is advanced by the one key the call

@@ -467,7 +467,7 @@ def var(x, dim, correction, ctx: Ctx, *, keepdim=False):
             and ctx.target(torch.float32) is None and x.is_cpu and x.is_contiguous()
             and dims[0] == x.dim() - len(dims) and (m < PW.ROW_M_MIN or n <= PW.ROW_K_MAX)
             and x.numel() < KN.PARALLEL_MIN_WORK and flop_backend(x.device) == "numba"):
-        keys = np.array([ctx.stream.next_key() for _ in range(6)], np.uint64)
+        keys = ctx.stream_keys(6)
         out = np.empty(m, np.float32)
         SK.rowvar32(PW.array(x).reshape(m, n), keys, np.float32(n),
                     np.float32(max(0, n - correction)), ctx.code, out)

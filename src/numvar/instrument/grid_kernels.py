@@ -261,7 +261,7 @@ def grid_sampler_2d(ctx, args, kwargs, nkeys: int):
     N, C = input.shape[0], input.shape[1]
     oH, oW = grid.shape[1], grid.shape[2]
     out = torch.empty((N, C, oH, oW), dtype=torch.float32)
-    ks = np.array([ctx.stream.next_key() for _ in range(nkeys)], dtype=np.uint64)
+    ks = ctx.stream_keys(nkeys)
     if out.numel():
         _grid_sample(input.detach().contiguous().numpy(), grid.detach().contiguous().numpy(),
                      out.numpy(), interp, pad, bool(align), ks, ctx.code)

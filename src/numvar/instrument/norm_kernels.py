@@ -235,22 +235,25 @@ def _affine_ok(p, k: int) -> bool:
     return p is None or _vector_ok(p, k)
 
 
-def _input_ok(ctx, x, eps) -> bool:
+def _input_ok(ctx, x) -> bool:
     """A binary32 contiguous CPU input below ``kernels.PARALLEL_MIN_WORK`` elements (the
-    kernels are serial; above it the decomposition's kernels run on every thread), an
-    eps the scalar path holds in binary32, binary32 at 24 bits in its own format on the
-    numba backend."""
+    kernels are serial; above it the decomposition's kernels run on every thread),
+    binary32 at 24 bits in its own format on the numba backend."""
     return (USE_KERNEL and ctx._t32 and ctx._numba and ctx.format is None
             and isinstance(x, torch.Tensor) and x.dtype is torch.float32 and x.is_cpu
             and x.is_contiguous() and 0 < x.numel() < KN.PARALLEL_MIN_WORK
-            and isinstance(eps, float) and ctx._scalar32(x, eps)
             and flop_backend(x.device) == "numba")
+
+
+def _eps_ok(ctx, x, eps) -> bool:
+    """An eps the scalar path holds in binary32 (as the decomposition's ``+ eps`` reads it)."""
+    return isinstance(eps, float) and ctx._scalar32(x, eps)
 
 
 def serves(ctx, x, normalized_shape, weight, bias, eps) -> bool:
     """The layer-norm kernel computes this call (:func:`_input_ok`, at least two
     normalised elements per row, affine parameters of the normalised shape)."""
-    if not _input_ok(ctx, x, eps):
+    if not (_input_ok(ctx, x) and _eps_ok(ctx, x, eps)):
         return False
     nd = len(normalized_shape)
     if nd == 0 or nd > x.dim() or tuple(x.shape[x.dim() - nd:]) != tuple(normalized_shape):
@@ -276,7 +279,7 @@ def native_layer_norm(ctx, args, kwargs, nkeys: int):
     out = torch.empty(x.shape, dtype=torch.float32)
     mean = torch.empty(stat, dtype=torch.float32)
     rstd = torch.empty(stat, dtype=torch.float32)
-    keys = np.array([ctx.stream.next_key() for _ in range(nkeys)], dtype=np.uint64)
+    keys = ctx.stream_keys(nkeys)
     empty = np.empty(0, np.float32)
     w = empty if weight is None else weight.detach().numpy().reshape(k)
     b = empty if bias is None else bias.detach().numpy().reshape(k)
@@ -325,7 +328,7 @@ def batch_norm_no_training(ctx, args, kwargs, nkeys: int):
 
 
 def _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, training, eps, nkeys):
-    if training or not _input_ok(ctx, x, eps) or x.dim() < 2:
+    if training or not (_input_ok(ctx, x) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
         return None
     N, C = x.shape[0], x.shape[1]
     if not (_vector_ok(rmean, C) and _vector_ok(rvar, C) and _affine_ok(weight, C)
@@ -333,7 +336,7 @@ def _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, training, eps, nkeys):
         return None
     S = x.numel() // (N * C)
     out = torch.empty(x.shape, dtype=torch.float32)
-    keys = np.array([ctx.stream.next_key() for _ in range(nkeys)], dtype=np.uint64)
+    keys = ctx.stream_keys(nkeys)
     empty = np.empty(0, np.float32)
     w = empty if weight is None else weight.detach().numpy()
     b = empty if bias is None else bias.detach().numpy()
@@ -368,19 +371,19 @@ def safe_softmax(ctx, args, kwargs, nkeys: int):
 
 
 def _softmax_last(ctx, x, dim, nkeys):
-    if (nkeys != 4 or not isinstance(dim, int) or not _input_ok(ctx, x, 0.0) or x.dim() == 0
+    if (nkeys != 4 or not isinstance(dim, int) or not _input_ok(ctx, x) or x.dim() == 0
             or dim % x.dim() != x.dim() - 1 or x.shape[-1] < 2):
         return None
     L = x.shape[-1]
     R = x.numel() // L
     x2 = x.detach().reshape(R, L)
     mx = torch.amax(x2, -1)
-    keys = [ctx.stream.next_key() for _ in range(4)]
+    keys = ctx.stream_keys(4)
     d = torch.empty(x.shape, dtype=torch.float32)
-    softmax_sub32(x2.numpy(), mx.numpy(), np.uint64(keys[0]), ctx.code, d.numpy().reshape(-1))
+    softmax_sub32(x2.numpy(), mx.numpy(), keys[0], ctx.code, d.numpy().reshape(-1))
     e64 = torch.exp(d.to(torch.float64))
     out = torch.empty(x.shape, dtype=torch.float32)
-    softmax_tail32(e64.numpy().reshape(R, L), np.array(keys[1:], np.uint64), ctx.code,
+    softmax_tail32(e64.numpy().reshape(R, L), keys[1:], ctx.code,
                    out.numpy().reshape(-1))
     return out
 
@@ -394,7 +397,7 @@ def native_group_norm(ctx, args, kwargs, nkeys: int):
     if a is None:
         return None
     x, weight, bias, N, C, HW, G, eps = a
-    if not _input_ok(ctx, x, eps) or weight is None or not all(
+    if not (_input_ok(ctx, x) and _eps_ok(ctx, x, eps)) or weight is None or not all(
             isinstance(v, int) for v in (N, C, HW, G)):
         return None
     if (G < 1 or C % G or N * C * HW != x.numel() or (C // G) * HW < 2
@@ -404,7 +407,7 @@ def native_group_norm(ctx, args, kwargs, nkeys: int):
     out = torch.empty(x.shape, dtype=torch.float32)
     mean = torch.empty((N, G), dtype=torch.float32)
     rstd = torch.empty((N, G), dtype=torch.float32)
-    keys = np.array([ctx.stream.next_key() for _ in range(nkeys)], dtype=np.uint64)
+    keys = ctx.stream_keys(nkeys)
     b = np.empty(0, np.float32) if bias is None else bias.detach().numpy()
     group_norm32(x.detach().numpy().reshape(-1), weight.detach().numpy(), b, bias is not None,
                  N, C, HW, G, np.float32(eps), keys, ctx.code, out.numpy().reshape(-1),
