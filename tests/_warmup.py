@@ -1,0 +1,126 @@
+"""Compile numvar's heaviest numba kernels into the on-disk cache before the test workers
+start (``tests/conftest.py`` runs this in the pytest-xdist controller).
+
+Why: on a cold cache (a fresh clone, as in CI) the binary32 contraction alone takes
+~5 CPU-minutes to compile (``kernels._contract_fast32`` and the vectorised loops it
+calls, one copy per rounding mode), and every xdist worker that needs it before it is
+cached compiles it again: measured on a fresh clone on 2 cores, both workers compiled it
+(306 s and 309 s), and the README's and formats.md's example tests took 350 s each,
+waiting on it. Here each heavy kernel is compiled once, in parallel over the cores,
+leaves first (each cached loop on its own core), then the entry points that call them
+(which then load the leaves from the cache instead of compiling them again); the
+workers find everything in the cache.
+
+Leaves (and bilinear grid sampling, the next heaviest) are compiled from explicit
+signatures (:data:`LEAVES`): the types their caller passes (an integer constant in the caller is a literal type, e.g. ``t`` = 24 of
+``_tile32``). A stale signature costs time, not correctness; :func:`warm` reports a
+leaf compiled again by its caller so that the table is kept in step with the kernels.
+
+    python tests/_warmup.py        # what the controller runs, with its timings
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+#: (module, function, argument types) of the cached leaves, each compiled in its own task;
+#: types as numba spells them, evaluated in numba.types (``lit24``: the literal 24)
+_ROW32 = ("float64[::1], uint64[::1], float32[::1], float64[:, ::1], uint64, uint64, int64, "
+          "int64, int64")
+LEAVES: list[tuple[str, str, str]] = [
+    ("numvar.instrument.kernels", "_tile32",
+     "float32[::1], float32[::1], float32[:, ::1], uint64, uint64, int64, int64, int64, "
+     "lit24, boolean[::1]"),
+    ("numvar.instrument.kernels", "_cleanfma32", _ROW32 + ", int64"),
+    ("numvar.instrument.grid_kernels", "_grid_sample",
+     "float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], int64, int64, "
+     "boolean, uint64[::1], int64"),
+    ("numvar.instrument.kernels", "_cleant32", _ROW32 + ", int64"),
+    ("numvar.instrument.kernels", "_clean32", _ROW32),
+    ("numvar.instrument.kernels", "_cleanx32", _ROW32),
+    ("numvar.instrument.kernels", "_clean64", _ROW32.replace("float32", "float64")),
+]
+
+
+def _contract(dtype: str, t: int, mode: str = "sr") -> None:
+    import numpy as np
+
+    from numvar.instrument import kernels as KN
+    from numvar.rounding import kernels as K
+
+    a = np.ones((1, 2, 3), dtype)
+    KN.contract(a, np.ones((1, 3, 4), dtype), 1, K.mode_code(mode), t)
+
+
+#: entry points with no cached leaf of their own (run beside the leaves): the scalar
+#: contraction kernel (directed modes, virtual precision) for binary32 and binary64
+INDEPENDENT = [("float32", 24, "up"), ("float64", 53, "up")]
+#: entry points run once the leaves are cached: the binary32 and binary64 fast kernels
+ENTRIES = [("float32", 24), ("float64", 53)]
+
+
+def _compile_leaf(module: str, name: str, sig: str) -> tuple[str, float]:
+    import importlib
+
+    from numba import types
+
+    t0 = time.perf_counter()
+    fn = getattr(importlib.import_module(module), name)
+    spec = {k: getattr(types, k) for k in dir(types) if not k.startswith("_")}
+    spec["lit24"] = types.literal(24)
+    fn.compile(tuple(eval(sig, {}, spec)))  # noqa: S307 - the table above, not input
+    return name, time.perf_counter() - t0
+
+
+def _run_entry(*args) -> tuple[str, float, list[str]]:
+    import importlib
+
+    leaves = {name: getattr(importlib.import_module(module), name)
+              for module, name, _ in LEAVES}
+    before = {name: sum(leaf.stats.cache_misses.values()) for name, leaf in leaves.items()}
+    t0 = time.perf_counter()
+    _contract(*args)
+    again = [name for name, leaf in leaves.items()
+             if sum(leaf.stats.cache_misses.values()) > before[name]]
+    return "contract" + repr(args), time.perf_counter() - t0, again
+
+
+def _report(future, log) -> None:
+    try:
+        name, dt, *again = future.result()
+    except Exception as e:  # a stale table entry must not stop the tests
+        log(f"  warning: a warm-up task failed ({type(e).__name__}: {e}); the tests "
+            f"compile what it would have")
+        return
+    log(f"  {name:<32} {dt:6.1f} s")
+    for leaf in again[0] if again else ():
+        log(f"  warning: {name} compiled {leaf} again: its signature in tests/_warmup.py "
+            f"no longer matches its caller")
+
+
+def warm(workers: int | None = None, log=print) -> float:
+    """Compile :data:`LEAVES` and run :data:`INDEPENDENT`, then :data:`ENTRIES`, over
+    ``workers`` processes. Returns the wall time; logs one line per task and any leaf
+    an entry compiled again."""
+    workers = workers or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        # longest first: three leaves, the independent entries, the other leaves
+        first = [pool.submit(_compile_leaf, *leaf) for leaf in LEAVES[:3]]
+        first += [pool.submit(_run_entry, *args) for args in INDEPENDENT]
+        first += [pool.submit(_compile_leaf, *leaf) for leaf in LEAVES[3:]]
+        for f in first:
+            _report(f, log)
+        for f in [pool.submit(_run_entry, *args) for args in ENTRIES]:  # the leaves' callers
+            _report(f, log)
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else None
+    print(f"warm-up: {warm(n):.1f} s")
