@@ -191,6 +191,53 @@ def _core_all(h, lo, key, mode, out):
         out[j] = RK.round_f32(h[j], lo[j], mode, 24, RK.bits64(np.uint64(key), np.uint64(j)))
 
 
+@njit(error_model="numpy")
+def _add_all(x, y, key, mode, out):
+    for j in range(x.size):
+        out[j] = RK.add_f32(np.float64(x[j]), np.float64(y[j]), mode, 24,
+                            RK.bits64(np.uint64(key), np.uint64(j)))
+
+
+@njit(error_model="numpy")
+def _round_into_add(x, y, key, mode, out):
+    PW.round_into(RK.OP_ADD, x, y, out, np.uint64(key), 0, mode)
+
+
+@pytest.mark.parametrize("mode", MODES + ("up", "down"))
+def test_inexact_sums_redone_per_subtile_equal_the_rounding_core(mode):
+    """Sums whose float64 value is inexact (a term 2**-30..2**-70 times the other, both
+    signs, next to powers of two where the grid below is finer), scattered one every few
+    elements, in runs and alone in a tile, among ordinary and special values: the
+    vectorised loops decline them, :func:`pointwise._redo` redoes only the sub-tiles that
+    hold one and :func:`pointwise._slow` rounds them by the core's residual path. Both
+    the tensor path and ``round_into`` must equal the core element by element."""
+    rng = np.random.default_rng(11)
+    n = 4096
+    x = _weird(rng, n)
+    y = _weird(rng, n)
+    clean = slice(1024, 2048)               # one whole tile of ordinary values
+    x[clean] = rng.standard_normal(1024)
+    y[clean] = rng.standard_normal(1024)
+    tiny = rng.standard_normal(n) * np.exp2(-rng.integers(30, 70, n))
+    pick = np.zeros(n, bool)
+    pick[::5] = True                        # one in five: every sub-tile has some
+    pick[clean] = False
+    pick[1100:2048:200] = True              # each alone in its sub-tile
+    pick[3000:3100] = True                  # a run of them
+    x[pick] = rng.standard_normal(pick.sum()).astype(np.float32)
+    x[pick & (rng.random(n) < 0.3)] = np.float32(2.0) ** rng.integers(-10, 10)
+    y[pick] = (np.abs(x[pick]).astype(np.float64) * tiny[pick]).astype(np.float32)
+    code, key = RK.mode_code(mode), 0x0F1E_2D3C_4B5A_6978
+    want = np.empty_like(x)
+    _add_all(x, y, key, code, want)
+    got = np.full(n, np.nan, np.float32)
+    PW.binary32(RK.OP_ADD, x, (0, 0, 1), y, (0, 0, 1), got, (1, 1, n), key, code)
+    assert _same(torch.from_numpy(got), torch.from_numpy(want))
+    got = np.full(n, np.nan, np.float32)
+    _round_into_add(x, y, key, code, got)
+    assert _same(torch.from_numpy(got), torch.from_numpy(want))
+
+
 def test_lo32_is_round_core_where_it_accepts():
     """(h, lo) pairs with h = RN(h + lo): lo at and inside half an ulp of h, h on and off
     the binary32 grid, around 2**-126 and 2**128; every accepted value equals
