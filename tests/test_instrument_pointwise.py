@@ -166,15 +166,18 @@ def test_binary32_matches_the_scalar_core_on_hard_quotients():
         out = np.empty_like(x)
         PW.binary32(RK.OP_DIV, x, (0, 0, 1), y, (0, 0, 1), out, (1, 1, x.size), key, m)
         want = np.empty_like(x)
-        _div_all(x, y, key, m, want)
+        _core_binary_all(RK.OP_DIV, x, y, key, m, want)
         assert _same(torch.from_numpy(out), torch.from_numpy(want)), mode
 
 
 @njit(error_model="numpy")
-def _div_all(x, y, key, mode, out):
+def _core_binary_all(op, x, y, key, mode, out):
+    """The rounding core's binary32 ``x op y`` (``div_f32``, ``add_f32``: narrow_binary
+    at 24 bits) per element, with ``bits64(key, j)``."""
     for j in range(x.size):
-        out[j] = RK.div_f32(np.float64(x[j]), np.float64(y[j]), mode, 24,
-                            RK.bits64(np.uint64(key), np.uint64(j)))
+        out[j] = np.float32(RK.narrow_binary(op, np.float64(x[j]), np.float64(y[j]), mode,
+                                             24, 24, -126, 127,
+                                             RK.bits64(np.uint64(key), np.uint64(j))))
 
 
 @njit(error_model="numpy")
@@ -189,13 +192,6 @@ def _lo32_all(h, lo, key, mode, out, ok):
 def _core_all(h, lo, key, mode, out):
     for j in range(h.size):
         out[j] = RK.round_f32(h[j], lo[j], mode, 24, RK.bits64(np.uint64(key), np.uint64(j)))
-
-
-@njit(error_model="numpy")
-def _add_all(x, y, key, mode, out):
-    for j in range(x.size):
-        out[j] = RK.add_f32(np.float64(x[j]), np.float64(y[j]), mode, 24,
-                            RK.bits64(np.uint64(key), np.uint64(j)))
 
 
 @njit(error_model="numpy")
@@ -229,7 +225,7 @@ def test_inexact_sums_redone_per_subtile_equal_the_rounding_core(mode):
     y[pick] = (np.abs(x[pick]).astype(np.float64) * tiny[pick]).astype(np.float32)
     code, key = RK.mode_code(mode), 0x0F1E_2D3C_4B5A_6978
     want = np.empty_like(x)
-    _add_all(x, y, key, code, want)
+    _core_binary_all(RK.OP_ADD, x, y, key, code, want)
     got = np.full(n, np.nan, np.float32)
     PW.binary32(RK.OP_ADD, x, (0, 0, 1), y, (0, 0, 1), got, (1, 1, n), key, code)
     assert _same(torch.from_numpy(got), torch.from_numpy(want))
