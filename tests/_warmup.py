@@ -12,9 +12,10 @@ leaves first (each cached loop on its own core), then the entry points that call
 workers find everything in the cache.
 
 Leaves (and bilinear grid sampling, the next heaviest) are compiled from explicit
-signatures (:data:`LEAVES`): the types their caller passes (an integer constant in the caller is a literal type, e.g. ``t`` = 24 of
-``_tile32``). A stale signature costs time, not correctness; :func:`warm` reports a
-leaf compiled again by its caller so that the table is kept in step with the kernels.
+signatures (:data:`LEAVES`): the types their caller passes (an integer constant in the
+caller is a literal type, e.g. ``t`` = 24 of ``_tile32``). A stale signature costs
+time, not correctness; :func:`warm` reports a leaf compiled again by its caller so that
+the table is kept in step with the kernels.
 
     python tests/_warmup.py        # what the controller runs, with its timings
 """
