@@ -66,8 +66,14 @@ ENTRIES = [("float32", 24), ("float64", 53)]
 def _compile_leaf(module: str, name: str, sig: str) -> tuple[str, float]:
     import importlib
 
+    from numba.core.sigutils import normalize_signature
+
     t0 = time.perf_counter()
-    getattr(importlib.import_module(module), name).compile(f"({sig})")
+    # the types as a tuple: the on-disk cache keys an overload on the signature as given,
+    # and the caller's lookup gives a tuple (a signature string would be a key of its own,
+    # which the caller never finds: measured, every leaf compiled twice)
+    args, _ = normalize_signature(f"({sig})")
+    getattr(importlib.import_module(module), name).compile(args)
     return name, time.perf_counter() - t0
 
 

@@ -1,0 +1,60 @@
+"""Elementwise binary32 SR rounding when the vectorised path declines a few elements.
+
+``pointwise.binary32`` rounds an add in tiles of 1024 elements on a vectorised fast path;
+an element it declines (here: a sum inexact in float64, ``x + 1e-12·x``) is redone on
+the scalar path (``pointwise._redo``: 32-element sub-tiles, then ``pointwise._slow``).
+This prints the rate in G roundings/s for exact sums and for one declined sum per tile,
+and the time of each against ``torch.add`` on the same arrays (native, one thread),
+best of ``--repeats`` calls, thread CPU time.
+
+To compare two versions of numvar, run it in each tree alternately:
+
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 PYTHONPATH=TREE/src python benchmarks/bench_declines.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from numvar.instrument import pointwise as PW
+from numvar.rounding import kernels as K
+
+
+def _best(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - t0)
+    return best
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1 << 16, help="elements (default 65536)")
+    ap.add_argument("--repeats", type=int, default=200)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(a.n).astype(np.float32)
+    y = rng.standard_normal(a.n).astype(np.float32)
+    y_declined = y.copy()
+    y_declined[::PW.TILE] = x[::PW.TILE] * np.float32(1e-12)  # one inexact sum per tile
+    out = np.empty(a.n, np.float32)
+    print(f"| operands ({a.n} elements) | G roundings/s | × torch.add |")
+    print("|---|---:|---:|")
+    for name, yy in (("exact sums", y), (f"one inexact sum per {PW.TILE}", y_declined)):
+        tx, ty = torch.from_numpy(x), torch.from_numpy(yy)
+        native = _best(lambda: torch.add(tx, ty), a.repeats)
+        t = _best(lambda: PW.binary32(K.OP_ADD, x, (0, 0, 1), yy, (0, 0, 1), out,
+                                      (1, 1, a.n), 7, K.MODE_SR), a.repeats)
+        print(f"| {name} | {a.n / t / 1e9:.2f} | {t / native:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
