@@ -1,9 +1,10 @@
 """Elementwise binary32 SR rounding when the vectorised path declines a few elements.
 
 ``pointwise.binary32`` rounds an add in tiles of 1024 elements on a vectorised fast path;
-an element it declines (here: a sum inexact in float64, ``x + 1e-12·x``) is redone on
-the scalar path (``pointwise._redo``: 32-element sub-tiles, then ``pointwise._slow``).
-This prints the rate in G roundings/s for exact sums and for one declined sum per tile,
+an element it declines (here: a sum inexact in float64, ``x + 1e-12·x``) is redone
+(``pointwise._redo``: the residual loop ``_tile_lo``, then 32-element sub-tiles and the
+scalar ``pointwise._slow`` for what still declines). This prints the rate in
+G roundings/s for exact sums, for one declined sum per tile and for every sum inexact,
 and the time of each against ``torch.add`` on the same arrays (native, one thread),
 best of ``--repeats`` samples of 20 calls each, thread CPU time.
 
@@ -48,10 +49,15 @@ def main(argv=None) -> None:
     y = rng.standard_normal(a.n).astype(np.float32)
     y_declined = y.copy()
     y_declined[::PW.TILE] = x[::PW.TILE] * np.float32(1e-12)  # one inexact sum per tile
+    # every sum inexact in float64: a term 2**-30..2**-60 times the other, both signs (as
+    # the parts of complex products: vr·wr − vi·wi with products of unlike exponents)
+    tiny = rng.standard_normal(a.n) * np.exp2(-rng.integers(30, 60, a.n).astype(float))
+    y_all = (x.astype(np.float64) * tiny).astype(np.float32)
     out = np.empty(a.n, np.float32)
     print(f"| operands ({a.n} elements) | G roundings/s | × torch.add |")
     print("|---|---:|---:|")
-    for name, yy in (("exact sums", y), (f"one inexact sum per {PW.TILE}", y_declined)):
+    for name, yy in (("exact sums", y), (f"one inexact sum per {PW.TILE}", y_declined),
+                     ("every sum inexact", y_all)):
         tx, ty = torch.from_numpy(x), torch.from_numpy(yy)
         native = _best(lambda: torch.add(tx, ty), a.repeats)
         t = _best(lambda: PW.binary32(K.OP_ADD, x, (0, 0, 1), yy, (0, 0, 1), out,

@@ -204,9 +204,11 @@ def test_inexact_sums_redone_per_subtile_equal_the_rounding_core(mode):
     """Sums whose float64 value is inexact (a term 2**-30..2**-70 times the other, both
     signs, next to powers of two where the grid below is finer), scattered one every few
     elements, in runs and alone in a tile, among ordinary and special values: the
-    vectorised loops decline them, :func:`pointwise._redo` redoes only the sub-tiles that
-    hold one and :func:`pointwise._slow` rounds them by the core's residual path. Both
-    the tensor path and ``round_into`` must equal the core element by element."""
+    vectorised loops decline them, :func:`pointwise._redo` redoes the tile through the
+    residual loop (``_tile_lo``: sr, ieee, ud, random), then only the sub-tiles that
+    still decline (special values) or every sub-tile that holds one (up, down) through
+    :func:`pointwise._slow`. Both the tensor path and ``round_into`` must equal the core
+    element by element."""
     rng = np.random.default_rng(11)
     n = 4096
     x = _weird(rng, n)
@@ -236,8 +238,10 @@ def test_inexact_sums_redone_per_subtile_equal_the_rounding_core(mode):
 
 def test_lo32_is_round_core_where_it_accepts():
     """(h, lo) pairs with h = RN(h + lo): lo at and inside half an ulp of h, h on and off
-    the binary32 grid, around 2**-126 and 2**128; every accepted value equals
-    round_f32(h, lo); declines happen only where documented."""
+    the binary32 grid (on it with lo of both signs: the exact value just above and just
+    below a grid point, where the core steps down to the finer grid below a power of
+    two), around 2**-126 and 2**128; every accepted value equals round_f32(h, lo);
+    declines happen only where documented."""
     rng = np.random.default_rng(5)
     n = 20000
     e = rng.integers(-130, 130, n)
@@ -245,6 +249,8 @@ def test_lo32_is_round_core_where_it_accepts():
     grid = rng.random(n) < 0.3
     with np.errstate(over="ignore"):
         h[grid] = h[grid].astype(np.float32).astype(np.float64)
+    pow2 = grid & (rng.random(n) < 0.3)  # powers of two: a finer grid below them
+    h[pow2] = np.copysign(np.exp2(e[pow2].astype(float)), h[pow2])
     ulp = np.spacing(np.abs(h))
     frac = rng.choice([0.5, -0.5, 0.25, -0.25, 1e-3, -1e-3, 0.0], n)
     lo = frac * ulp
@@ -265,7 +271,9 @@ def test_lo32_is_round_core_where_it_accepts():
         be = (h.view(np.uint64) >> 52) & 0x7FF
         inside = (be >= 1023 - 126 + (mode == "ud")) & (be <= 1023 + 127)
         on_grid_below = (h == f32) & (lo * np.sign(h) < 0)
-        assert ok[inside & ~on_grid_below & (np.abs(lo) <= 0.5 * ulp)].all(), mode
+        lowest = be == 1023 - 126  # below 2**-126 the grid is the subnormal one
+        assert ok[inside & ~(on_grid_below & lowest) & (np.abs(lo) <= 0.5 * ulp)].all(), mode
+        assert (on_grid_below & inside & ~lowest & ok).sum() > 1000, mode  # taken, not declined
 
 
 def test_serial_and_parallel_kernels_agree(monkeypatch):

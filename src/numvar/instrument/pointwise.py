@@ -61,6 +61,42 @@ def _addloop(a, b, o, ukey, l0, neg, mode):
 
 
 @njit(inline="always", error_model="numpy")
+def _addloop_lo(a, b, o, ukey, l0, neg, mode):
+    """:func:`_addloop` with an inexact float64 sum rounded by the residual fast path
+    (``lo32_fast(s, e)``, vectorised as the division's) instead of declined: about twice
+    the work per element of :func:`_addloop`, so it runs only on tiles that one declined
+    (:func:`_redo`). Where both accept they give the same value (each equals the core)."""
+    nbad = 0
+    for jj in range(o.size):
+        x = np.float64(a[jj])
+        y = np.float64(b[jj])
+        if neg:
+            y = -y
+        s = x + y
+        bv = s - x
+        e = (x - (s - bv)) + (y - bv)
+        v, ok = _lo32(s, e, _bits(ukey, np.uint64(l0 + jj)), mode)
+        o[jj] = v
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(cache=True, error_model="numpy")
+def _tile_lo(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
+    """:func:`_addloop_lo` on one tile of a sum or difference, the loop specialised by
+    mode (sr, ieee, ud, random); the number of declined elements."""
+    K.wide_vectors()
+    neg = op == OP_SUB
+    if mode == _SR:
+        return _addloop_lo(a, b, o, ukey, l0, neg, _SR)
+    if mode == _IEEE:
+        return _addloop_lo(a, b, o, ukey, l0, neg, _IEEE)
+    if mode == _UD:
+        return _addloop_lo(a, b, o, ukey, l0, neg, _UD)
+    return _addloop_lo(a, b, o, ukey, l0, neg, _RANDOM)
+
+
+@njit(inline="always", error_model="numpy")
 def _mulloop(a, b, o, ukey, l0, mode):
     nbad = 0
     for jj in range(o.size):
@@ -130,9 +166,7 @@ def _slow(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
     the fast path declines, the fast path's value elsewhere. An inexact float64 sum
     (TwoSum residual ``e`` != 0, which the vectorised loops decline) is rounded by the
     core's residual fast path (``lo32_fast(s, e)``, as the quotient is; identical to the
-    core where it accepts) before falling back to the core's general function (13 ns
-    instead of 18 per element on sums ``x + 1e-17·y``, half of which lie just below a
-    grid point, which the residual path leaves to the core)."""
+    core where it accepts) before falling back to the core's general function."""
     for jj in range(o.size):
         x = np.float64(a[jj])
         y = np.float64(b[jj])
@@ -168,22 +202,33 @@ REDO_TILE = 32
 
 @njit(cache=True, error_model="numpy")
 def _redo(op, a, b, o, ukey, l0, mode, declined):  # pragma: no cover - compiled
-    """A tile of which :func:`_tile` declined ``declined`` elements, redone: sub-tiles of
-    :data:`REDO_TILE` elements through :func:`_tile` again and :func:`_slow` only for
-    those with a declined element (the whole tile when every element was declined: the
-    modes :func:`_tile` leaves to :func:`_slow`). Each element's value depends only on
-    its operands and index, and :func:`_slow` returns the fast path's value where it
-    accepts, so the bits are those of :func:`_slow` on the whole tile; one declined
-    element (a float64 sum off by more than 29 bits of exponent, such as an FFT's
-    product by cos(π/2) = 6.1e-17 added to an O(1) part) no longer sends the whole tile
-    through the scalar loop."""
+    """A tile of which :func:`_tile` declined ``declined`` elements, redone. A sum or
+    difference in sr, ieee, ud or random first goes through :func:`_tile_lo` (its inexact
+    float64 sums rounded by the residual fast path, vectorised); what still declines, and
+    every other op, is redone in sub-tiles of :data:`REDO_TILE` elements through the same
+    vectorised loop again and :func:`_slow` only for those with a declined element (the
+    whole tile when every element was declined: the modes :func:`_tile` leaves to
+    :func:`_slow`). Each element's value depends only on its operands and index, and
+    :func:`_slow` returns the fast path's value where it accepts, so the bits are those
+    of :func:`_slow` on the whole tile; inexact sums (a float64 sum off by more than 29
+    bits of exponent, such as an FFT's product by cos(π/2) = 6.1e-17 added to an O(1)
+    part, or most complex products' parts) no longer go through the scalar loop."""
     n = o.size
+    lo = (op == OP_ADD or op == OP_SUB) and mode <= _RANDOM
+    if lo:
+        declined = _tile_lo(op, a, b, o, ukey, l0, mode)
+        if declined == 0:
+            return
     if declined == n or n <= REDO_TILE:
         _slow(op, a, b, o, ukey, l0, mode)
         return
     for s0 in range(0, n, REDO_TILE):
         s1 = min(n, s0 + REDO_TILE)
-        if _tile(op, a[s0:s1], b[s0:s1], o[s0:s1], ukey, l0 + s0, mode):
+        if lo:
+            bad = _tile_lo(op, a[s0:s1], b[s0:s1], o[s0:s1], ukey, l0 + s0, mode)
+        else:
+            bad = _tile(op, a[s0:s1], b[s0:s1], o[s0:s1], ukey, l0 + s0, mode)
+        if bad:
             _slow(op, a[s0:s1], b[s0:s1], o[s0:s1], ukey, l0 + s0, mode)
 
 

@@ -1062,13 +1062,20 @@ def lo32_fast(h, lo, r, mode):
 
     Identical to ``round_f32(h, lo, mode, 24, r)`` (round_core at k = 0, t = p = 24) where
     ``ok``; ``ok`` is False outside the binary32 normal range of ``h`` (and its lowest
-    binade for UD), when ``|lo|`` exceeds half a float64 ulp of ``h``, and when ``h`` lies
-    on the binary32 grid with ``lo < 0`` (the exact value is then below a grid point,
-    where round_core steps down a possibly finer grid). Derivation, for ``H = |h|`` of
-    exponent e and ``u = 2**(e-23)``: ``A = H`` with the low 29 bits cleared, ``D = H - A``,
-    ``(s, ee) = TwoSum(D, L)``; ``s / u`` is computed as ``s * 2**(23-e)`` (the same
-    correctly rounded value); then ``0 <= s < u`` (|L| <= 2**(e-53)), so round_core takes
-    neither of its re-gridding branches and decides up or down as written below.
+    binade for UD, or where ``h`` lies on the grid with the exact value below it), and when
+    ``|lo|`` exceeds half a float64 ulp of ``h``. Derivation, for ``H = |h|`` of exponent e
+    and ``L = ±lo`` (the sign of h taken off): ``A = H`` with the low 29 bits cleared,
+    ``u = 2**(e-23)``, ``D = H - A``, ``(s, ee) = TwoSum(D, L)``; ``s / u`` is computed as
+    ``s * 2**(23-e)`` (the same correctly rounded value); then ``0 <= s < u`` (|L| <=
+    2**(e-53)), so round_core takes neither of its re-gridding branches and decides up or
+    down as written below. When ``H`` lies on the grid and ``L < 0`` (a sum or quotient
+    just below a grid point: ``D = 0``, ``s < 0``), round_core steps one grid point down:
+    ``A' = A - u'`` with ``u' = u``, or ``u/2`` when A is a power of two (the finer grid
+    below it), which is the binary32 predecessor of A: its bit pattern ``A - 2**29`` in
+    float64, of exponent e' with ``u' = 2**(e'-23)``. Then ``D = u'``, ``s = RN(u' + L)``
+    lies in (u'/2, u'), and the same decision with ``A'``, ``u'`` follows (rounding "up"
+    gives A back). In binary32's lowest binade the grid below 2**-126 is the subnormal one
+    (spacing 2**-149, not u/2): declined there.
     """
     hb = _f64_bits(h)
     sign = hb & _SIGN
@@ -1080,15 +1087,17 @@ def lo32_fast(h, lo, r, mode):
     H = _bits_f64(ab)
     L = -lo if sign != _U0 else lo
     Ab = ab & _NLOW29
+    below = Ab == ab and L < 0.0  # H on the grid, the exact value below it
+    Ab = Ab - _ULP32B if below else Ab  # A' (the predecessor of A)
     A = _bits_f64(Ab)
-    eb = ab & _EXPBITS
-    inv_u = _bits_f64(_U149E - eb)  # 1/u = 2**(23-e), exact
-    half = _bits_f64(eb - _U53E)
+    eb = Ab & _EXPBITS
+    inv_u = _bits_f64(_U149E - eb)  # 1/u = 2**(23-e), exact (u' for A')
+    half = _bits_f64((ab & _EXPBITS) - _U53E)
     D = H - A
     s = D + L
     bv = s - D
     ee = (D - (s - bv)) + (L - bv)
-    ok = ok and abs(L) <= half and not (D == 0.0 and L < 0.0)
+    ok = ok and abs(L) <= half and not (below and be == _EMIN32B)
     exact = s == 0.0 and ee == 0.0
     top = (r >> _U63) == _U1
     if mode == MODE_SR:
