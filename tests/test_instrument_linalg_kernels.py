@@ -111,24 +111,50 @@ def test_radix2_specials_and_scalar_redo(mode):
         assert same(fast, slow) and nf == ns
 
 
-def test_radix2_through_torch_fft():
-    """torch.fft.rfft/irfft/fft under fuzzy flop (batch dims, the kernel and the tensor
-    implementation on the same seed): same bits."""
+@pytest.mark.parametrize("mode", ["sr", "ud", "up"])
+def test_radix2_through_torch_fft(mode):
+    """torch.fft under fuzzy flop, the kernels (with the short paths of ``fft_r2c`` and
+    ``fft_c2r`` along the last dim: ``_r2c_last``, ``_c2r_last``) and the tensor
+    implementation on the same seed: same bits, strides and stream position. rfft with
+    every normalisation, one- and two-sided (``fft`` of a real tensor), irfft with as
+    many, fewer (zero padded) and more bins than it reads, imaginary parts at bins 0 and
+    n/2 (ignored), a length that is not a power of two, conjugated and non-contiguous
+    inputs, a transform along another dim (the general path), and special values."""
     from numvar.instrument import fft as FT
     from numvar.instrument import fuzzy
 
     x = _rand(2, 3, 16, seed=5)
+    x[1, 2, 3] = float("nan")
+    x[0, 1, 5] = float("inf")
+    xt = _rand(16, 6, seed=6).t()  # non-contiguous rows
+    X = torch.fft.rfft(_rand(3, 16, seed=7))
+    Z = torch.complex(_rand(3, 9, seed=8), _rand(3, 9, seed=9))  # imaginary parts at 0, n/2
+
+    def run():
+        with fuzzy(mode=mode, granularity="flop", seed=1) as fz:
+            outs = [torch.fft.irfft(torch.fft.rfft(x) * 0.5, n=16),
+                    torch.fft.fft(x.to(torch.complex64), dim=1),
+                    torch.fft.fft(x),                       # _fft_r2c, onesided=False
+                    torch.fft.rfft(xt), torch.fft.rfft(xt, dim=0)]
+            outs += [torch.fft.rfft(x, norm=nm) for nm in ("ortho", "forward")]
+            outs += [torch.fft.irfft(X, n=k, norm=nm) for k in (16, 32, 8)
+                     for nm in ("backward", "ortho", "forward")]
+            outs += [torch.fft.irfft(X.conj()), torch.fft.irfft(X[:, ::2], n=16),
+                     torch.fft.ifft(X.conj()), torch.fft.irfft(Z), torch.fft.irfft(Z, n=12)]
+            counter = fz._ctx.stream.counter
+        return [torch.view_as_real(o) if o.is_complex() else o for o in outs], counter
+
     out = []
     for use in (True, False):
         FT.USE_KERNELS = use
         try:
-            with fuzzy(mode="sr", granularity="flop", seed=1):
-                y = torch.fft.irfft(torch.fft.rfft(x) * 0.5, n=16)
-                z = torch.fft.fft(x.to(torch.complex64), dim=1)
-            out.append((y, torch.view_as_real(z)))
+            out.append(run())
         finally:
             FT.USE_KERNELS = True
-    assert same(out[0][0], out[1][0]) and same(out[0][1], out[1][1])
+    (fast, nf), (slow, ns) = out
+    assert nf == ns
+    for i, (a, b) in enumerate(zip(fast, slow)):
+        assert a.stride() == b.stride() and same(a, b), i
 
 
 @pytest.mark.parametrize("mode", ["sr", "ud", "random", "up"])

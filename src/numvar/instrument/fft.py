@@ -59,7 +59,10 @@ ops per stage, each rounding through numvar's core). Binary32 at 24 bits on the 
 (numba backend), the radix-2 stages run in one compiled call
 (:func:`numvar.instrument.fft_kernels.radix2_32`: the same keys, element indices and
 arithmetic); with :data:`USE_KERNELS` false they take the tensor implementation (the
-kernel's reference in the tests). :func:`c2c_reference` is the slow
+kernel's reference in the tests). ``_fft_r2c`` and ``_fft_c2r`` along the last dim of a
+power-of-two length then skip the complex intermediates around that call: the rows go
+to the kernel as arrays, the Hermitian extension and the interleaving of the result are
+compiled copies (:func:`numvar.instrument.fft_kernels.hermitian32`, ``interleave32``). :func:`c2c_reference` is the slow
 reference (plain Python loops, same order, same random bits), compared bit for bit in
 the tests.
 """
@@ -76,7 +79,7 @@ from . import cplx
 from . import flop
 from . import linalg_kernels as LK
 from ._core import Ctx
-from .fft_kernels import radix2_32
+from .fft_kernels import hermitian32, interleave32, radix2_32
 
 #: binary32 radix-2 stages in the compiled kernel (False: the tensor implementation)
 USE_KERNELS = True
@@ -112,15 +115,29 @@ def _twiddles32(n: int, sign: int) -> tuple[np.ndarray, np.ndarray]:
     return cw.numpy(), sw.numpy()
 
 
+@functools.lru_cache(maxsize=64)
+def _stage_flags(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per radix-2 stage of length n: whether it has twiddle products (h = 2^s > 1), and
+    all set (its butterflies)."""
+    stages = n.bit_length() - 1
+    return 2 ** np.arange(stages) > 1, np.ones(stages, bool)
+
+
+def _radix2_flat(ctx: Ctx, re: np.ndarray, im: np.ndarray, B: int, n: int, sign: int):
+    """:func:`radix2_32` on B rows of (B·n,) float32 parts, with the keys the tensor
+    implementation draws (products and their sums where h > 1, then the butterflies,
+    stage by stage): the transformed (re, im) arrays."""
+    h1, every = _stage_flags(n)
+    kp, ka, kb = LK.keys(ctx, h1, h1, every)
+    cw, sw = _twiddles32(n, sign)
+    return radix2_32(re, im, B, n, cw, sw, kp, ka, kb, ctx.code)
+
+
 def _radix2(ctx: Ctx, re: torch.Tensor, im: torch.Tensor, sign: int):
     """Radix-2 DIT on the last axis of (B, n) parts (module docstring)."""
     B, n = re.shape
     if USE_KERNELS and LK.serves(ctx, re, im):
-        stages = n.bit_length() - 1
-        h1 = 2 ** np.arange(stages) > 1  # stages with twiddle products (h = 2^s)
-        kp, ka, kb = LK.keys(ctx, h1, h1, np.ones(stages, bool))
-        cw, sw = _twiddles32(n, sign)
-        xr, xi = radix2_32(LK.flat32(re), LK.flat32(im), B, n, cw, sw, kp, ka, kb, ctx.code)
+        xr, xi = _radix2_flat(ctx, LK.flat32(re), LK.flat32(im), B, n, sign)
         return torch.from_numpy(xr).view(B, n), torch.from_numpy(xi).view(B, n)
     perm = torch.tensor(bit_reverse(n), dtype=torch.long, device=re.device)
     re, im = re[:, perm], im[:, perm]
@@ -252,11 +269,51 @@ def fft_c2c(ctx: Ctx, x: torch.Tensor, dim, normalization: int, forward: bool) -
     return _normalize(ctx, z, normalization, math.prod(x.shape[d] for d in dims))
 
 
+def _last_dim_kernel(x: torch.Tensor, dims: list[int], n: int) -> bool:
+    """The short paths of :func:`fft_r2c` and :func:`fft_c2r` apply: one transformed dim,
+    the last, of a power-of-two length n >= 2, with the compiled kernels on."""
+    return USE_KERNELS and len(dims) == 1 and dims[0] == x.dim() - 1 and n >= 2 and is_pow2(n)
+
+
+def _r2c_last(ctx: Ctx, x: torch.Tensor, n: int, normalization: int,
+              onesided: bool) -> torch.Tensor:
+    """:func:`fft_r2c` of binary32 x along its last dim straight through :func:`radix2_32`:
+    x's rows as the real parts and zeros as the imaginary ones, the bins kept written
+    as complex64 by :func:`interleave32`. The same keys, element indices and values as
+    the general path, without its complex intermediates (joins, part copies, the
+    narrowed copy). A normalisation rounds every bin of the full transform (its element
+    indices are those of the (…, n) result), and the bins are narrowed after it."""
+    B = x.numel() // n
+    xr, xi = _radix2_flat(ctx, LK.flat32(x), np.zeros(B * n, np.float32), B, n, -1)
+    half = n // 2 + 1 if onesided else n
+    keep = half if normalization == NORM_NONE else n
+    pairs = torch.from_numpy(interleave32(xr, xi, B, n, keep))
+    z = torch.view_as_complex(pairs.view(*x.shape[:-1], keep, 2))
+    z = _normalize(ctx, z, normalization, n)
+    return z if keep == half else z.narrow(-1, 0, half).contiguous()
+
+
+def _c2r_last(ctx: Ctx, z: torch.Tensor, n: int, normalization: int) -> torch.Tensor:
+    """:func:`fft_c2r` of complex64 z along its last dim: the Hermitian extension by
+    :func:`hermitian32`, :func:`radix2_32`, the real parts (same values, keys and element
+    indices as the general path), then the normalisation."""
+    m = z.shape[-1]
+    B = z.numel() // m
+    fr, fi = hermitian32(LK.flat32(torch.view_as_real(z)), B, m, n)
+    xr, _ = _radix2_flat(ctx, fr, fi, B, n, 1)
+    out = torch.from_numpy(xr).view(*z.shape[:-1], n)
+    if normalization == NORM_NONE:
+        return out
+    return ctx.mul(out, 1.0 / math.sqrt(n) if normalization == NORM_ROOT_N else 1.0 / n)
+
+
 def fft_r2c(ctx: Ctx, x: torch.Tensor, dim, normalization: int, onesided: bool) -> torch.Tensor:
     """``aten._fft_r2c`` at flop granularity."""
+    dims = _dims(x, dim)
+    if _last_dim_kernel(x, dims, x.shape[dims[-1]] if dims else 0) and LK.serves(ctx, x):
+        return _r2c_last(ctx, x, x.shape[-1], normalization, onesided)
     cd = torch.complex128 if x.dtype == torch.float64 else torch.complex64
     z = cplx.join(x.to(cplx.PART[cd]), torch.zeros((), dtype=cplx.PART[cd]))
-    dims = _dims(x, dim)
     out = fft_c2c(ctx, z, dims, normalization, True)
     if onesided:
         last = dims[-1]
@@ -268,10 +325,13 @@ def fft_c2r(ctx: Ctx, x: torch.Tensor, dim, normalization: int, last_dim_size: i
     """``aten._fft_c2r`` at flop granularity."""
     z = x.resolve_conj().resolve_neg()
     dims = _dims(z, dim)
+    n = int(last_dim_size)
+    if (_last_dim_kernel(z, dims, n) and z.dtype is torch.complex64
+            and LK.serves(ctx, torch.view_as_real(z))):
+        return _c2r_last(ctx, z, n, normalization)
     for d in dims[:-1]:
         z = _along(ctx, z, d, 1)
     last = dims[-1]
-    n = int(last_dim_size)
     half = z.movedim(last, -1)[..., : n // 2 + 1]
     if half.shape[-1] < n // 2 + 1:  # fewer input bins: zero padded (exact)
         half = torch.nn.functional.pad(half, (0, n // 2 + 1 - half.shape[-1]))

@@ -18,7 +18,8 @@ stacked tensor calls:
   ``S₂ = B·(n/m)·h``, ``e₂ = (b·n/m + blk)·h + k``.
 
 Hence the same bits for the same seed (tested against the tensor implementation and
-:func:`numvar.instrument.fft.c2c_reference`).
+:func:`numvar.instrument.fft.c2c_reference`). :func:`interleave32` and
+:func:`hermitian32` are the exact copies around it for ``_fft_r2c`` and ``_fft_c2r``.
 """
 
 from __future__ import annotations
@@ -126,3 +127,43 @@ def radix2_32(re, im, B, n, cw, sw, kp, ka, kb, mode):  # pragma: no cover - com
         m *= 2
         s += 1
     return xr, xi
+
+
+@njit(cache=True, error_model="numpy")
+def interleave32(xr, xi, B, n, keep):  # pragma: no cover - compiled
+    """The first ``keep`` bins of each of the B rows of parts (xr, xi) ((B·n,) float32)
+    as interleaved (re, im) pairs, (B·keep·2,) float32: the memory of a complex64
+    (B, keep) tensor (exact copies)."""
+    out = np.empty(B * keep * 2, np.float32)
+    for b in range(B):
+        src = b * n
+        dst = 2 * b * keep
+        for k in range(keep):
+            out[dst + 2 * k] = xr[src + k]
+            out[dst + 2 * k + 1] = xi[src + k]
+    return out
+
+
+@njit(cache=True, error_model="numpy")
+def hermitian32(h, B, m, n):  # pragma: no cover - compiled
+    """The full spectrum parts (fr, fi) ((B·n,) float32, n even) of B half spectra of m
+    bins given as interleaved (re, im) pairs ``h`` ((B·m·2,) float32), as
+    :func:`numvar.instrument.fft.fft_c2r` extends them: bins 0..n/2 copied (zeros past
+    the m given), the imaginary parts of bins 0 and n/2 set to +0, then
+    ``X_k = conj X_{n−k}`` for k > n/2 (exact copies and negations)."""
+    half = n // 2
+    L = min(m, half + 1)
+    fr = np.zeros(B * n, np.float32)
+    fi = np.zeros(B * n, np.float32)
+    for b in range(B):
+        src = 2 * b * m
+        dst = b * n
+        for k in range(L):
+            fr[dst + k] = h[src + 2 * k]
+            fi[dst + k] = h[src + 2 * k + 1]
+        fi[dst] = 0.0
+        fi[dst + half] = 0.0
+        for k in range(half + 1, n):
+            fr[dst + k] = fr[dst + n - k]
+            fi[dst + k] = -fi[dst + n - k]
+    return fr, fi

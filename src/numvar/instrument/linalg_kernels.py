@@ -159,21 +159,33 @@ def pivot_perm(piv, n, reverse):  # pragma: no cover - compiled
     return perm
 
 
+@njit(cache=True)
+def _draw(base, counter, flags):  # pragma: no cover - compiled
+    """Keys ``bits64(base, c)`` for the counters c = counter, counter + 1, ... over the set
+    entries of ``flags`` (steps, calls) in C order, written transposed: (calls, steps)
+    uint64, 0 elsewhere."""
+    S, C = flags.shape
+    out = np.zeros((C, S), np.uint64)
+    c = counter
+    for s in range(S):
+        for j in range(C):
+            if flags[s, j]:
+                out[j, s] = K.bits64(base, c)
+                c += np.uint64(1)
+    return out
+
+
 def stream_keys(stream, flags: np.ndarray) -> np.ndarray:
     """The keys ``stream.next_key()`` would return for the set entries of ``flags``
     (steps × calls, bool), drawn in C order, 0 elsewhere; the stream advanced past them.
     ``next_key`` at counter c is ``bits64(base, c)`` (numvar.rounding._stream)."""
-    flags = np.ascontiguousarray(flags, bool)
-    n = int(flags.sum())
-    c = np.arange(stream.counter + 1, stream.counter + 1 + n, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        z = np.uint64(stream._base) + c * np.uint64(K.GAMMA)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(K.MIX1)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(K.MIX2)
-    z ^= z >> np.uint64(31)
-    stream.counter += n
-    out = np.zeros(flags.shape, np.uint64)
-    out[flags] = z
+    return np.ascontiguousarray(_keys_t(stream, np.ascontiguousarray(flags, bool)).T)
+
+
+def _keys_t(stream, flags: np.ndarray) -> np.ndarray:
+    """:func:`stream_keys` transposed ((calls, steps)), the stream advanced."""
+    out = _draw(np.uint64(stream._base), np.uint64(stream.counter), flags)
+    stream.counter += int(np.count_nonzero(flags))
     return out
 
 
@@ -195,4 +207,4 @@ def flat32(t: torch.Tensor) -> np.ndarray:
 def keys(ctx, *flags: np.ndarray) -> np.ndarray:
     """(calls, steps) keys of ``ctx.stream``, drawn in a tensor implementation's order:
     at step s, one key for each call c with ``flags[c][s]`` set (0 elsewhere)."""
-    return np.ascontiguousarray(stream_keys(ctx.stream, np.stack(flags, 1)).T)
+    return _keys_t(ctx.stream, np.stack(flags, 1).astype(bool, copy=False))
