@@ -1,5 +1,5 @@
 """Short paths of the dispatch against the generic paths they stand for, bit for bit:
-op_once without argument flattening, _safe_softmax at op granularity, the result-dtype
+op_once without argument flattening (and its unary short path), _safe_softmax at op granularity, the result-dtype
 short cut of the pointwise handlers, Python numbers in binary32 arithmetic."""
 
 import math
@@ -45,7 +45,12 @@ def _calls(dt):
     m1, m2 = _gen(7, 6, seed=4, dtype=dt), _gen(6, 3, seed=5, dtype=dt)
     bn_x = _gen(3, 4, 5, 5, seed=6, dtype=dt)
     return [
-        (aten.exp.default, (x,), {}),
+        (aten.exp.default, (x,), {}),            # unary: op_once's short path
+        (aten.sigmoid.default, (x.transpose(0, 2),), {}),
+        (aten.silu.default, (_gen((), seed=11, dtype=dt),), {}),
+        (aten.tanh.default, (_gen(0, 3, dtype=dt),), {}),
+        (aten.frexp.Tensor, (x,), {}),           # a float and an integer output
+        (aten.isnan.default, (x,), {}),          # no float output
         (aten.addmm.default, (_gen(3, seed=7, dtype=dt), m1, m2), {"beta": 0.5, "alpha": 2}),
         (aten.addmm.default, (_gen(3, seed=7), m1, m2), {}),  # mixed dtypes
         (aten.native_layer_norm.default, (x, [6], w, b, 1e-5), {}),

@@ -184,8 +184,20 @@ def op_once(ctx: Ctx, func, args, kwargs):
     is rounded once); for binary64 inputs it runs natively and its result counts as
     exact (only UD, or a virtual precision, perturbs it). Mutated arguments (running
     statistics) are rounded back into place.
+
+    A unary op of one binary32 tensor (no other argument, nothing written, no list
+    arguments: ``silu``, ``sigmoid``, ``tanh``, ``exp``, ...) takes a short path with the
+    general path's steps for that case and nothing else (same calls, same key, same bits:
+    ``tests/test_instrument_fastpaths.py``).
     """
     writes, lists = _static(func)
+    if not kwargs and len(args) == 1 and not writes and not lists:
+        x = args[0]
+        if type(x) is torch.Tensor and x.dtype is torch.float32:
+            out = func(x.to(_F64))
+            if type(out) is torch.Tensor and out.dtype is _F64:
+                return ctx.round(out, torch.float32)
+            return _round_outputs(ctx, out, None, torch.float32)
     if lists:
         flat, rebuild = _flatten(args, kwargs)
     else:  # no tensors inside lists: the arguments themselves are the values
@@ -224,6 +236,13 @@ def op_once(ctx: Ctx, func, args, kwargs):
         new = k2.get(name) if byname else (a2[i] if i < len(a2) else None)
         if is_float_tensor(orig) and new is not orig and not (unwritten and ctx.round_keeps(orig)):
             orig.copy_(ctx.round(new, orig.dtype))
+
+    return _round_outputs(ctx, out, out_dts, promoted)
+
+
+def _round_outputs(ctx: Ctx, out, out_dts, promoted):
+    """:func:`op_once`'s rounding of each inexact output of ``out`` to its dtype
+    (``out_dts[j]`` where given, else ``promoted``; complex outputs part by part)."""
 
     def rnd(o, j):
         if o.dtype not in _INEXACT:
