@@ -1,7 +1,7 @@
 """Slowdown of numvar.fuzzy on linear algebra and FFTs versus plain PyTorch (fp32).
 
 For each workload (batched solve, Cholesky, QR, eigh, svd, rfft of power-of-two and
-other lengths): the best time over repeats of plain PyTorch, of ``fuzzy(mode="sr",
+other lengths, irfft of power-of-two lengths): the best time over repeats of plain PyTorch, of ``fuzzy(mode="sr",
 granularity="op")`` and of ``fuzzy(mode="sr", granularity="flop")``, measured
 interleaved in one process, and the ratios to native. A warm-up call per configuration
 compiles the numba kernels first.
@@ -38,6 +38,9 @@ def workloads(quick: bool):
     for n in ((256, 400) if quick else (256, 1024, 400, 1000)):
         x = torch.randn(64, n, generator=g)
         out.append((f"rfft 64x{n}", lambda x=x: torch.fft.rfft(x)))
+        if n & (n - 1) == 0:  # the inverse (aten._fft_c2r) of a power-of-two length
+            X = torch.fft.rfft(x)
+            out.append((f"irfft 64x{n}", lambda X=X, n=n: torch.fft.irfft(X, n=n)))
     return out
 
 
