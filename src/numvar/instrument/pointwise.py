@@ -44,16 +44,23 @@ _lo32 = K.lo32_fast
 
 
 @njit(inline="always", error_model="numpy")
+def _sum_at(a, b, jj, neg):
+    """The float64 sum ``s`` of ``a[jj]`` and ``b[jj]`` (``-b[jj]`` when ``neg``) and its
+    TwoSum residual ``e`` (``s + e`` is the exact sum)."""
+    x = np.float64(a[jj])
+    y = np.float64(b[jj])
+    if neg:
+        y = -y
+    s = x + y
+    bv = s - x
+    return s, (x - (s - bv)) + (y - bv)
+
+
+@njit(inline="always", error_model="numpy")
 def _addloop(a, b, o, ukey, l0, neg, mode):
     nbad = 0
     for jj in range(o.size):
-        x = np.float64(a[jj])
-        y = np.float64(b[jj])
-        if neg:
-            y = -y
-        s = x + y
-        bv = s - x
-        e = (x - (s - bv)) + (y - bv)
+        s, e = _sum_at(a, b, jj, neg)
         v, ok = _fast32(s, _bits(ukey, np.uint64(l0 + jj)), mode)
         o[jj] = v
         nbad += 0 if (ok and e == 0.0) else 1
@@ -68,13 +75,7 @@ def _addloop_lo(a, b, o, ukey, l0, neg, mode):
     (:func:`_redo`). Where both accept they give the same value (each equals the core)."""
     nbad = 0
     for jj in range(o.size):
-        x = np.float64(a[jj])
-        y = np.float64(b[jj])
-        if neg:
-            y = -y
-        s = x + y
-        bv = s - x
-        e = (x - (s - bv)) + (y - bv)
+        s, e = _sum_at(a, b, jj, neg)
         v, ok = _lo32(s, e, _bits(ukey, np.uint64(l0 + jj)), mode)
         o[jj] = v
         nbad += 0 if ok else 1
@@ -180,10 +181,7 @@ def _slow(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
             fin = q != 0.0 and abs(q) < np.inf and abs(x) < np.inf and abs(y) < np.inf
             v, ok = _lo32(q, e if fin else 0.0, r, mode)
         else:
-            yy = -y if op == OP_SUB else y
-            s = x + yy
-            bv = s - x
-            e = (x - (s - bv)) + (yy - bv)
+            s, e = _sum_at(a, b, jj, op == OP_SUB)
             v, ok = _fast32(s, r, mode)
             if e != 0.0:  # an inexact float64 sum: the core's residual fast path
                 v, ok = _lo32(s, e, r, mode)
