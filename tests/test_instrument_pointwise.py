@@ -236,6 +236,30 @@ def test_inexact_sums_redone_per_subtile_equal_the_rounding_core(mode):
     assert _same(torch.from_numpy(got), torch.from_numpy(want))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_infinities_and_nans_stay_on_the_vectorised_path(mode):
+    """±inf and NaN operands (a masked attention score's −inf minus its row maximum,
+    products and sums with them, an all-masked row's −inf − (−inf)): every mode keeps
+    ±inf and NaN (the core returns them unchanged), so the vectorised loops accept them,
+    with the core's values; and float64 infinities and NaNs rounded to binary32."""
+    inf, nan = np.inf, np.nan
+    x = np.tile(np.array([-inf, inf, nan, 1.5, -inf, 2.0, inf, 0.0], np.float32), 32)
+    y = np.tile(np.array([3.0, -2.0, 1.0, nan, -inf, inf, inf, -0.0], np.float32), 32)
+    code, key = RK.mode_code(mode), 0x5EED
+    for op in (RK.OP_ADD, RK.OP_SUB, RK.OP_MUL):
+        got = np.full(x.size, 7.0, np.float32)
+        assert PW._tile(op, x, y, got, np.uint64(key), 0, code) == 0, (mode, op)
+        want = np.empty_like(x)
+        _core_binary_all(op, x, y, key, code, want)
+        assert _same(torch.from_numpy(got), torch.from_numpy(want)), (mode, op)
+    h = np.tile(np.array([inf, -inf, nan, 0.0, -0.0, 1.0]), 40)
+    got = np.full(h.size, 7.0, np.float32)
+    assert PW._roundloop(h, got, np.uint64(key), 0, code) == 0, mode
+    want = np.empty(h.size, np.float32)
+    _core_all(h, np.zeros_like(h), key, code, want)
+    assert _same(torch.from_numpy(got), torch.from_numpy(want)), mode
+
+
 def test_lo32_is_round_core_where_it_accepts():
     """(h, lo) pairs with h = RN(h + lo): lo at and inside half an ulp of h, h on and off
     the binary32 grid (on it with lo of both signs: the exact value just above and just

@@ -211,17 +211,21 @@ def _rot(r):
 def _fast32(x, r, mode):
     """binary32 rounding of the exact float64 value ``x`` at 24 bits: (value, ok).
 
-    ``ok`` is False outside the binary32 normal range (strictly above 2**-126 for UD),
-    and for the modes up, down, zero and farthest, where the caller takes
-    numvar.rounding's full path. Inside, the result is identical
+    ``ok`` is False outside the binary32 normal range (strictly above 2**-126 for UD;
+    zeros, infinities and NaNs accepted), and for the modes up, down, zero and farthest,
+    where the caller takes numvar.rounding's full path. Inside, the result is identical
     to numvar.rounding.kernels.round_f32(x, 0, mode, 24, r): SR adds a 29-bit random
     integer to the float64 pattern and clears the low 29 bits; ieee is the hardware
     cast; random rounds the pattern down or up by the top bit unless exact; UD moves the
-    round-to-nearest result one binary32 step by the top bit unless it is 0 or inf.
+    round-to-nearest result one binary32 step by the top bit unless it is 0 or inf. An
+    infinity or NaN is returned as it is, cast (the core returns ``hi`` unchanged before
+    any mode is looked at: every mode keeps ±inf and NaN), such as a softmax's
+    ``x − max`` on the −inf of a masked attention score.
     """
     b = _f64_bits(x)
     be = (b >> _U52) & _EXPMASK
-    ok = ((be >= _EMIN32 and be <= _EMAX32) or x == 0.0) and mode <= _RANDOM
+    special = be == _EXPMASK  # inf or NaN
+    ok = ((be >= _EMIN32 and be <= _EMAX32) or x == 0.0 or special) and mode <= _RANDOM
     top = (r >> _U63) == np.uint64(1)
     if mode == _SR:
         v = np.float32(_bits_f64((b + ((~r) >> _U35)) & _NLOW29))
@@ -236,6 +240,8 @@ def _fast32(x, r, mode):
         yb = (yb + _ULP32 if top else yb - _ULP32) if fin else yb
         v = np.float32(_bits_f64(yb))
     else:
+        v = np.float32(x)
+    if special:
         v = np.float32(x)
     return v, ok
 
