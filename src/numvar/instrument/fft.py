@@ -62,9 +62,9 @@ arithmetic); with :data:`USE_KERNELS` false they take the tensor implementation 
 kernel's reference in the tests). ``_fft_r2c`` and ``_fft_c2r`` along the last dim of a
 power-of-two length then skip the complex intermediates around that call: the rows go
 to the kernel as arrays, the Hermitian extension and the interleaving of the result are
-compiled copies (:func:`numvar.instrument.fft_kernels.hermitian32`, ``interleave32``). :func:`c2c_reference` is the slow
-reference (plain Python loops, same order, same random bits), compared bit for bit in
-the tests.
+compiled copies (:func:`numvar.instrument.fft_kernels.hermitian32`, ``interleave32``).
+:func:`c2c_reference` is the slow reference (plain Python loops, same order, same random
+bits), compared bit for bit in the tests.
 """
 
 from __future__ import annotations
