@@ -212,7 +212,7 @@ def _redo(op, a, b, o, ukey, l0, mode, declined):  # pragma: no cover - compiled
     :func:`_slow` returns the fast path's value where it accepts, so the bits are those
     of :func:`_slow` on the whole tile; inexact sums (a float64 sum off by more than 29
     bits of exponent, such as an FFT's product by cos(π/2) = 6.1e-17 added to an O(1)
-    part, or most complex products' parts) no longer go through the scalar loop."""
+    part, or the parts of complex products) no longer go through the scalar loop."""
     n = o.size
     lo = (op == OP_ADD or op == OP_SUB) and mode <= _RANDOM
     if lo:
