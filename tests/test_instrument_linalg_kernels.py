@@ -76,7 +76,7 @@ def test_stream_keys_are_next_key():
     ref.next_key()
     s.next_key()
     flags = np.array([[True, False, True], [False, True, True]])
-    keys = stream_keys(s, flags)
+    keys = stream_keys(s, flags).T  # drawn as (calls, steps)
     want = [[ref.next_key(), 0, ref.next_key()], [0, ref.next_key(), ref.next_key()]]
     assert keys.tolist() == want and s.counter == ref.counter
 

@@ -177,13 +177,9 @@ def _draw(base, counter, flags):  # pragma: no cover - compiled
 
 def stream_keys(stream, flags: np.ndarray) -> np.ndarray:
     """The keys ``stream.next_key()`` would return for the set entries of ``flags``
-    (steps × calls, bool), drawn in C order, 0 elsewhere; the stream advanced past them.
-    ``next_key`` at counter c is ``bits64(base, c)`` (numvar.rounding._stream)."""
-    return np.ascontiguousarray(_keys_t(stream, np.ascontiguousarray(flags, bool)).T)
-
-
-def _keys_t(stream, flags: np.ndarray) -> np.ndarray:
-    """:func:`stream_keys` transposed ((calls, steps)), the stream advanced."""
+    (steps × calls, bool), drawn in C order, as (calls, steps), 0 elsewhere; the stream
+    advanced past them. ``next_key`` at counter c is ``bits64(base, c)``
+    (numvar.rounding._stream)."""
     out = _draw(np.uint64(stream._base), np.uint64(stream.counter), flags)
     stream.counter += int(np.count_nonzero(flags))
     return out
@@ -207,4 +203,4 @@ def flat32(t: torch.Tensor) -> np.ndarray:
 def keys(ctx, *flags: np.ndarray) -> np.ndarray:
     """(calls, steps) keys of ``ctx.stream``, drawn in a tensor implementation's order:
     at step s, one key for each call c with ``flags[c][s]`` set (0 elsewhere)."""
-    return _keys_t(ctx.stream, np.stack(flags, 1).astype(bool, copy=False))
+    return stream_keys(ctx.stream, np.stack(flags, 1).astype(bool, copy=False))
