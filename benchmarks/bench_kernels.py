@@ -1,6 +1,6 @@
 """Contraction kernel throughput against its port-bound ceiling (one core).
 
-    python benchmarks/bench_kernels.py [--repeats 30] [--shape M K N] [--add-latency 3]
+    python benchmarks/bench_kernels.py [--repeats 30] [--shape M K N] [--add-latency 3] [--narrow]
 
 For the binary32 SR clean-row loop of :mod:`numvar.instrument.kernels` it prints
 
@@ -22,6 +22,10 @@ The same count and ceiling for the binary32 fma-sr clean loop (``_cleanfma32``) 
 binary64 sr clean loop (``_clean64``, whose TwoProduct must be a hardware FMA: the script
 says whether the loop has ``vfmadd``/``vfmsub``); each clean row's fraction is of its own
 loop's ceiling, the scalar rows' of the binary32 sr ceiling.
+
+With ``--narrow`` it prints instead the rates of products with few columns (N <= 16)
+through the narrow-product kernel (``_contract_narrow32``, vectorised across rows) and
+through the column-vectorised kernel, and their ratio.
 
 Run with ``OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1`` (one core).
 """
@@ -145,6 +149,23 @@ def rate(dtype, shape, repeats: int, mode: int, contraction: str = "separate",
     return m * k * n / t
 
 
+def narrow_table(repeats: int) -> None:
+    """binary32 sr rates of products with few columns, through the narrow kernel and with
+    ``KN.NARROW_KERNEL`` off (the column-vectorised kernel), timed alternately."""
+    print(f"{'M x K x N':>18s} {'narrow G terms/s':>17s} {'columns G terms/s':>18s} {'ratio':>6s}")
+    for m, k, n in ((512, 4608, 8), (512, 2304, 4), (256, 2304, 12), (256, 2304, 16),
+                    (64, 576, 10), (40, 576, 8), (256, 2304, 24)):
+        best = {True: 0.0, False: 0.0}
+        for _ in range(max(1, repeats // 5)):
+            for flag in (True, False):
+                KN.NARROW_KERNEL = flag
+                best[flag] = max(best[flag], rate(np.float32, (m, k, n), 5, KN._SR))
+        KN.NARROW_KERNEL = True
+        used = "" if n <= KN.NARROW_N and m >= KN.NARROW_ROWS // 2 else "  (not taken)"
+        print(f"{f'{m} x {k} x {n}':>18s} {best[True] / 1e9:17.2f} {best[False] / 1e9:18.2f} "
+              f"{best[True] / best[False]:6.2f}{used}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=30)
@@ -153,7 +174,14 @@ def main(argv=None) -> None:
                     "product, 16 rows, K = 288, 1024 columns: ~2 ms calls, short enough to run "
                     "undisturbed on a loaded machine")
     ap.add_argument("--add-latency", type=int, default=3)
+    ap.add_argument("--narrow", action="store_true",
+                    help="only compare the narrow-product kernel (_contract_narrow32, "
+                    "vectorised across rows) with the column-vectorised one on products with "
+                    "few columns (ResNet-18's last convolutions on a 2 x 64^2 batch: N = 8)")
     args = ap.parse_args(argv)
+    if args.narrow:
+        narrow_table(args.repeats)
+        return
     f = clock_hz(args.add_latency)
     print(f"clock {f / 1e9:.2f} GHz (dependent adds, latency {args.add_latency})")
     ceilings, strict = {}, {}

@@ -31,6 +31,8 @@ from concurrent.futures import ProcessPoolExecutor
 #: types as numba's signature strings spell them (``literal(24)``: the literal 24)
 _ROW32 = ("float64[::1], uint64[::1], float32[::1], float64[:, ::1], uint64, uint64, int64, "
           "int64, int64")
+_NARROW = ("float64[:, ::1], float64[:, ::1], float64[:, ::1], uint64[::1], uint64[::1], "
+           "uint64, int64, int64, int64")
 LEAVES: list[tuple[str, str, str]] = [
     ("numvar.instrument.kernels", "_tile32",
      "float32[::1], float32[::1], float32[:, ::1], uint64, uint64, int64, int64, int64, "
@@ -43,24 +45,27 @@ LEAVES: list[tuple[str, str, str]] = [
     ("numvar.instrument.kernels", "_clean32", _ROW32),
     ("numvar.instrument.kernels", "_cleanx32", _ROW32),
     ("numvar.instrument.kernels", "_clean64", _ROW32.replace("float32", "float64")),
+    ("numvar.instrument.kernels", "_narrow32", _NARROW),
+    ("numvar.instrument.kernels", "_narrowx32", _NARROW),
 ]
 
 
-def _contract(dtype: str, t: int, mode: str = "sr") -> None:
+def _contract(dtype: str, t: int, mode: str = "sr", rows: int = 2) -> None:
     import numpy as np
 
     from numvar.instrument import kernels as KN
     from numvar.rounding import kernels as K
 
-    a = np.ones((1, 2, 3), dtype)
+    a = np.ones((1, rows, 3), dtype)
     KN.contract(a, np.ones((1, 3, 4), dtype), 1, K.mode_code(mode), t)
 
 
 #: entry points with no cached leaf of their own (run beside the leaves): the scalar
 #: contraction kernel (directed modes, virtual precision) for binary32 and binary64
 INDEPENDENT = [("float32", 24, "up"), ("float64", 53, "up")]
-#: entry points run once the leaves are cached: the binary32 and binary64 fast kernels
-ENTRIES = [("float32", 24), ("float64", 53)]
+#: entry points run once the leaves are cached: the binary32 and binary64 fast kernels, and
+#: the binary32 narrow-product kernel (32 rows, 4 columns)
+ENTRIES = [("float32", 24), ("float64", 53), ("float32", 24, "sr", 32)]
 
 
 def _compile_leaf(module: str, name: str, sig: str) -> tuple[str, float]:

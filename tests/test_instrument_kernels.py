@@ -374,6 +374,96 @@ def test_clean_rows_give_up_on_inexact_sums():
         assert _same(KN.contract(a, b, 77, code, 24), ref), m
 
 
+def _narrow_direct(a, b, key, code, exact=False):
+    """The narrow kernel's loops (:func:`numvar.instrument.kernels._narrow32`) on every
+    block of rows of a (1, M, K) @ (1, K, N) product, as ``_contract_narrow32`` runs them:
+    (M, N) float64 accumulators, NaN where the loops gave up."""
+    M, Kd = a.shape[1], a.shape[2]
+    N, L = b.shape[2], KN.NARROW_ROWS
+    b64 = b[0].astype(np.float64)
+    out = np.empty((M, N))
+    for i0 in range(0, M, L):
+        i1 = min(M, i0 + L)
+        acc, at = np.empty((N, L)), np.empty((KN.NARROW_KC, L))
+        hb = np.array([min(i0 + lane, i1 - 1) * Kd for lane in range(L)], dtype=np.uint64)
+        for k0 in range(0, Kd, KN.NARROW_KC):
+            kc = min(KN.NARROW_KC, Kd - k0)
+            KN._transpose_block(at, a[0], i0, i1, k0, kc)
+            assert np.array_equal(at[:kc], a[0, np.minimum(np.arange(i0, i0 + L), i1 - 1),
+                                             k0:k0 + kc].T)
+            leaf = KN._narrowx32 if exact else KN._narrow32
+            leaf(acc, at, b64, hb, np.empty(L, np.uint64), np.uint64(key), k0, kc, code)
+        out[i0:i1] = acc[:, :i1 - i0].T
+    return out
+
+
+def test_narrow_products_match_reference(monkeypatch):
+    """Products with few columns (N <= NARROW_N) and enough rows take
+    ``_contract_narrow32``, vectorised across rows: the same bits as the reference in every
+    mode, with a partial row block (70 = 64 + 6 rows), a partial k block (37 = 32 + 5), rows
+    that are not clean (tiny, huge and infinite values: the per-row path), and lanes the
+    loops give up on (magnitudes 2**±40 apart: inexact float64 sums, full path)."""
+    calls = []
+    real = KN._contract_narrow32
+
+    def counted(*args):
+        calls.append(args[4].shape)
+        return real(*args)
+
+    monkeypatch.setattr(KN, "_contract_narrow32", counted)
+    rng = np.random.default_rng(26)
+    a = rng.standard_normal((2, 70, 37))
+    a[:, 10:20] *= np.exp2(40.0 * rng.choice([-1, 0, 1], (2, 10, 37), p=[0.1, 0.8, 0.1]))
+    # rows that are not clean: products below binary32's normal range (the clean loops
+    # would round them on too fine a grid), a huge value, an infinity
+    a[0, 3] = rng.standard_normal(37) * 1e-38
+    a[1, 66, 0], a[0, 40, 36] = 3e38, np.inf
+    a[rng.random(a.shape) < 0.1] = 0.0
+    a = a.astype(np.float32)
+    b = rng.standard_normal((1, 37, 5)).astype(np.float32)
+    clean = KN.clean_rows(a, b, 2, 24)
+    assert clean.any() and not clean.all()
+    for m in MODES:
+        code = RK.mode_code(m)
+        ref = KN.contract_reference(a, b, 99, code, 24)
+        assert _same(KN.contract(a, b, 99, code, 24), ref), m
+        acc = _narrow_direct(a[:1], b, 99, code)
+        bad = np.isnan(acc) | ~clean[:70, None]
+        assert np.isnan(acc[10:20]).any() and not bad.all(), m
+        assert _same(acc[~bad].astype(np.float32), ref[0][~bad]), m
+    # the widest narrow product, one block of rows over a broadcast batch, K below a block
+    a2 = rng.standard_normal((1, 33, 3)).astype(np.float32)
+    b2 = rng.standard_normal((2, 3, KN.NARROW_N)).astype(np.float32)
+    for m in MODES:
+        code = RK.mode_code(m)
+        assert _same(KN.contract(a2, b2, 5, code, 24), KN.contract_reference(a2, b2, 5, code, 24))
+    # products exact in binary32 (bfloat16 values): the product roundings skipped
+    a3 = torch.randn(1, 40, 20).bfloat16().float().numpy()
+    b3 = torch.randn(1, 20, 3).bfloat16().float().numpy()
+    assert KN.narrow_products(a3, b3, 24)
+    for m in ("sr", "ieee", "random"):
+        code = RK.mode_code(m)
+        ref = KN.contract_reference(a3, b3, 6, code, 24)
+        assert _same(KN.contract(a3, b3, 6, code, 24), ref), m
+        assert _same(_narrow_direct(a3, b3, 6, code, exact=True).astype(np.float32), ref[0]), m
+    assert calls == [(2, 70, 5)] * 4 + [(2, 33, KN.NARROW_N)] * 4 + [(1, 40, 3)] * 3
+
+
+def test_narrow_and_wide_kernels_agree():
+    """The narrow kernel against the column-vectorised one (``NARROW_KERNEL`` off) on
+    larger products, every mode: bit for bit."""
+    rng = np.random.default_rng(27)
+    a = rng.standard_normal((1, 150, 300)).astype(np.float32)
+    b = rng.standard_normal((1, 300, 12)).astype(np.float32)
+    for m in MODES:
+        code = RK.mode_code(m)
+        narrow = KN.contract(a, b, 123, code, 24)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(KN, "NARROW_KERNEL", False)
+            wide = KN.contract(a, b, 123, code, 24)
+        assert _same(narrow, wide), m
+
+
 def test_clean_rows_ud_gives_up_below_its_range():
     """ud perturbs exact results, so sums of ±2**-102 products random-walk in steps of
     2**-125 and 2**-126 and reach nonzero magnitudes below 2**-125, where the fast ud step

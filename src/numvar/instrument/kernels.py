@@ -33,8 +33,10 @@ Speed (binary32, any t <= 24): rows whose inputs rule out underflow and overflow
 front ("clean" rows, the usual case) run vectorised loops with no range checks and
 512-bit vectors where the CPU has them; other rows run loops that check every term (at
 24 bits) or the scalar full path (below). Lanes a fast loop cannot round exactly are
-redone on the scalar full path. Every path gives the same bits (tests compare each with
-:func:`contract_reference`).
+redone on the scalar full path. Products with few columns (at most :data:`NARROW_N`, at
+least 32 rows, 24 bits, ``"separate"``) run the same steps vectorised across rows
+instead (:func:`_contract_narrow32`). Every path gives the same bits (tests compare each
+with :func:`contract_reference`).
 
 Speed (binary64, 53 bits, sr / ieee / ud / random, ``"separate"``): clean rows (every
 nonzero input magnitude in [2**-300, 2**300], see :func:`clean_rows64`) run a vectorised
@@ -391,11 +393,8 @@ def _clean_first(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, exact=False):
     b0 = bmat[0, j0:j0 + n]  # row slices indexed from 0: this form vectorises best
     h0 = _bits(ukey, base)
     for jj in range(n):
-        z = h0 + jg[jj]
-        r = ((z ^ (z >> _U32)) * _M1)
-        r = r ^ (r >> _U29)
         acc[jj] = a0 * np.float64(b0[jj]) if exact else _round_term(
-            a0 * np.float64(b0[jj]), r, mode, t, False)
+            a0 * np.float64(b0[jj]), _mix(h0 + jg[jj]), mode, t, False)
 
 
 @njit(inline="always")
@@ -416,19 +415,31 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, exact=False):
         bk = bmat[k, j0:j0 + n]
         hk = _bits(ukey, base + np.uint64(k))
         for jj in range(n):
-            z = hk + jg[jj]
-            r = ((z ^ (z >> _U32)) * _M1)
-            r = r ^ (r >> _U29)
-            p = ak * np.float64(bk[jj])
-            if not exact:
-                p = _round_term(p, r, mode, t, False)
-            c = acc[jj]
-            s = c + p
-            ok = (s - c == p) & (s - p == c)
-            if mode == _UD:
-                ok = ok & ((abs(s) >= ud_min) | (s == 0.0))
-            v = _round_term(s, r, mode, t, True)
-            acc[jj] = v if ok else np.nan
+            acc[jj] = _clean_step(acc[jj], ak * np.float64(bk[jj]), _mix(hk + jg[jj]), mode,
+                                  t, exact, ud_min)
+
+
+@njit(inline="always")
+def _mix(z):
+    """:func:`_term`'s mixing of the Weyl value ``z = h + j·γ`` (one 64-bit multiply)."""
+    r = (z ^ (z >> _U32)) * _M1
+    return r ^ (r >> _U29)
+
+
+@njit(inline="always")
+def _clean_step(c, p, r, mode, t, exact, ud_min):
+    """One k >= 1 step of a clean lane: ``RND(c + RND(p))`` for the accumulator ``c`` and
+    the exact product ``p`` with the term's bits ``r`` (``exact``: ``p`` is on the grid,
+    its rounding skipped), or NaN where the float64 sum is inexact (for ud: also below
+    ``ud_min`` and nonzero). A NaN accumulator stays NaN."""
+    if not exact:
+        p = _round_term(p, r, mode, t, False)
+    s = c + p
+    ok = (s - c == p) & (s - p == c)
+    if mode == _UD:
+        ok = ok & ((abs(s) >= ud_min) | (s == 0.0))
+    v = _round_term(s, r, mode, t, True)
+    return v if ok else np.nan
 
 
 _SIGN = np.uint64(1 << 63)
@@ -493,9 +504,7 @@ def _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):
         bk = bmat[k, j0:j0 + n]
         hk = _bits(ukey, base + np.uint64(k))
         for jj in range(n):
-            z = hk + jg[jj]
-            r = ((z ^ (z >> _U32)) * _M1)
-            r = r ^ (r >> _U29)
+            r = _mix(hk + jg[jj])
             p = ak * np.float64(bk[jj])  # exact
             c = acc[jj]
             s = c + p
@@ -882,6 +891,153 @@ def _contract_fast32(a, b, b64, clean, out, key, mode, t, fma=False,
                 o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t)
 
 
+# ------------------------------------------------------------ narrow products (few columns)
+#: widest product (columns N) whose clean rows :func:`_contract_narrow32` computes instead
+#: of :func:`_contract_fast32`. The clean loops vectorise across the columns of a row; with
+#: fewer than 16 columns their vectorised body (8 lanes, unrolled) does not run and the
+#: columns go through its scalar remainder (measured, one thread: 512 × 4608 @ 4608 × 8,
+#: ResNet-18's last convolutions on a 2 × 64² batch, 0.88 G terms/s against 1.9 for wide
+#: products; ``benchmarks/bench_kernels.py --narrow``).
+NARROW_N = 16
+#: rows of a block of :func:`_contract_narrow32`: the vector lanes of its loops (a constant,
+#: so that the loops over them have a fixed trip count and no remainder)
+NARROW_ROWS = 64
+#: k-steps per transposed block of ``a`` (NARROW_KC × NARROW_ROWS float64: 16 KiB, in L1)
+NARROW_KC = 32
+
+
+@njit(inline="always")
+def _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, mode, t, exact):
+    """k-steps ``k0 .. k0+kc−1`` of a block of NARROW_ROWS clean rows, every column,
+    vectorised across the rows: ``acc[j, l]`` is the accumulator of row ``l`` and column
+    ``j`` (float64, binary32 values), ``at[kk, l]`` the row's ``a[k0 + kk]`` as float64,
+    ``bmat`` the (K, N) product's ``b`` as float64 and ``hb[l]`` the row's first line
+    (``row·K``). Each lane runs the clean loops' steps with the same random bits
+    (:func:`_clean_first`, :func:`_clean_step`); only the loop order differs (the line
+    hash of (row, k) is drawn once per row and k and serves the N columns)."""
+    ud_min = _UD_MIN if t == 24 else _UD_MIN_T
+    N = acc.shape[0]
+    for kk in range(kc):
+        k = k0 + kk
+        uk = np.uint64(k)
+        for lane in range(NARROW_ROWS):
+            hk[lane] = _bits(ukey, hb[lane] + uk)
+        ak = at[kk]
+        for j in range(N):
+            bkj = bmat[k, j]
+            gj = np.uint64(j) * _G
+            row = acc[j]
+            if k == 0:
+                for lane in range(NARROW_ROWS):
+                    p = ak[lane] * bkj
+                    row[lane] = p if exact else _round_term(p, _mix(hk[lane] + gj), mode, t,
+                                                            False)
+            else:
+                for lane in range(NARROW_ROWS):
+                    row[lane] = _clean_step(row[lane], ak[lane] * bkj, _mix(hk[lane] + gj),
+                                            mode, t, exact, ud_min)
+
+
+@njit(cache=True)
+def _narrow32(acc, at, bmat, hb, hk, ukey, k0, kc, mode):  # pragma: no cover - compiled
+    """:func:`_narrow_loops` at 24 bits, one vectorised copy per mode (as :func:`_clean32`),
+    512-bit vectors allowed."""
+    _wide_vectors()
+    if mode == _SR:
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _SR, 24, False)
+    elif mode == _IEEE:
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _IEEE, 24, False)
+    elif mode == _UD:
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _UD, 24, False)
+    else:
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _RANDOM, 24, False)
+
+
+@njit(cache=True)
+def _narrowx32(acc, at, bmat, hb, hk, ukey, k0, kc, mode):  # pragma: no cover - compiled
+    """:func:`_narrow32` with every product exact (as :func:`_cleanx32`): sr, ieee and
+    random."""
+    _wide_vectors()
+    if mode == _SR:
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _SR, 24, True)
+    elif mode == _IEEE:
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _IEEE, 24, True)
+    else:
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _RANDOM, 24, True)
+
+
+@njit(cache=True)
+def _transpose_block(at, arows, i0, i1, k0, kc):  # pragma: no cover - compiled
+    """``at[kk, lane] = a[i0 + lane, k0 + kk]`` as float64 for the NARROW_ROWS lanes and
+    ``kc`` k-steps of a block of :func:`_contract_narrow32` (rows past ``i1`` repeat row
+    ``i1 − 1``). A full block has constant trip counts, which LLVM turns into vector
+    shuffles: 0.3 ns per element against 1.1–2.5 for the general loop (measured, one
+    thread, 512 × 4608 float32). Not inlined: inside the parallel kernel the same loops
+    ran at half that speed."""
+    if i1 - i0 == NARROW_ROWS and kc == NARROW_KC:
+        for lane in range(NARROW_ROWS):
+            src = arows[i0 + lane, k0:k0 + NARROW_KC]
+            for kk in range(NARROW_KC):
+                at[kk, lane] = np.float64(src[kk])
+        return
+    for lane in range(NARROW_ROWS):
+        src = arows[min(i0 + lane, i1 - 1)]
+        for kk in range(kc):
+            at[kk, lane] = np.float64(src[k0 + kk])
+
+
+@njit(parallel=True, cache=True)
+def _contract_narrow32(a, b, b64, clean, out, key, mode, exact):  # pragma: no cover
+    """:func:`_contract_fast32` at 24 bits, ``"separate"``, for products with few columns
+    (N <= :data:`NARROW_N`): one task per block of NARROW_ROWS rows of one batch. The
+    block's rows are the lanes of :func:`_narrow32` (``a`` transposed NARROW_KC k-steps at
+    a time; a last, partial block repeats its last row in the missing lanes, whose values
+    are dropped). A clean row takes its lanes' values, and its NaN lanes (inexact sums)
+    from the full path (:func:`_column32`); another row is computed as
+    :func:`_contract_fast32` computes it (:func:`_tile32`). Same bits."""
+    BO, M, N = out.shape
+    Kd = b.shape[1]
+    BA = a.shape[0]
+    BB = b.shape[0]
+    L = NARROW_ROWS
+    nblk = (M + L - 1) // L
+    ukey = np.uint64(key)
+    for task in prange(BO * nblk):
+        bo = task // nblk
+        i0 = (task - bo * nblk) * L
+        i1 = min(M, i0 + L)
+        arows = a[bo % BA]
+        bb = bo % BB
+        acc = np.empty((N, L))
+        at = np.empty((NARROW_KC, L))
+        hb = np.empty(L, dtype=np.uint64)
+        hk = np.empty(L, dtype=np.uint64)
+        for lane in range(L):
+            hb[lane] = np.uint64(bo * M + min(i0 + lane, i1 - 1)) * np.uint64(Kd)
+        for k0 in range(0, Kd, NARROW_KC):
+            kc = min(NARROW_KC, Kd - k0)
+            _transpose_block(at, arows, i0, i1, k0, kc)
+            if exact:
+                _narrowx32(acc, at, b64[bb], hb, hk, ukey, k0, kc, mode)
+            else:
+                _narrow32(acc, at, b64[bb], hb, hk, ukey, k0, kc, mode)
+        for lane in range(i1 - i0):
+            i = i0 + lane
+            row = bo * M + i
+            base = np.uint64(row) * np.uint64(Kd)
+            o = out[bo, i]
+            if clean[row]:
+                for j in range(N):
+                    v = acc[j, lane]
+                    if v == v:
+                        o[j] = np.float32(v)
+                    else:
+                        o[j] = _column32(arows[i], b[bb], ukey, base, j, mode, 24, False)
+            else:
+                bad = np.empty(N, dtype=np.bool_)
+                _tile32(o, arows[i], b[bb], ukey, base, N, 0, mode, 24, bad)
+
+
 @njit(inline="always")
 def _fraction_or(x):
     """OR of the fraction fields of a contiguous binary32 array (integer reduction: it
@@ -1057,18 +1213,14 @@ def _clean64_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode):
     b0 = bmat[0, j0:j0 + n]
     h0 = _bits(ukey, base)
     for jj in range(n):
-        z = h0 + jg[jj]
-        r = ((z ^ (z >> _U32)) * _M1)
-        r = r ^ (r >> _U29)
+        r = _mix(h0 + jg[jj])
         acc[jj] = _product64(a0, b0[jj], r, mode)
     for k in range(1, arow.size):
         ak = arow[k]
         bk = bmat[k, j0:j0 + n]
         hk = _bits(ukey, base + np.uint64(k))
         for jj in range(n):
-            z = hk + jg[jj]
-            r = ((z ^ (z >> _U32)) * _M1)
-            r = r ^ (r >> _U29)
+            r = _mix(hk + jg[jj])
             p = _product64(ak, bk[jj], r, mode)
             c = acc[jj]
             s = c + p
@@ -1381,6 +1533,10 @@ def scan_format(x: np.ndarray, key: int, mode: int, t: int, spec: tuple, *,
 #: :func:`narrow_products`; same bits either way; False: every product rounded, which
 #: ``benchmarks/bench_lowp.py`` times against)
 EXACT_PRODUCTS = True
+#: products with few columns through :func:`_contract_narrow32` (same bits either way;
+#: False: through :func:`_contract_fast32`, which the tests and
+#: ``benchmarks/bench_kernels.py --narrow`` compare it with)
+NARROW_KERNEL = True
 
 
 def _check(arr: np.ndarray, name: str) -> None:
@@ -1432,8 +1588,13 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
             b64 = np.empty(b.shape)
             clean, pab = launch(a.size + b.size, _prepare32, a, b, b64, BO, t)
             exact = EXACT_PRODUCTS and not fma and t == 24 and mode != _UD and pab <= t
-            launch(work, _contract_fast32, a, b, b64, clean, out, np.uint64(key), mode, t, fma,
-                   exact)
+            if (NARROW_KERNEL and not fma and t == 24 and out.shape[2] <= NARROW_N
+                    and out.shape[1] >= NARROW_ROWS // 2):
+                launch(work, _contract_narrow32, a, b, b64, clean, out, np.uint64(key), mode,
+                       exact)
+            else:
+                launch(work, _contract_fast32, a, b, b64, clean, out, np.uint64(key), mode, t,
+                       fma, exact)
         elif a.dtype == np.float64 and t == 53 and mode <= _RANDOM and not fma:
             launch(work, _contract_fast64, a, b, clean_rows64(a, b, BO), out, np.uint64(key),
                    mode)
