@@ -46,7 +46,6 @@ LEAVES: list[tuple[str, str, str]] = [
     ("numvar.instrument.kernels", "_cleanx32", _ROW32),
     ("numvar.instrument.kernels", "_clean64", _ROW32.replace("float32", "float64")),
     ("numvar.instrument.kernels", "_narrow32", _NARROW),
-    ("numvar.instrument.kernels", "_narrowx32", _NARROW),
 ]
 
 

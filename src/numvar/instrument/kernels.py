@@ -907,7 +907,7 @@ NARROW_KC = 32
 
 
 @njit(inline="always")
-def _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, mode, t, exact):
+def _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, mode, t):
     """k-steps ``k0 .. k0+kc−1`` of a block of NARROW_ROWS clean rows, every column,
     vectorised across the rows: ``acc[j, l]`` is the accumulator of row ``l`` and column
     ``j`` (float64, binary32 values), ``at[kk, l]`` the row's ``a[k0 + kk]`` as float64,
@@ -929,41 +929,30 @@ def _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, mode, t, exact):
             row = acc[j]
             if k == 0:
                 for lane in range(NARROW_ROWS):
-                    p = ak[lane] * bkj
-                    row[lane] = p if exact else _round_term(p, _mix(hk[lane] + gj), mode, t,
-                                                            False)
+                    row[lane] = _round_term(ak[lane] * bkj, _mix(hk[lane] + gj), mode, t,
+                                            False)
             else:
                 for lane in range(NARROW_ROWS):
                     row[lane] = _clean_step(row[lane], ak[lane] * bkj, _mix(hk[lane] + gj),
-                                            mode, t, exact, ud_min)
+                                            mode, t, False, ud_min)
 
 
 @njit(cache=True)
 def _narrow32(acc, at, bmat, hb, hk, ukey, k0, kc, mode):  # pragma: no cover - compiled
     """:func:`_narrow_loops` at 24 bits, one vectorised copy per mode (as :func:`_clean32`),
-    512-bit vectors allowed."""
+    512-bit vectors allowed. Products that are all exact (bfloat16 values) take it too:
+    rounding an exact product leaves it unchanged (same bits); a copy without the product
+    roundings, as :func:`_cleanx32`, measured 43 s of cold compile on the 2-core CI box for
+    a few per cent of a bfloat16 ResNet's forward, and was left out."""
     _wide_vectors()
     if mode == _SR:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _SR, 24, False)
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _SR, 24)
     elif mode == _IEEE:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _IEEE, 24, False)
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _IEEE, 24)
     elif mode == _UD:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _UD, 24, False)
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _UD, 24)
     else:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _RANDOM, 24, False)
-
-
-@njit(cache=True)
-def _narrowx32(acc, at, bmat, hb, hk, ukey, k0, kc, mode):  # pragma: no cover - compiled
-    """:func:`_narrow32` with every product exact (as :func:`_cleanx32`): sr, ieee and
-    random."""
-    _wide_vectors()
-    if mode == _SR:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _SR, 24, True)
-    elif mode == _IEEE:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _IEEE, 24, True)
-    else:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _RANDOM, 24, True)
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _RANDOM, 24)
 
 
 @njit(cache=True)
@@ -987,7 +976,7 @@ def _transpose_block(at, arows, i0, i1, k0, kc):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True)
-def _contract_narrow32(a, b, b64, clean, out, key, mode, exact):  # pragma: no cover
+def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
     """:func:`_contract_fast32` at 24 bits, ``"separate"``, for products with few columns
     (N <= :data:`NARROW_N`): one task per block of NARROW_ROWS rows of one batch. The
     block's rows are the lanes of :func:`_narrow32` (``a`` transposed NARROW_KC k-steps at
@@ -1017,10 +1006,7 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode, exact):  # pragma: no c
         for k0 in range(0, Kd, NARROW_KC):
             kc = min(NARROW_KC, Kd - k0)
             _transpose_block(at, arows, i0, i1, k0, kc)
-            if exact:
-                _narrowx32(acc, at, b64[bb], hb, hk, ukey, k0, kc, mode)
-            else:
-                _narrow32(acc, at, b64[bb], hb, hk, ukey, k0, kc, mode)
+            _narrow32(acc, at, b64[bb], hb, hk, ukey, k0, kc, mode)
         for lane in range(i1 - i0):
             i = i0 + lane
             row = bo * M + i
@@ -1035,7 +1021,8 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode, exact):  # pragma: no c
                         o[j] = _column32(arows[i], b[bb], ukey, base, j, mode, 24, False)
             else:
                 bad = np.empty(N, dtype=np.bool_)
-                _tile32(o, arows[i], b[bb], ukey, base, N, 0, mode, 24, bad)
+                # j0 as int64, not the literal 0: the signature _contract_fast32 compiles
+                _tile32(o, arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24, bad)
 
 
 @njit(inline="always")
@@ -1590,8 +1577,7 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
             exact = EXACT_PRODUCTS and not fma and t == 24 and mode != _UD and pab <= t
             if (NARROW_KERNEL and not fma and t == 24 and out.shape[2] <= NARROW_N
                     and out.shape[1] >= NARROW_ROWS // 2):
-                launch(work, _contract_narrow32, a, b, b64, clean, out, np.uint64(key), mode,
-                       exact)
+                launch(work, _contract_narrow32, a, b, b64, clean, out, np.uint64(key), mode)
             else:
                 launch(work, _contract_fast32, a, b, b64, clean, out, np.uint64(key), mode, t,
                        fma, exact)
