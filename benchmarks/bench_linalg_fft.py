@@ -1,10 +1,10 @@
 """Slowdown of numvar.fuzzy on linear algebra and FFTs versus plain PyTorch (fp32).
 
 For each workload (batched solve, Cholesky, QR, eigh, svd, rfft of power-of-two and
-other lengths, irfft of power-of-two lengths): the best time over repeats of plain PyTorch, of ``fuzzy(mode="sr",
-granularity="op")`` and of ``fuzzy(mode="sr", granularity="flop")``, measured
-interleaved in one process, and the ratios to native. A warm-up call per configuration
-compiles the numba kernels first.
+other lengths, irfft of power-of-two lengths): the best time over repeats of plain
+PyTorch, of ``fuzzy(mode="sr", granularity="op")`` and of ``fuzzy(mode="sr",
+granularity="flop")``, measured interleaved in one process, and the ratios to native.
+A warm-up call per configuration compiles the numba kernels first.
 
     python benchmarks/bench_linalg_fft.py [--repeats 3] [--threads 1] [--quick]
 """

@@ -907,15 +907,14 @@ NARROW_KC = 32
 
 
 @njit(inline="always")
-def _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, mode, t):
+def _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, mode):
     """k-steps ``k0 .. k0+kc−1`` of a block of NARROW_ROWS clean rows, every column,
     vectorised across the rows: ``acc[j, l]`` is the accumulator of row ``l`` and column
     ``j`` (float64, binary32 values), ``at[kk, l]`` the row's ``a[k0 + kk]`` as float64,
     ``bmat`` the (K, N) product's ``b`` as float64 and ``hb[l]`` the row's first line
     (``row·K``). Each lane runs the clean loops' steps with the same random bits
     (:func:`_clean_first`, :func:`_clean_step`); only the loop order differs (the line
-    hash of (row, k) is drawn once per row and k and serves the N columns)."""
-    ud_min = _UD_MIN if t == 24 else _UD_MIN_T
+    hash of (row, k) is drawn once per row and k and serves the N columns). 24 bits."""
     N = acc.shape[0]
     for kk in range(kc):
         k = k0 + kk
@@ -929,12 +928,12 @@ def _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, mode, t):
             row = acc[j]
             if k == 0:
                 for lane in range(NARROW_ROWS):
-                    row[lane] = _round_term(ak[lane] * bkj, _mix(hk[lane] + gj), mode, t,
+                    row[lane] = _round_term(ak[lane] * bkj, _mix(hk[lane] + gj), mode, 24,
                                             False)
             else:
                 for lane in range(NARROW_ROWS):
                     row[lane] = _clean_step(row[lane], ak[lane] * bkj, _mix(hk[lane] + gj),
-                                            mode, t, False, ud_min)
+                                            mode, 24, False, _UD_MIN)
 
 
 @njit(cache=True)
@@ -946,13 +945,13 @@ def _narrow32(acc, at, bmat, hb, hk, ukey, k0, kc, mode):  # pragma: no cover - 
     a few per cent of a bfloat16 ResNet's forward, and was left out."""
     _wide_vectors()
     if mode == _SR:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _SR, 24)
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _SR)
     elif mode == _IEEE:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _IEEE, 24)
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _IEEE)
     elif mode == _UD:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _UD, 24)
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _UD)
     else:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _RANDOM, 24)
+        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _RANDOM)
 
 
 @njit(cache=True)
