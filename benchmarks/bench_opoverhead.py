@@ -12,13 +12,16 @@ time would count) and given as a ratio to native:
   (no float64 re-run, no handler), then every float32 result gets one output tensor and
   one call of numvar's elementwise binary32 kernel (an SR multiplication by 1, exact,
   so the result is the native one) with a fresh stream key;
-- **op SR**, **flop SR**: ``numvar.fuzzy(mode="sr", granularity=...)``.
+- **op SR**, **flop SR**: ``numvar.fuzzy(mode="sr", granularity=...)``, with the
+  recurrent layers' compiled steps (``numvar.instrument.rnn_kernels``), and again op by
+  op (``rnn_kernels.USE_KERNEL = False``, switched in the same rounds).
 
-It prints the ops the mode saw per forward and the µs per dispatched op above the
+It prints the ops the mode sees per forward op by op and the µs per such op above the
 floor. The goals of the speed issue, op SR ≤ floor + 2 and flop SR ≤ floor + contraction + 5
 (× native; contraction = the model's rounded contraction terms ÷ the SR kernel's rate, as in
-``bench_zoo.py``), are out of reach for a model whose ``bound`` already exceeds them: flop
-granularity dispatches every op the same way (and rounds more inside each).
+``bench_zoo.py``), are out of reach for a model run op by op whose ``bound`` already
+exceeds them (flop granularity dispatches every op the same way and rounds more inside
+each); the compiled steps do not dispatch the layers' ops at all.
 
     python benchmarks/bench_opoverhead.py [--repeats 5] [--models gru lstm]
 """
@@ -34,6 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from numvar.instrument import pointwise as PW
+from numvar.instrument import rnn_kernels as RN
 from numvar.instrument.codepath import codepath
 from numvar.rounding import Stream
 from numvar.rounding import kernels as RK
@@ -72,7 +76,16 @@ def measure(name: str, repeats: int) -> dict:
     def bound():
         with codepath(), OneCallMode():
             model(*x)
-    best = best_of({**_variants(built), "bound": bound}, repeats, time.thread_time)
+    variants = _variants(built)
+    fns = {**variants, "bound": bound, "op SR, op by op": variants["op SR"],
+           "flop SR, op by op": variants["flop SR"]}
+
+    def setup(k: str) -> None:
+        RN.USE_KERNEL = not k.endswith("op by op")
+    try:
+        best = best_of(fns, repeats, time.thread_time, setup)
+    finally:
+        RN.USE_KERNEL = True
     counter = OneCallMode()
     with torch.no_grad(), codepath(), counter:
         model(*x)
@@ -88,18 +101,21 @@ def main(argv=None) -> None:
     logging.getLogger("numvar").setLevel(logging.ERROR)
     torch.set_num_threads(1)
     rates = {d: kernel_rate(args.repeats, d) for d in KERNEL_DTYPES}
-    print("| model | native ms | ops | floor | bound | op SR | flop SR | op goal (floor + 2) "
-          "| flop goal (floor + contraction + 5) | µs/op above floor: bound, op SR |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| model | native ms | ops | floor | bound | op SR | flop SR | op SR, op by op "
+          "| flop SR, op by op | op goal (floor + 2) | flop goal (floor + contraction + 5) "
+          "| µs/op above floor: bound, op by op |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for name in args.models:
         b = measure(name, args.repeats)
         nat, n = b["native"], b["ops"]
-        r = {k: b[k] / nat for k in ("floor", "bound", "op SR", "flop SR")}
+        cols = ("floor", "bound", "op SR", "flop SR", "op SR, op by op", "flop SR, op by op")
+        r = {k: b[k] / nat for k in cols}
         ctime = contraction_time(contraction_terms(zoo.build(name, "bench")), rates) / nat
-        per = [(b[k] - b["floor"]) / n * 1e6 for k in ("bound", "op SR")]
-        print(f"| {name} | {nat * 1e3:.2f} | {n} | {r['floor']:.1f}× | {r['bound']:.1f}× | "
-              f"{r['op SR']:.1f}× | {r['flop SR']:.1f}× | {r['floor'] + 2:.1f}× | "
-              f"{r['floor'] + ctime + 5:.1f}× | {per[0]:.1f}, {per[1]:.1f} |", flush=True)
+        per = [(b[k] - b["floor"]) / n * 1e6 for k in ("bound", "op SR, op by op")]
+        print(f"| {name} | {nat * 1e3:.2f} | {n} | "
+              + " | ".join(f"{r[k]:.1f}×" for k in cols)
+              + f" | {r['floor'] + 2:.1f}× | {r['floor'] + ctime + 5:.1f}× | "
+              f"{per[0]:.1f}, {per[1]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,32 @@ INDEPENDENT = [("float32", 24, "up"), ("float64", 53, "up")]
 ENTRIES = [("float32", 24), ("float64", 53), ("float32", 24, "sr", 32)]
 
 
+def _rnn_steps() -> tuple[str, float]:
+    """The recurrent layers' step kernels (``numvar.instrument.rnn_kernels``, ~18 s cold
+    on one core), called once each on (B, H) = (2, 3) with the types the layers pass."""
+    import numpy as np
+
+    from numvar.instrument import rnn_kernels as RN
+
+    t0 = time.perf_counter()
+    B, H, n, mode = 2, 3, 6, 0
+    f32 = lambda k: np.zeros(k, np.float32)  # noqa: E731
+    f64 = lambda k: np.zeros(k, np.float64)  # noqa: E731
+    keys = np.arange(1, 11, dtype=np.uint64)
+    RN.bias_rows(f32(9), f32(18), keys[0], mode, f32(18))
+    RN.gru_gates(f32(18), f32(18), keys, B, H, mode, f32(2 * n), f64(4 * n))
+    RN.gru_new(f64(4 * n), f32(18), f32(18), keys, B, H, mode, f32(2 * n), f32(n), f32(n),
+               f64(4 * n))
+    RN.gru_hidden(f64(4 * n), f32(n), f32(18), keys, B, H, mode, f32(n), f32(n), f32(n),
+                  f32(n))
+    RN.lstm_gates(f32(24), f32(24), keys[0], B, H, mode, f32(24), f64(4 * n))
+    RN.lstm_cell(f64(4 * n), f32(n), keys, B, H, mode, f32(24), f32(24), f32(n), f32(n),
+                 f32(n), f64(4 * n))
+    RN.lstm_hidden(f64(4 * n), f32(24), keys, B, H, mode, f32(n), f32(n))
+    RN.rnn_pre(f32(n), f32(n), keys[0], mode, f32(n), f64(4 * n))
+    return "rnn_kernels", time.perf_counter() - t0
+
+
 def _compile_leaf(module: str, name: str, sig: str) -> tuple[str, float]:
     import importlib
 
@@ -119,6 +145,7 @@ def warm(workers: int | None = None, log=print) -> float:
         # longest first: three leaves, the independent entries, the other leaves
         first = [pool.submit(_compile_leaf, *leaf) for leaf in LEAVES[:3]]
         first += [pool.submit(_run_entry, *args) for args in INDEPENDENT]
+        first.append(pool.submit(_rnn_steps))
         first += [pool.submit(_compile_leaf, *leaf) for leaf in LEAVES[3:]]
         for f in first:
             _report(f, log)

@@ -138,6 +138,21 @@ def test_stream_key_is_the_documented_hash():
         assert s.counter == 6
 
 
+def test_stream_keys_are_the_next_keys():
+    """``Stream.keys(n)`` (vectorised in numpy's wrapping uint64 arithmetic) returns what
+    n calls of ``next_key`` would, and advances the stream as far; large seeds and
+    counters included (every product wraps mod 2**64)."""
+    for seed in (0, 3, 2 ** 63 + 11):
+        s, r = R.Stream(seed), R.Stream(seed)
+        for n in (0, 1, 5, 33):
+            k = s.keys(n)
+            assert k.dtype == np.uint64 and [int(v) for v in k] == [r.next_key()
+                                                                     for _ in range(n)]
+            assert s.counter == r.counter
+    s, r = R.Stream(9, counter=2 ** 62), R.Stream(9, counter=2 ** 62)
+    assert [int(v) for v in s.keys(4)] == [r.next_key() for _ in range(4)]
+
+
 def test_stream_reproducible_and_distinct():
     s1, s2, s3 = R.Stream(5), R.Stream(5), R.Stream(6)
     k1 = [s1.next_key() for _ in range(5)]

@@ -291,7 +291,7 @@ class Ctx:
     def stream_keys(self, n: int) -> np.ndarray:
         """The next ``n`` stream keys, in order, as a uint64 array (for compiled kernels
         that do the work of n rounding calls in one)."""
-        return np.array([self.stream.next_key() for _ in range(n)], dtype=np.uint64)
+        return self.stream.keys(n)
 
     def round_keeps(self, t: torch.Tensor) -> bool:
         """Whether ``round(t.to(float64), t.dtype)`` returns ``t``'s own values, which

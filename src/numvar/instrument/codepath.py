@@ -13,7 +13,8 @@ op reaches the mode:
   that write 0 at padded positions) off;
 - mkldnn off (``torch._C._set_mkldnn_enabled(False)``): ``nn.LSTM``/``GRU``/``RNN`` run
   their cell arithmetic (``addmm``, gates) instead of ``mkldnn_rnn_layer``, which has no
-  float64 kernel, so forward and backward are perturbed at flop granularity;
+  float64 kernel, so forward and backward are perturbed at flop granularity (a fuzzy
+  block then runs the cells' steps in compiled calls: numvar.instrument.rnn_kernels);
 - cudnn off (``torch.backends.cudnn.enabled = False``): the same on CUDA (``_cudnn_rnn``).
 
 :func:`codepath` sets these for the duration of a ``with`` block and restores them after.

@@ -31,7 +31,9 @@ CompositeImplicitAutograd kernel with the mode re-entered (``func.decompose``), 
 pieces are perturbed as under ``no_grad``. Fused optimizer steps run per tensor
 (:mod:`numvar.instrument.optim`). The switches of :func:`numvar.instrument.codepath.codepath`
 (SDPA math path, no MHA fast path, no mkldnn: LSTM/GRU by their cell arithmetic) hold
-inside the block. Code compiled with ``torch.compile`` runs eagerly while a dispatch
+inside the block; while a block is open, ``torch._VF``'s recurrent layers go to
+:meth:`FuzzyMode._recurrent`, which runs their time steps in compiled calls
+(:mod:`numvar.instrument.rnn_kernels`) with the bits and report of their ops one by one. Code compiled with ``torch.compile`` runs eagerly while a dispatch
 mode is active.
 """
 
@@ -44,7 +46,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode,
+    _pop_mode_temporarily,
+)
 
 import numvar.rounding as R
 
@@ -56,6 +62,7 @@ from . import oplevel as _oplevel  # noqa: F401  (registers its handlers)
 from . import ops as O
 from . import optim as _optim  # noqa: F401  (registers its handlers)
 from . import replay as RP
+from . import rnn_kernels as RN
 from ._core import FLOATS, Ctx
 from .config import FuzzyConfig
 from .codepath import codepath
@@ -244,6 +251,10 @@ _FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d,
                 torch.ops.aten._safe_softmax.default: NK.safe_softmax}
 #: signature -> (keys the decomposition drew, [(count category, op name, count, how)])
 _FUSED_SEEN: dict = {}
+#: recurrent-layer signature -> (keys, counts) as _FUSED_SEEN, or None: op by op
+_RECURRENT_SEEN: dict = {}
+#: categories a fused path may stand for (nothing escaped, excluded or run natively)
+_FUSABLE = ("instrumented", "decomposed", "exact")
 
 
 def _classified(func, granularity: str) -> _OpInfo:
@@ -536,21 +547,89 @@ class FuzzyMode(TorchDispatchMode):
             nkeys, delta = seen
             out = fused(fz._ctx, args, kwargs, nkeys)
             if out is not None:
-                for cat, name, n, how in delta:
-                    fz._counts[cat][name] += n
-                    if how is not None:
-                        fz._how[name] = how
+                self._counted(delta)
                 return out
             return self._decompose_reference(key, info, args, kwargs)
         stream = fz._ctx.stream
         c0 = stream.counter
         before = {cat: Counter(c) for cat, c in fz._counts.items()}
         out = self._decompose_reference(key, info, args, kwargs)
-        delta = [(cat, name, n - before[cat][name], fz._how.get(name))
-                 for cat, c in fz._counts.items() for name, n in c.items()
-                 if n != before[cat][name]]
-        if all(cat in ("instrumented", "decomposed", "exact") for cat, *_ in delta):
+        delta = self._delta(before)
+        if all(cat in _FUSABLE for cat, *_ in delta):
             _FUSED_SEEN[key] = (stream.counter - c0, delta)
+        return out
+
+    def _counted(self, delta) -> None:
+        fz = self.fz
+        for cat, name, n, how in delta:
+            fz._counts[cat][name] += n
+            if how is not None:
+                fz._how[name] = how
+
+    def _delta(self, before) -> list:
+        fz = self.fz
+        return [(cat, name, n - before[cat][name], fz._how.get(name))
+                for cat, c in fz._counts.items() for name, n in c.items()
+                if n != before[cat][name]]
+
+    def _compute(self, func, *args):
+        """One float op through its handler, as :meth:`_run` computes it, uncounted (for
+        compiled paths that stand for a recorded sequence of ops)."""
+        ctx = self.fz._ctx
+        info = _classified(func, self.fz.config.granularity)
+        if info.kind == K_HANDLER:
+            out = info.handler(ctx, func, args, {})
+            if out is not H.EXACT:
+                return out
+        return H.op_once(ctx, func, args, {})
+
+    def _recurrent(self, name: str, torch_fn, args):
+        """A ``torch._VF`` recurrent layer (:mod:`numvar.instrument.rnn_kernels`), called
+        with this mode on the stack: the first call with a signature runs op by op and
+        notes its keys and counts, then the compiled steps run from the same stream
+        position and must give the same bits with as many keys; later calls take them and
+        add those counts. NotImplemented: PyTorch runs the call (op by op)."""
+        fz = self.fz
+        ctx = fz._ctx
+        if (self.depth or self._recorders or fz._filter is not None or fz._include is not None
+                or fz._exclude or not RN.serves(ctx)):
+            return NotImplemented
+        layer = RN.parse(name, args)
+        if layer is None:
+            return NotImplemented
+        key = (name, RP._key_of(args), fz.config.granularity, ctx.code, ctx.contraction,
+               torch.is_grad_enabled())
+        seen = _RECURRENT_SEEN.get(key, False)
+        if seen is None:
+            return NotImplemented
+        if seen is not False:
+            with _pop_mode_temporarily():
+                out = RN.run(ctx, self._compute, layer)
+            self._counted(seen[1])
+            return out
+        stream = ctx.stream
+        c0 = stream.counter
+        before = {cat: Counter(c) for cat, c in fz._counts.items()}
+        out = torch_fn(*args)  # op by op, through this mode
+        c1 = stream.counter
+        delta = self._delta(before)
+        ok = all(cat in _FUSABLE for cat, *_ in delta)
+        if ok:
+            stream.counter = c0
+            try:
+                with _pop_mode_temporarily():
+                    mine = RN.run(ctx, self._compute, layer)
+                    ok = stream.counter == c1 and RN.same(out, mine)
+            except Exception as e:  # noqa: BLE001 - the op-by-op result stands
+                logger.debug("numvar: compiled %s steps failed (%s); op by op", name, e)
+                ok = False
+            finally:
+                stream.counter = c1
+        if not ok:
+            logger.debug("numvar: %s %s runs op by op (compiled steps differ)", name, key[1])
+        if len(_RECURRENT_SEEN) >= RP.MAX_PROGRAMS:
+            _RECURRENT_SEEN.clear()
+        _RECURRENT_SEEN[key] = (c1 - c0, delta) if ok else None
         return out
 
     def _decompose_reference(self, key, info: _OpInfo, args, kwargs):
@@ -639,6 +718,15 @@ class FuzzyMode(TorchDispatchMode):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+def _route_recurrent(name: str, torch_fn, args):
+    """:func:`numvar.instrument.rnn_kernels.patched`'s route: the calling thread's fuzzy
+    block when its mode is on top of the stack, else NotImplemented (PyTorch runs it)."""
+    mode = _get_current_dispatch_mode()
+    if type(mode) is not FuzzyMode:
+        return NotImplemented
+    return mode._recurrent(name, torch_fn, args)
+
+
 class Fuzzy:
     """A fuzzy block: ``with Fuzzy(config) as fz: ...; fz.report()``.
 
@@ -674,6 +762,7 @@ class Fuzzy:
         self._ctx: Ctx | None = None
         self._mode: FuzzyMode | None = None
         self._codepath = None
+        self._recurrent = None  # numvar.instrument.rnn_kernels.patched, while open
 
     def _selection(self, func) -> tuple[bool, bool]:
         key = (func, self._include, self._exclude)
@@ -735,6 +824,8 @@ class Fuzzy:
         # off: the composite paths run (numvar.instrument.paths)
         self._codepath = codepath()
         self._codepath.__enter__()
+        self._recurrent = RN.patched(_route_recurrent)
+        self._recurrent.__enter__()
         self._mode = FuzzyMode(self)
         self._mode.__enter__()
         return self
@@ -748,6 +839,9 @@ class Fuzzy:
             if self._codepath is not None:
                 self._codepath.__exit__(*exc)
                 self._codepath = None
+            if self._recurrent is not None:
+                self._recurrent.__exit__(*exc)
+                self._recurrent = None
             if self._filter is not None:
                 self._filter.remove()
             if self._modules is not None:

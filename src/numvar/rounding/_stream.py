@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .kernels import GAMMA, MIX1, MIX2
 
 _M64 = (1 << 64) - 1
+_GAMMA, _MIX1, _MIX2 = np.uint64(GAMMA), np.uint64(MIX1), np.uint64(MIX2)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _SEED_SALT = 0x243F6A8885A308D3  # digits of pi: separates seed space from key space
 
 
@@ -48,3 +52,14 @@ class Stream:
         z = ((z ^ (z >> 30)) * MIX1) & _M64
         z = ((z ^ (z >> 27)) * MIX2) & _M64
         return z ^ (z >> 31)
+
+    def keys(self, n: int) -> np.ndarray:
+        """The next ``n`` keys, as ``[next_key() for _ in range(n)]`` would return them,
+        as a uint64 array (numpy's uint64 arithmetic wraps mod 2**64, as the masks do)."""
+        i = np.arange(self.counter + 1, self.counter + 1 + n, dtype=np.uint64)
+        self.counter += n
+        with np.errstate(over="ignore"):
+            z = np.uint64(self._base) + i * _GAMMA
+            z = (z ^ (z >> _S30)) * _MIX1
+            z = (z ^ (z >> _S27)) * _MIX2
+        return z ^ (z >> _S31)

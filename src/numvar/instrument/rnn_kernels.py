@@ -1,0 +1,502 @@
+"""Recurrent layers (``nn.RNN``, ``nn.LSTM``, ``nn.GRU``) with their time steps in
+compiled calls, at op and flop granularity (binary32).
+
+Inside a fuzzy block PyTorch runs a recurrent layer as its cell arithmetic (mkldnn off,
+:mod:`numvar.instrument.codepath`): per time step a hidden projection (``addmm``, or
+``mm`` without biases) and, for a GRU, ten elementwise ops on (batch, hidden) tensors,
+each dispatched to the mode, each with its handler, its output tensor and its kernel
+call: some 30 µs of Python for a few hundred elements of arithmetic (docs/speed.md,
+"A lower bound for per-op Python dispatch"). This module computes the same ops, with
+the same stream keys in the same order and the same element indices, in three numba
+calls per step around torch's own float64 ``sigmoid``/``tanh`` (the values the mode
+rounds once, so no libm difference can enter) and torch's float64 ``addmm`` at op
+granularity (the mode's float64 re-run; at flop the projection goes through the mode's
+``addmm`` handler itself). The ops of one step, by cell (keys after the projection's):
+
+==========  ==================================================================
+cell        ops (element ``b·H + h`` of each (B, H) result; the LSTM's gate sum
+            is one (B, 4H) op)
+==========  ==================================================================
+GRU         ``r = σ(hr + ir)``, ``z = σ(hz + iz)`` (``add_``, ``sigmoid_`` each),
+            ``hn·r`` (``mul_``), ``in + hn·r`` (``add``), ``n = tanh`` (``tanh_``),
+            ``h − n`` (``sub``), ``·z`` (``mul_``), ``+ n`` (``add_``)
+LSTM        ``g = hg + ig`` (``add_``, (B, 4H)), ``σ(i)``, ``σ(f)``, ``tanh(g)``,
+            ``σ(o)`` (in place), ``f·c``, ``i·g`` (``mul``), ``c' = f·c + i·g``
+            (``add_``), ``tanh(c')``, ``h' = o·tanh(c')`` (``mul``)
+RNN_TANH    ``hh + ih`` (``add_``), ``tanh``
+RNN_RELU    ``hh + ih`` (``add_``), ``relu`` (exact: not rounded)
+==========  ==================================================================
+
+Layers, directions, the input projections (``addmm``, or ``mm`` and a bias ``add_`` for
+an input that is not contiguous, as ``at::linear`` does) and the stacking of outputs
+follow ``aten/src/ATen/native/RNN.cpp``. The mode (:meth:`FuzzyMode._recurrent
+<numvar.instrument.mode.FuzzyMode>`) takes this path for a signature only after it ran
+the layer op by op once and this path reproduced that call bit for bit from the same
+stream position (same outputs, strides and number of keys); any other call (training
+with autograd, dropout between layers, packed sequences, projections, other dtypes,
+virtual precisions or formats, module filters) runs op by op. ``USE_KERNEL = False``
+keeps every layer op by op (the reference the tests compare with).
+
+The layers are reached through ``torch._VF`` (``lstm``, ``gru``, ``rnn_tanh``,
+``rnn_relu``), which ``torch.nn`` calls by attribute: :func:`patched` sets those
+attributes for the duration of the fuzzy blocks that are open (counted, so threads
+with blocks of their own share it) and the wrapper hands a call to the fuzzy block of
+the calling thread, or to PyTorch when there is none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numba import njit
+
+from numvar.rounding import kernels as K
+
+from . import kernels as KN
+from . import pointwise as PW
+from .flop import flop_backend
+
+#: take the compiled steps (False: every layer op by op, the slow reference)
+USE_KERNEL = True
+
+#: torch._VF functions served: name -> gates per cell
+GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+#: stream keys of one step after its hidden projection
+CELL_KEYS = {"lstm": 10, "gru": 10, "rnn_tanh": 2, "rnn_relu": 1}
+
+_F32, _F64 = torch.float32, torch.float64
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # no subclasses with behaviour of their own
+_ADD, _SUB, _MUL = K.OP_ADD, K.OP_SUB, K.OP_MUL
+_aten = torch.ops.aten
+
+
+# ----------------------------------------------------------------------------- kernels
+@njit(inline="always")
+def folds_flat(B, H, sa, sb):
+    """Whether ``pointwise.plan`` folds a (B, H) op of operands with row strides ``sa``,
+    ``sb`` (unit column stride) into (1, 1, B·H) rather than (1, B, H)."""
+    return B == 1 or (sa == H and sb == H)
+
+
+@njit(inline="always", error_model="numpy")
+def _binary(op, a, ao, sa, b, bo, sb, o, B, H, key, mode):
+    """``o[b·H + h] = RND(a[ao + b·sa + h] op b[bo + b·sb + h])``, a (B, H) result of
+    operands with row strides ``sa``, ``sb``, through ``pointwise._binary32_ser`` (what
+    ``Ctx.add`` & co call) with the fold ``pointwise.plan`` gives those layouts: (1, 1,
+    B·H) for contiguous rows (or one row), else (1, B, H). The fold sets the tiles, and
+    the tiles which elements take the vectorised loop and which its scalar remainder;
+    the two may order a commutative op's operands differently, which shows when both
+    are NaNs of opposite signs: so the same tiles, the same bits, NaN signs included
+    (the op code and indices as run-time int64, as there: a literal op code compiles
+    another specialisation of ``pointwise._tile``, measured to give the other sign)."""
+    one, zero = np.int64(1), np.int64(0)
+    if folds_flat(B, H, sa, sb):
+        n = B * H
+        PW._binary32_ser(np.int64(op), a[ao:ao + n], (zero, zero, one), b[bo:bo + n],
+                         (zero, zero, one), o, one, one, n, key, mode)
+    else:
+        PW._binary32_ser(np.int64(op), a[ao:ao + (B - 1) * sa + H], (zero, sa, one),
+                         b[bo:bo + (B - 1) * sb + H], (zero, sb, one), o, one, B, H, key, mode)
+
+
+@njit(inline="always", error_model="numpy")
+def _round(h, o, key, mode):
+    """``o = RND(h)`` (element j, ``bits64(key, j)``): ``pointwise._round_ser``, what
+    ``pointwise.round32`` runs (same tiles)."""
+    PW._round_ser(h, o, key, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def bias_rows(b, mm, key, mode, out):  # pragma: no cover - compiled
+    """``out = RND(b + mm)`` for the (B, N) flat product ``mm`` and the bias ``b`` (N,)
+    broadcast over its rows (element ``r·N + j``): ``flop.scale_add``'s bias, with the
+    fold ``pointwise.plan`` gives it ((1, B, N), or (1, 1, N) for one row)."""
+    one, zero = np.int64(1), np.int64(0)
+    N = b.size
+    B = mm.size // N
+    if B == 1:
+        PW._binary32_ser(np.int64(_ADD), b, (zero, zero, one), mm, (zero, zero, one), out,
+                         one, one, N, key, mode)
+    else:
+        PW._binary32_ser(np.int64(_ADD), b, (zero, zero, one), mm, (zero, N, one), out, one,
+                         B, N, key, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def gru_gates(hg, ig, keys, B, H, mode, rz, x64):  # pragma: no cover - compiled
+    """GRU step, part 1, from the (B, 3H) projections ``hg`` (hidden) and ``ig`` (input):
+    ``rz[:BH] = RND(hr + ir)`` (keys[0]), ``rz[BH:] = RND(hz + iz)`` (keys[2]); ``x64``
+    = rz as float64, the inputs of torch's float64 sigmoids."""
+    n, G = B * H, 3 * H
+    _binary(_ADD, hg, 0, G, ig, 0, G, rz[:n], B, H, keys[0], mode)
+    _binary(_ADD, hg, H, G, ig, H, G, rz[n:], B, H, keys[2], mode)
+    for j in range(2 * n):
+        x64[j] = rz[j]
+
+
+@njit(cache=True, error_model="numpy")
+def gru_new(s64, hg, ig, keys, B, H, mode, rz, hn, npre, x64):  # pragma: no cover
+    """GRU step, part 2: ``r = RND(σ)`` (keys[1]) and ``z = RND(σ)`` (keys[3]) from
+    torch's float64 sigmoids ``s64``, written back into ``hg``'s r and z chunks (as
+    ``sigmoid_`` does) and ``rz``; ``hn = RND(hn·r)`` (keys[4]); ``npre = RND(in + hn)``
+    (keys[5]); ``x64[:BH]`` = npre as float64, the input of torch's float64 tanh."""
+    n, G = B * H, 3 * H
+    _round(s64[:n], rz[:n], keys[1], mode)
+    _round(s64[n:2 * n], rz[n:], keys[3], mode)
+    for r in range(B):
+        for c in range(H):
+            hg[r * G + c] = rz[r * H + c]
+            hg[r * G + H + c] = rz[n + r * H + c]
+    _binary(_MUL, hg, 2 * H, G, hg, 0, G, hn, B, H, keys[4], mode)
+    _binary(_ADD, ig, 2 * H, G, hn, 0, H, npre, B, H, keys[5], mode)
+    for j in range(n):
+        x64[j] = npre[j]
+
+
+@njit(cache=True, error_model="numpy")
+def gru_hidden(s64, h, hg, keys, B, H, mode, n32, d, e, out):  # pragma: no cover
+    """GRU step, part 3: ``n = RND(tanh)`` (keys[6]) from torch's float64 tanh ``s64``;
+    ``d = RND(h − n)`` (keys[7]); ``e = RND(d·z)`` (keys[8], z in ``hg``'s z chunk);
+    ``out = RND(e + n)`` (keys[9]), the new hidden state (B, H)."""
+    n = B * H
+    _round(s64[:n], n32, keys[6], mode)
+    _binary(_SUB, h, 0, H, n32, 0, H, d, B, H, keys[7], mode)
+    _binary(_MUL, d, 0, H, hg, H, 3 * H, e, B, H, keys[8], mode)
+    _binary(_ADD, e, 0, H, n32, 0, H, out, B, H, keys[9], mode)
+
+
+@njit(cache=True, error_model="numpy")
+def lstm_gates(hg, ig, key, B, H, mode, g, x64):  # pragma: no cover - compiled
+    """LSTM step, part 1: ``g = RND(hg + ig)`` over the (B, 4H) gates (``key``, element
+    ``b·4H + j``); ``x64`` (4, B, H) = the chunks i, f, g, o of g as float64, the inputs
+    of torch's float64 sigmoid / tanh."""
+    _binary(_ADD, hg, 0, 4 * H, ig, 0, 4 * H, g, B, 4 * H, key, mode)
+    n = B * H
+    for q in range(4):
+        for r in range(B):
+            for c in range(H):
+                x64[q * n + r * H + c] = g[r * 4 * H + q * H + c]
+
+
+@njit(cache=True, error_model="numpy")
+def lstm_cell(s64, c, keys, B, H, mode, g, a, fc, ig, cout, x64):  # pragma: no cover
+    """LSTM step, part 2: the activations ``RND(s64[q])`` (keys[1..4]: σ(i), σ(f),
+    tanh(g), σ(o)) into ``a`` and back into the gate chunks of ``g`` (as the in-place
+    activations do); ``fc = RND(f·c)`` (keys[5]); ``ig = RND(i·g)`` (keys[6]);
+    ``cout = RND(fc + ig)`` (keys[7]), the new cell state; ``x64[:BH]`` = cout as
+    float64, the input of torch's float64 tanh."""
+    n, G = B * H, 4 * H
+    for q in range(4):
+        _round(s64[q * n:(q + 1) * n], a[q * n:(q + 1) * n], keys[1 + q], mode)
+        for r in range(B):
+            for j in range(H):
+                g[r * G + q * H + j] = a[q * n + r * H + j]
+    _binary(_MUL, g, H, G, c, 0, H, fc, B, H, keys[5], mode)
+    _binary(_MUL, g, 0, G, g, 2 * H, G, ig, B, H, keys[6], mode)
+    _binary(_ADD, fc, 0, H, ig, 0, H, cout, B, H, keys[7], mode)
+    for j in range(n):
+        x64[j] = cout[j]
+
+
+@njit(cache=True, error_model="numpy")
+def lstm_hidden(s64, g, keys, B, H, mode, tc, out):  # pragma: no cover - compiled
+    """LSTM step, part 3: ``tc = RND(tanh(c'))`` (keys[8]) from torch's float64 tanh;
+    ``out = RND(o·tc)`` (keys[9], o in ``g``'s last chunk), the new hidden state."""
+    _round(s64[:B * H], tc, keys[8], mode)
+    _binary(_MUL, g, 3 * H, 4 * H, tc, 0, H, out, B, H, keys[9], mode)
+
+
+@njit(cache=True, error_model="numpy")
+def rnn_pre(hg, ig, key, mode, pre, x64):  # pragma: no cover - compiled
+    """RNN step, part 1: ``pre = RND(hh + ih)`` (``key``; contiguous (B, H) operands);
+    ``x64`` = pre as float64."""
+    n = pre.size
+    _binary(_ADD, hg, 0, n, ig, 0, n, pre, 1, n, key, mode)
+    for j in range(n):
+        x64[j] = pre[j]
+
+
+# ------------------------------------------------------------------------------ layers
+@dataclass(frozen=True)
+class Layer:
+    """The arguments of one ``torch._VF`` recurrent call (the unpacked overload)."""
+
+    name: str
+    x: torch.Tensor
+    h0: torch.Tensor  # (layers × directions, B, H)
+    c0: torch.Tensor | None  # the LSTM's cell state, same shape
+    params: tuple[torch.Tensor, ...]
+    has_biases: bool
+    num_layers: int
+    bidirectional: bool
+    batch_first: bool
+
+
+def _plain32(t) -> bool:
+    return type(t) in _PLAIN and t.dtype is _F32 and t.device.type == "cpu"
+
+
+def parse(name: str, args: tuple) -> Layer | None:
+    """The call as a :class:`Layer` when this module computes it (binary32 CPU tensors,
+    contiguous initial states, nothing needing gradients, no dropout between layers, no
+    projection), else None."""
+    if name not in GATES or len(args) != 9:
+        return None
+    x, hx, params, has_biases, L, dropout, train, bidir, batch_first = args
+    if not (isinstance(params, (list, tuple)) and type(has_biases) is bool
+            and type(bidir) is bool and type(batch_first) is bool and type(L) is int):
+        return None
+    if name == "lstm":
+        if not (isinstance(hx, (list, tuple)) and len(hx) == 2):
+            return None
+        h0, c0 = hx
+    else:
+        h0, c0 = hx, None
+    D = 2 if bidir else 1
+    G = GATES[name]
+    per = 4 if has_biases else 2
+    tensors = (x, h0, *params) + ((c0,) if c0 is not None else ())
+    if not all(_plain32(t) for t in tensors) or x.dim() != 3 or L < 1:
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return None
+    if dropout and train and L > 1:
+        return None
+    T, B, feats = (x.shape[1], x.shape[0], x.shape[2]) if batch_first else x.shape
+    H = h0.shape[-1]
+    if T < 1 or B < 1 or H < 1 or h0.shape != (L * D, B, H) or len(params) != L * D * per:
+        return None
+    if c0 is not None and c0.shape != h0.shape:
+        return None
+    if not h0.is_contiguous() or (c0 is not None and not c0.is_contiguous()):
+        return None  # (the steps' elementwise folds assume contiguous states)
+    for ld in range(L * D):
+        w_ih, w_hh = params[ld * per:ld * per + 2]
+        fin = feats if ld < D else D * H
+        if w_ih.shape != (G * H, fin) or w_hh.shape != (G * H, H):
+            return None
+        if has_biases and any(b.shape != (G * H,) for b in params[ld * per + 2:ld * per + 4]):
+            return None
+    return Layer(name, x, h0, c0, tuple(params), has_biases, L, bidir, batch_first)
+
+
+def serves(ctx) -> bool:
+    """Whether the fuzzy block's rounding is the one these kernels compute: binary32 at
+    24 bits in its own format, through the numba kernels (also flop's contractions)."""
+    return (ctx.format is None and ctx._t32 and ctx._numba
+            and flop_backend(torch.device("cpu")) == "numba")
+
+
+Apply = Callable[..., torch.Tensor]
+
+
+def _linear(apply: Apply, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
+    """``at::linear`` of a (T, B, F) input through the mode's handlers: ``addmm`` on the
+    (T·B, F) view for a contiguous input with a bias, else ``mm`` (on a contiguous copy)
+    and the bias added afterwards (``add_``)."""
+    T, B, F = x.shape
+    wt = w.t()
+    if b is not None and x.is_contiguous():
+        return apply(_aten.addmm.default, b, x.view(T * B, F), wt).view(T, B, -1)
+    y = apply(_aten.mm.default, x.reshape(T * B, F), wt)
+    if b is not None:
+        y = apply(_aten.add.Tensor, y, b)
+    return y.view(T, B, -1)
+
+
+class _Projection:
+    """The hidden projection ``addmm(b_hh, h, w_hhᵀ)`` (``mm`` without biases) of every
+    step, with the stream keys the mode's handler would draw (:attr:`nkeys`), as that
+    handler computes it: at op granularity torch's float64 product rounded once (the
+    mode's float64 re-run; the float64 weights converted once per layer), at flop
+    ``kernels.contract`` on (1, B, H) @ (1, H, G·H) (``flop.mm``; ``w_hhᵀ`` made
+    contiguous once per layer) and then the bias added (``flop.scale_add``: ``b + mm``)."""
+
+    def __init__(self, ctx, w_hh: torch.Tensor, b_hh: torch.Tensor | None):
+        self.code = ctx.code
+        self.op = ctx.granularity == "op"
+        self.contraction = ctx.contraction
+        wt = w_hh.t()
+        if self.op:
+            self.wt64 = wt.to(_F64)
+            self.b64 = None if b_hh is None else b_hh.to(_F64)
+            self.nkeys = 1
+        else:
+            self.wt = wt.detach().contiguous().numpy()[None]
+            self.b = None if b_hh is None else _flat(b_hh)
+            self.nkeys = 1 if b_hh is None else 2
+
+    def __call__(self, h: torch.Tensor, keys: np.ndarray) -> np.ndarray:
+        """The (B, G·H) projection of ``h`` (B, H), flat."""
+        if self.op:
+            h64 = h.to(_F64)
+            p = torch.mm(h64, self.wt64) if self.b64 is None else torch.addmm(
+                self.b64, h64, self.wt64)
+            out = np.empty(p.numel(), np.float32)
+            PW.round32(p.view(-1).numpy(), out, keys[0], self.code)
+            return out
+        mm = KN.contract(_flat(h).reshape(1, h.shape[0], -1), self.wt, keys[0], self.code, 24,
+                         self.contraction).reshape(-1)
+        if self.b is None:
+            return mm
+        out = np.empty_like(mm)
+        bias_rows(self.b, mm, keys[1], self.code, out)
+        return out
+
+
+def _flat(t: torch.Tensor) -> np.ndarray:
+    return t.detach().contiguous().view(-1).numpy()
+
+
+def _direction(ctx, name: str, ig: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor | None,
+               w_hh, b_hh, reverse: bool):
+    """One direction of one layer over the T steps of its input projections ``ig``
+    (T, B, G·H): the outputs (T, B, H) and the last hidden (and cell) state. The keys of
+    all steps are drawn at once (nothing else draws in between)."""
+    T, B, _ = ig.shape
+    H = h0.shape[-1]
+    n = B * H
+    code = ctx.code
+    project = _Projection(ctx, w_hh, b_hh)
+    P = project.nkeys
+    per = P + CELL_KEYS[name]
+    allkeys = ctx.stream.keys(T * per)
+    ign = ig.contiguous().view(T, -1).numpy()
+    out = torch.empty((T, B, H), dtype=_F32)
+    outn = out.view(T, -1).numpy()
+    x64t = torch.empty((4, B, H), dtype=_F64)
+    s64t = torch.empty((4, B, H), dtype=_F64)
+    x64, s64 = x64t.view(-1).numpy(), s64t.view(-1).numpy()
+    work = np.empty(12 * n, np.float32)
+    h = h0
+    cn = None if c0 is None else _flat(c0)
+    for step in range(T):
+        t = T - 1 - step if reverse else step
+        k = allkeys[step * per:(step + 1) * per]
+        hg = project(h, k[:P])
+        keys = k[P:]
+        ho = outn[t]
+        if name == "gru":
+            rz, hn, npre = work[:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
+            gru_gates(hg, ign[t], keys, B, H, code, rz, x64)
+            torch.sigmoid(x64t[0], out=s64t[0])
+            torch.sigmoid(x64t[1], out=s64t[1])
+            gru_new(s64, hg, ign[t], keys, B, H, code, rz, hn, npre, x64)
+            torch.tanh(x64t[0], out=s64t[0])
+            gru_hidden(s64, _flat(h), hg, keys, B, H, code, npre, hn, work[4 * n:5 * n], ho)
+        elif name == "lstm":
+            g, a = work[:4 * n], work[4 * n:8 * n]
+            lstm_gates(hg, ign[t], keys[0], B, H, code, g, x64)
+            torch.sigmoid(x64t[0], out=s64t[0])
+            torch.sigmoid(x64t[1], out=s64t[1])
+            torch.tanh(x64t[2], out=s64t[2])
+            torch.sigmoid(x64t[3], out=s64t[3])
+            cnew = np.empty(n, np.float32)
+            lstm_cell(s64, cn, keys, B, H, code, g, a, work[8 * n:9 * n], work[9 * n:10 * n],
+                      cnew, x64)
+            torch.tanh(x64t[0], out=s64t[0])
+            lstm_hidden(s64, g, keys, B, H, code, work[10 * n:11 * n], ho)
+            cn = cnew
+        else:
+            pre = work[:n]
+            rnn_pre(hg, ign[t], keys[0], code, pre, x64)
+            if name == "rnn_tanh":
+                torch.tanh(x64t[0], out=s64t[0])
+                PW.round32(s64[:n], ho, keys[1], code)
+            else:
+                ho[:] = torch.relu(torch.from_numpy(pre)).numpy()
+        h = out[t]
+    c_last = None if cn is None else torch.from_numpy(cn).view(B, H)
+    return out, h, c_last
+
+
+def run(ctx, apply: Apply, layer: Layer):
+    """The ``torch._VF`` call's result, computed step by step in compiled calls with the
+    keys and element indices of the op-by-op path (``apply(func, *args)`` runs one aten
+    op through the mode's handler, uncounted). Runs with the mode off the stack."""
+    name, L = layer.name, layer.num_layers
+    D = 2 if layer.bidirectional else 1
+    per = 4 if layer.has_biases else 2
+    x = layer.x.transpose(0, 1) if layer.batch_first else layer.x
+    hs = layer.h0.unbind(0)
+    cs = layer.c0.unbind(0) if layer.c0 is not None else None
+    last_h, last_c = [], []
+    inp = x
+    for i in range(L):
+        outs = []
+        for d in range(D):
+            ld = i * D + d
+            p = layer.params[ld * per:(ld + 1) * per]
+            w_ih, w_hh = p[0], p[1]
+            b_ih, b_hh = (p[2], p[3]) if layer.has_biases else (None, None)
+            ig = _linear(apply, inp, w_ih, b_ih)
+            y, h, c = _direction(ctx, name, ig, hs[ld], None if cs is None else cs[ld],
+                                 w_hh, b_hh, reverse=d == 1)
+            outs.append(y)
+            last_h.append(h)
+            last_c.append(c)
+        inp = outs[0] if D == 1 else torch.cat(outs, 2)
+    output = inp.transpose(0, 1) if layer.batch_first else inp
+    if name == "lstm":
+        return output, torch.stack(last_h), torch.stack(last_c)
+    return output, torch.stack(last_h)
+
+
+def same(a, b) -> bool:
+    """Whether two results are the same bits with the same shapes and strides."""
+    if isinstance(a, torch.Tensor):
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                and a.stride() == b.stride()
+                and torch.equal(a.contiguous().view(torch.int32),
+                                b.contiguous().view(torch.int32)))
+    return (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b)
+            and all(same(u, v) for u, v in zip(a, b)))
+
+
+# ------------------------------------------------------------------- torch._VF routing
+_lock = threading.Lock()
+_open = 0
+_route: Callable | None = None
+
+
+def _wrapper(name: str, orig):
+    def call(*args, **kwargs):
+        route = _route
+        if route is not None and USE_KERNEL and not kwargs:
+            out = route(name, orig, args)
+            if out is not NotImplemented:
+                return out
+        return orig(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__wrapped__ = orig
+    return call
+
+
+@contextlib.contextmanager
+def patched(route: Callable) -> Iterator[None]:
+    """``torch._VF.lstm``/``gru``/``rnn_tanh``/``rnn_relu`` routed through
+    ``route(name, torch_function, args)`` (its result, or NotImplemented: PyTorch runs
+    the call) while any fuzzy block is open; restored when the last one closes."""
+    global _open, _route
+    with _lock:
+        if _open == 0:
+            _route = route
+            for name in GATES:
+                setattr(torch._VF, name, _wrapper(name, getattr(torch._C._VariableFunctions,
+                                                                name)))
+        _open += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _open -= 1
+            if _open == 0:
+                for name in GATES:
+                    torch._VF.__dict__.pop(name, None)
+                _route = None
