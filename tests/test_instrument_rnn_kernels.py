@@ -6,7 +6,8 @@ the layer (an op after it draws the same bits) and the same report, for ``nn.GRU
 mode, with several layers, both directions, batch first, no biases, given initial
 states, one step and one sequence, and inputs holding inf, NaN and values whose sums
 overflow (after a first call on finite values: the compiled steps then meet the special
-values on their own). The paths that must stay op by op (autograd, dropout between
+values on their own); and the single-step cells (``nn.GRUCell`` & co) in a decoder's loop,
+with their own key order. The paths that must stay op by op (autograd, dropout between
 layers, packed sequences, binary64, virtual precisions, formats, op filters, another
 dispatch mode on top) are checked not to take the kernels, and a compiled result that
 differs from the op-by-op one on the first call keeps that signature op by op."""
@@ -277,3 +278,59 @@ def test_folds_are_the_modes():
             bias, mm = torch.zeros(3 * H), torch.zeros(B, 3 * H)
             assert PW.plan(torch.Size((B, 3 * H)), bias, mm)[0] == (
                 (1, 1, 3 * H) if B == 1 else (1, B, 3 * H))
+
+
+CELL_MODULES = {"gru": torch.nn.GRUCell, "lstm": torch.nn.LSTMCell, "rnn_tanh": torch.nn.RNNCell,
+                "rnn_relu": lambda *a, **k: torch.nn.RNNCell(*a, nonlinearity="relu", **k)}
+
+
+def _cell_loop(use, monkeypatch, cell, xs, gran, mode, **kw):
+    monkeypatch.setattr(RN, "USE_KERNEL", use)
+    torch.manual_seed(0)
+    m = CELL_MODULES[cell](5, 6, **kw)
+    with torch.no_grad(), fuzzy(mode=mode, granularity=gran, seed=3) as fz:
+        h, outs = None, []
+        for x in xs:  # a decoder's loop: each call one step, its state fed back
+            h = m(x) if h is None else m(x, h)
+            outs.append(h)
+        after = torch.ones(5) / 3 * torch.ones(5)
+        pos = fz.stream.counter
+    return outs, after, pos, fz.report().to_dict()
+
+
+@pytest.mark.parametrize("gran", ["op", "flop"])
+@pytest.mark.parametrize("cell", list(CELL_MODULES))
+def test_cells_match_op_by_op(monkeypatch, cell, gran):
+    """``nn.GRUCell`` & co (``torch._VF.gru_cell`` & co): one step per call, with the
+    key order of RNN.cpp's cells (a GRU projects its input first, an LSTM and a plain RNN
+    their hidden state first); with and without biases, a NaN and an inf in the inputs
+    after the first call."""
+    g = torch.Generator().manual_seed(11)
+    xs = [torch.randn(3, 5, generator=g) * 2 for _ in range(4)]
+    xs[2][1, 1] = float("nan")
+    xs[3][0, 2] = float("inf")
+    for kw in ({}, {"bias": False}):
+        monkeypatch.setattr(MD, "_RECURRENT_SEEN", {})
+        runs = count_calls(monkeypatch, RN, "run")
+        fast = _cell_loop(True, monkeypatch, cell, xs, gran, "sr", **kw)
+        assert len(runs) == len(xs) and all(v is not None for v in MD._RECURRENT_SEEN.values())
+        ref = _cell_loop(False, monkeypatch, cell, xs, gran, "sr", **kw)
+        for a, b in zip(_tensors(fast[0]) + [fast[1]], _tensors(ref[0]) + [ref[1]]):
+            _same(a, b)
+        assert fast[2] == ref[2] and fast[3] == ref[3]
+
+
+def test_cells_that_stay_op_by_op(monkeypatch):
+    torch.manual_seed(0)
+    cell = torch.nn.GRUCell(5, 6)
+    x = torch.randn(3, 5)
+    _op_by_op(monkeypatch, cell, x, mode="sr", granularity="op", seed=1)  # autograd
+    with torch.no_grad():
+        hx = torch.randn(6, 3).t()  # a state that is not contiguous
+        runs = count_calls(monkeypatch, RN, "run")
+        with fuzzy(mode="sr", granularity="op", seed=1):
+            cell(x, hx)
+        assert not runs
+        _op_by_op(monkeypatch, torch.nn.LSTMCell(5, 6).double(), x.double(), mode="sr",
+                  granularity="flop", seed=1)
+        _op_by_op(monkeypatch, cell, x, mode="sr", granularity="op", precision=10, seed=1)

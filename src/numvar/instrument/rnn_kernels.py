@@ -37,8 +37,12 @@ with autograd, dropout between layers, packed sequences, projections, other dtyp
 virtual precisions or formats, module filters) runs op by op. ``USE_KERNEL = False``
 keeps every layer op by op (the reference the tests compare with).
 
+Single steps (``nn.GRUCell``, ``nn.LSTMCell``, ``nn.RNNCell``: ``torch._VF.gru_cell`` &
+co, a decoder's loop) run the same step after their input projection, which RNN.cpp's
+cells compute after the hidden one for an LSTM and a plain RNN, before it for a GRU.
+
 The layers are reached through ``torch._VF`` (``lstm``, ``gru``, ``rnn_tanh``,
-``rnn_relu``), which ``torch.nn`` calls by attribute: :func:`patched` sets those
+``rnn_relu`` and their ``_cell`` functions), which ``torch.nn`` calls by attribute: :func:`patched` sets those
 attributes for the duration of the fuzzy blocks that are open (counted, so threads
 with blocks of their own share it) and the wrapper hands a call to the fuzzy block of
 the calling thread, or to PyTorch when there is none.
@@ -68,6 +72,8 @@ USE_KERNEL = True
 GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 #: stream keys of one step after its hidden projection
 CELL_KEYS = {"lstm": 10, "gru": 10, "rnn_tanh": 2, "rnn_relu": 1}
+#: torch._VF single-step functions (``nn.GRUCell`` & co) served: name -> cell
+CELLS = {f"{name}_cell": name for name in GATES}
 
 _F32, _F64 = torch.float32, torch.float64
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # no subclasses with behaviour of their own
@@ -237,14 +243,66 @@ class Layer:
     batch_first: bool
 
 
+@dataclass(frozen=True)
+class Cell:
+    """The arguments of one ``torch._VF`` single-step call (``gru_cell`` & co)."""
+
+    name: str  # the cell: "gru", "lstm", "rnn_tanh", "rnn_relu"
+    x: torch.Tensor  # (B, F)
+    h: torch.Tensor  # (B, H)
+    c: torch.Tensor | None
+    w_ih: torch.Tensor
+    w_hh: torch.Tensor
+    b_ih: torch.Tensor | None
+    b_hh: torch.Tensor | None
+
+
 def _plain32(t) -> bool:
     return type(t) in _PLAIN and t.dtype is _F32 and t.device.type == "cpu"
 
 
-def parse(name: str, args: tuple) -> Layer | None:
+def _needs_grad(tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def parse_cell(name: str, args: tuple) -> Cell | None:
+    """The call as a :class:`Cell` (binary32 CPU tensors, a batched input, contiguous
+    states, nothing needing gradients), else None."""
+    if name not in CELLS or not 4 <= len(args) <= 6:
+        return None
+    cell = CELLS[name]
+    x, hx, w_ih, w_hh, b_ih, b_hh = (*args, None, None)[:6]
+    if cell == "lstm":
+        if not (isinstance(hx, (list, tuple)) and len(hx) == 2):
+            return None
+        h, c = hx
+    else:
+        h, c = hx, None
+    if (b_ih is None) != (b_hh is None):
+        return None
+    tensors = [t for t in (x, h, c, w_ih, w_hh, b_ih, b_hh) if t is not None]
+    if not all(_plain32(t) for t in tensors) or x.dim() != 2 or h.dim() != 2:
+        return None
+    B, F = x.shape
+    H = h.shape[1]
+    G = GATES[cell]
+    if (B < 1 or H < 1 or h.shape[0] != B or w_ih.shape != (G * H, F)
+            or w_hh.shape != (G * H, H) or _needs_grad(tensors)):
+        return None
+    if b_ih is not None and (b_ih.shape != (G * H,) or b_hh.shape != (G * H,)):
+        return None
+    if not h.is_contiguous() or (c is not None and (c.shape != h.shape
+                                                    or not c.is_contiguous())):
+        return None
+    return Cell(cell, x, h, c, w_ih, w_hh, b_ih, b_hh)
+
+
+def parse(name: str, args: tuple) -> Layer | Cell | None:
     """The call as a :class:`Layer` when this module computes it (binary32 CPU tensors,
     contiguous initial states, nothing needing gradients, no dropout between layers, no
-    projection), else None."""
+    projection), or as a :class:`Cell` (:func:`parse_cell`), else None."""
+    if name in CELLS:
+        return parse_cell(name, args)
     if name not in GATES or len(args) != 9:
         return None
     x, hx, params, has_biases, L, dropout, train, bidir, batch_first = args
@@ -263,7 +321,7 @@ def parse(name: str, args: tuple) -> Layer | None:
     tensors = (x, h0, *params) + ((c0,) if c0 is not None else ())
     if not all(_plain32(t) for t in tensors) or x.dim() != 3 or L < 1:
         return None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if _needs_grad(tensors):
         return None
     if dropout and train and L > 1:
         return None
@@ -298,9 +356,13 @@ Apply = Callable[..., torch.Tensor]
 def _linear(apply: Apply, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
     """``at::linear`` of a (T, B, F) input through the mode's handlers: ``addmm`` on the
     (T·B, F) view for a contiguous input with a bias, else ``mm`` (on a contiguous copy)
-    and the bias added afterwards (``add_``)."""
-    T, B, F = x.shape
+    and the bias added afterwards (``add_``); of a (B, F) input, ``addmm`` (``mm``
+    without a bias)."""
     wt = w.t()
+    if x.dim() == 2:  # (a cell's input)
+        return apply(_aten.mm.default, x, wt) if b is None else apply(_aten.addmm.default,
+                                                                        b, x, wt)
+    T, B, F = x.shape
     if b is not None and x.is_contiguous():
         return apply(_aten.addmm.default, b, x.view(T * B, F), wt).view(T, B, -1)
     y = apply(_aten.mm.default, x.reshape(T * B, F), wt)
@@ -332,7 +394,7 @@ class _Projection:
             self.nkeys = 1 if b_hh is None else 2
 
     def __call__(self, h: torch.Tensor, keys: np.ndarray) -> np.ndarray:
-        """The (B, G·H) projection of ``h`` (B, H), flat."""
+        """The (B, G·H) projection of ``h`` (B, H) (or of a cell's input (B, F)), flat."""
         if self.op:
             h64 = h.to(_F64)
             p = torch.mm(h64, self.wt64) if self.b64 is None else torch.addmm(
@@ -340,8 +402,8 @@ class _Projection:
             out = np.empty(p.numel(), np.float32)
             PW.round32(p.view(-1).numpy(), out, keys[0], self.code)
             return out
-        mm = KN.contract(_flat(h).reshape(1, h.shape[0], -1), self.wt, keys[0], self.code, 24,
-                         self.contraction).reshape(-1)
+        mm = KN.contract(_flat(h).reshape(1, h.shape[0], h.shape[1]), self.wt, keys[0],
+                         self.code, 24, self.contraction).reshape(-1)
         if self.b is None:
             return mm
         out = np.empty_like(mm)
@@ -353,6 +415,59 @@ def _flat(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().view(-1).numpy()
 
 
+class _Steps:
+    """The steps of one cell (``name``) on (B, H) states: the hidden projection
+    (:class:`_Projection`), buffers kept across steps and :meth:`step`."""
+
+    def __init__(self, ctx, name: str, B: int, H: int, w_hh, b_hh):
+        self.name, self.B, self.H, self.code = name, B, H, ctx.code
+        self.project = _Projection(ctx, w_hh, b_hh)
+        self.nkeys = CELL_KEYS[name]
+        self.x64t = torch.empty((4, B, H), dtype=_F64)
+        self.s64t = torch.empty((4, B, H), dtype=_F64)
+        self.x64, self.s64 = self.x64t.view(-1).numpy(), self.s64t.view(-1).numpy()
+        self.work = np.empty(12 * B * H, np.float32)
+
+    def step(self, hg: np.ndarray, ig: np.ndarray, h: torch.Tensor, c: np.ndarray | None,
+             keys: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+        """One step from the projections ``hg`` (hidden, rounded) and ``ig`` (input), flat
+        (B, G·H): the new hidden state into ``out`` (flat (B, H)); returns the new cell
+        state of an LSTM (a new array), else None. ``keys``: the cell's :data:`CELL_KEYS`."""
+        B, H, code, work = self.B, self.H, self.code, self.work
+        x64t, s64t, x64, s64 = self.x64t, self.s64t, self.x64, self.s64
+        n = B * H
+        if self.name == "gru":
+            rz, hn, npre = work[:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
+            gru_gates(hg, ig, keys, B, H, code, rz, x64)
+            torch.sigmoid(x64t[0], out=s64t[0])
+            torch.sigmoid(x64t[1], out=s64t[1])
+            gru_new(s64, hg, ig, keys, B, H, code, rz, hn, npre, x64)
+            torch.tanh(x64t[0], out=s64t[0])
+            gru_hidden(s64, _flat(h), hg, keys, B, H, code, npre, hn, work[4 * n:5 * n], out)
+            return None
+        if self.name == "lstm":
+            g, a = work[:4 * n], work[4 * n:8 * n]
+            lstm_gates(hg, ig, keys[0], B, H, code, g, x64)
+            torch.sigmoid(x64t[0], out=s64t[0])
+            torch.sigmoid(x64t[1], out=s64t[1])
+            torch.tanh(x64t[2], out=s64t[2])
+            torch.sigmoid(x64t[3], out=s64t[3])
+            cnew = np.empty(n, np.float32)
+            lstm_cell(s64, c, keys, B, H, code, g, a, work[8 * n:9 * n], work[9 * n:10 * n],
+                      cnew, x64)
+            torch.tanh(x64t[0], out=s64t[0])
+            lstm_hidden(s64, g, keys, B, H, code, work[10 * n:11 * n], out)
+            return cnew
+        pre = work[:n]
+        rnn_pre(hg, ig, keys[0], code, pre, x64)
+        if self.name == "rnn_tanh":
+            torch.tanh(x64t[0], out=s64t[0])
+            PW.round32(s64[:n], out, keys[1], code)
+        else:
+            out[:] = torch.relu(torch.from_numpy(pre)).numpy()
+        return None
+
+
 def _direction(ctx, name: str, ig: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor | None,
                w_hh, b_hh, reverse: bool):
     """One direction of one layer over the T steps of its input projections ``ig``
@@ -360,65 +475,52 @@ def _direction(ctx, name: str, ig: torch.Tensor, h0: torch.Tensor, c0: torch.Ten
     all steps are drawn at once (nothing else draws in between)."""
     T, B, _ = ig.shape
     H = h0.shape[-1]
-    n = B * H
-    code = ctx.code
-    project = _Projection(ctx, w_hh, b_hh)
-    P = project.nkeys
-    per = P + CELL_KEYS[name]
+    steps = _Steps(ctx, name, B, H, w_hh, b_hh)
+    P = steps.project.nkeys
+    per = P + steps.nkeys
     allkeys = ctx.stream.keys(T * per)
     ign = ig.contiguous().view(T, -1).numpy()
     out = torch.empty((T, B, H), dtype=_F32)
     outn = out.view(T, -1).numpy()
-    x64t = torch.empty((4, B, H), dtype=_F64)
-    s64t = torch.empty((4, B, H), dtype=_F64)
-    x64, s64 = x64t.view(-1).numpy(), s64t.view(-1).numpy()
-    work = np.empty(12 * n, np.float32)
     h = h0
-    cn = None if c0 is None else _flat(c0)
-    for step in range(T):
-        t = T - 1 - step if reverse else step
-        k = allkeys[step * per:(step + 1) * per]
-        hg = project(h, k[:P])
-        keys = k[P:]
-        ho = outn[t]
-        if name == "gru":
-            rz, hn, npre = work[:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
-            gru_gates(hg, ign[t], keys, B, H, code, rz, x64)
-            torch.sigmoid(x64t[0], out=s64t[0])
-            torch.sigmoid(x64t[1], out=s64t[1])
-            gru_new(s64, hg, ign[t], keys, B, H, code, rz, hn, npre, x64)
-            torch.tanh(x64t[0], out=s64t[0])
-            gru_hidden(s64, _flat(h), hg, keys, B, H, code, npre, hn, work[4 * n:5 * n], ho)
-        elif name == "lstm":
-            g, a = work[:4 * n], work[4 * n:8 * n]
-            lstm_gates(hg, ign[t], keys[0], B, H, code, g, x64)
-            torch.sigmoid(x64t[0], out=s64t[0])
-            torch.sigmoid(x64t[1], out=s64t[1])
-            torch.tanh(x64t[2], out=s64t[2])
-            torch.sigmoid(x64t[3], out=s64t[3])
-            cnew = np.empty(n, np.float32)
-            lstm_cell(s64, cn, keys, B, H, code, g, a, work[8 * n:9 * n], work[9 * n:10 * n],
-                      cnew, x64)
-            torch.tanh(x64t[0], out=s64t[0])
-            lstm_hidden(s64, g, keys, B, H, code, work[10 * n:11 * n], ho)
-            cn = cnew
-        else:
-            pre = work[:n]
-            rnn_pre(hg, ign[t], keys[0], code, pre, x64)
-            if name == "rnn_tanh":
-                torch.tanh(x64t[0], out=s64t[0])
-                PW.round32(s64[:n], ho, keys[1], code)
-            else:
-                ho[:] = torch.relu(torch.from_numpy(pre)).numpy()
+    c = None if c0 is None else _flat(c0)
+    for i in range(T):
+        t = T - 1 - i if reverse else i
+        k = allkeys[i * per:(i + 1) * per]
+        c = steps.step(steps.project(h, k[:P]), ign[t], h, c, k[P:], outn[t])
         h = out[t]
-    c_last = None if cn is None else torch.from_numpy(cn).view(B, H)
-    return out, h, c_last
+    return out, h, None if c is None else torch.from_numpy(c).view(B, H)
 
 
-def run(ctx, apply: Apply, layer: Layer):
+def _run_cell(ctx, cell: Cell):
+    """One step of ``gru_cell`` & co. Its input projection is ``at::linear`` of a (B, F)
+    input, ``addmm(b_ih, x, w_ihᵀ)`` (``mm`` without biases): the same form as the hidden
+    projection (:class:`_Projection`). RNN.cpp's cells project the input first for a GRU,
+    the hidden state first for an LSTM and a plain RNN (``linear_hh(h).add_(
+    linear_ih(x))``): the keys, all drawn at once, are taken in that order."""
+    B, H = cell.h.shape
+    steps = _Steps(ctx, cell.name, B, H, cell.w_hh, cell.b_hh)
+    inputs = _Projection(ctx, cell.w_ih, cell.b_ih)
+    Pi, Ph = inputs.nkeys, steps.project.nkeys
+    keys = ctx.stream.keys(Pi + Ph + steps.nkeys)
+    if cell.name == "gru":
+        ig = inputs(cell.x, keys[:Pi])
+        hg = steps.project(cell.h, keys[Pi:Pi + Ph])
+    else:
+        hg = steps.project(cell.h, keys[:Ph])
+        ig = inputs(cell.x, keys[Ph:Ph + Pi])
+    out = torch.empty((B, H), dtype=_F32)
+    c = steps.step(hg, ig, cell.h, None if cell.c is None else _flat(cell.c),
+                   keys[Pi + Ph:], out.view(-1).numpy())
+    return out if c is None else (out, torch.from_numpy(c).view(B, H))
+
+
+def run(ctx, apply: Apply, layer: Layer | Cell):
     """The ``torch._VF`` call's result, computed step by step in compiled calls with the
     keys and element indices of the op-by-op path (``apply(func, *args)`` runs one aten
     op through the mode's handler, uncounted). Runs with the mode off the stack."""
+    if isinstance(layer, Cell):
+        return _run_cell(ctx, layer)
     name, L = layer.name, layer.num_layers
     D = 2 if layer.bidirectional else 1
     per = 4 if layer.has_biases else 2
@@ -480,14 +582,15 @@ def _wrapper(name: str, orig):
 
 @contextlib.contextmanager
 def patched(route: Callable) -> Iterator[None]:
-    """``torch._VF.lstm``/``gru``/``rnn_tanh``/``rnn_relu`` routed through
+    """``torch._VF.lstm``/``gru``/``rnn_tanh``/``rnn_relu`` and their ``_cell``
+    functions routed through
     ``route(name, torch_function, args)`` (its result, or NotImplemented: PyTorch runs
     the call) while any fuzzy block is open; restored when the last one closes."""
     global _open, _route
     with _lock:
         if _open == 0:
             _route = route
-            for name in GATES:
+            for name in (*GATES, *CELLS):
                 setattr(torch._VF, name, _wrapper(name, getattr(torch._C._VariableFunctions,
                                                                 name)))
         _open += 1
@@ -497,6 +600,6 @@ def patched(route: Callable) -> Iterator[None]:
         with _lock:
             _open -= 1
             if _open == 0:
-                for name in GATES:
+                for name in (*GATES, *CELLS):
                     torch._VF.__dict__.pop(name, None)
                 _route = None

@@ -11,6 +11,7 @@ from .kernels import GAMMA, MIX1, MIX2
 _M64 = (1 << 64) - 1
 _GAMMA, _MIX1, _MIX2 = np.uint64(GAMMA), np.uint64(MIX1), np.uint64(MIX2)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_SHORT = 12  # Stream.keys draws up to this many keys one by one (timed: the crossover)
 _SEED_SALT = 0x243F6A8885A308D3  # digits of pi: separates seed space from key space
 
 
@@ -56,6 +57,8 @@ class Stream:
     def keys(self, n: int) -> np.ndarray:
         """The next ``n`` keys, as ``[next_key() for _ in range(n)]`` would return them,
         as a uint64 array (numpy's uint64 arithmetic wraps mod 2**64, as the masks do)."""
+        if n <= _SHORT:  # (numpy's fixed cost is that of ~12 next_key calls)
+            return np.array([self.next_key() for _ in range(n)], dtype=np.uint64)
         i = np.arange(self.counter + 1, self.counter + 1 + n, dtype=np.uint64)
         self.counter += n
         with np.errstate(over="ignore"):
