@@ -261,6 +261,16 @@ def _plain32(t) -> bool:
     return type(t) in _PLAIN and t.dtype is _F32 and t.device.type == "cpu"
 
 
+def _states(cell: str, hx):
+    """(h, c) of an LSTM's ``hx`` pair, (h, None) of another cell's; (None, None) when
+    the LSTM's is not a pair."""
+    if cell != "lstm":
+        return hx, None
+    if isinstance(hx, (list, tuple)) and len(hx) == 2:
+        return hx[0], hx[1]
+    return None, None
+
+
 def _needs_grad(tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
@@ -272,13 +282,8 @@ def parse_cell(name: str, args: tuple) -> Cell | None:
         return None
     cell = CELLS[name]
     x, hx, w_ih, w_hh, b_ih, b_hh = (*args, None, None)[:6]
-    if cell == "lstm":
-        if not (isinstance(hx, (list, tuple)) and len(hx) == 2):
-            return None
-        h, c = hx
-    else:
-        h, c = hx, None
-    if (b_ih is None) != (b_hh is None):
+    h, c = _states(cell, hx)
+    if h is None or (b_ih is None) != (b_hh is None):
         return None
     tensors = [t for t in (x, h, c, w_ih, w_hh, b_ih, b_hh) if t is not None]
     if not all(_plain32(t) for t in tensors) or x.dim() != 2 or h.dim() != 2:
@@ -309,12 +314,9 @@ def parse(name: str, args: tuple) -> Layer | Cell | None:
     if not (isinstance(params, (list, tuple)) and type(has_biases) is bool
             and type(bidir) is bool and type(batch_first) is bool and type(L) is int):
         return None
-    if name == "lstm":
-        if not (isinstance(hx, (list, tuple)) and len(hx) == 2):
-            return None
-        h0, c0 = hx
-    else:
-        h0, c0 = hx, None
+    h0, c0 = _states(name, hx)
+    if h0 is None:
+        return None
     D = 2 if bidir else 1
     G = GATES[name]
     per = 4 if has_biases else 2
