@@ -31,10 +31,10 @@ CompositeImplicitAutograd kernel with the mode re-entered (``func.decompose``), 
 pieces are perturbed as under ``no_grad``. Fused optimizer steps run per tensor
 (:mod:`numvar.instrument.optim`). The switches of :func:`numvar.instrument.codepath.codepath`
 (SDPA math path, no MHA fast path, no mkldnn: LSTM/GRU by their cell arithmetic) hold
-inside the block; while a block is open, ``torch._VF``'s recurrent layers go to
-:meth:`FuzzyMode._recurrent`, which runs their time steps in compiled calls
-(:mod:`numvar.instrument.rnn_kernels`) with the bits and report of their ops one by one. Code compiled with ``torch.compile`` runs eagerly while a dispatch
-mode is active.
+inside the block; while a block is open, ``torch._VF``'s recurrent layers and cells go
+to :meth:`FuzzyMode._recurrent`, which runs their time steps in compiled calls
+(:mod:`numvar.instrument.rnn_kernels`) with the bits and report of their ops one by
+one. Code compiled with ``torch.compile`` runs eagerly while a dispatch mode is active.
 """
 
 from __future__ import annotations
