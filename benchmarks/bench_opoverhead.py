@@ -23,7 +23,7 @@ floor. The goals of the speed issue, op SR ≤ floor + 2 and flop SR ≤ floor +
 exceeds them (flop granularity dispatches every op the same way and rounds more inside
 each); the compiled steps do not dispatch the layers' ops at all.
 
-    python benchmarks/bench_opoverhead.py [--repeats 5] [--models gru lstm]
+    python benchmarks/bench_opoverhead.py [--repeats 5] [--models gru lstm] [--cells]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from numvar.instrument import fuzzy
 from numvar.instrument import pointwise as PW
 from numvar.instrument import rnn_kernels as RN
 from numvar.instrument.codepath import codepath
@@ -93,13 +94,53 @@ def measure(name: str, repeats: int) -> dict:
     return best
 
 
+def measure_cells(repeats: int) -> None:
+    """``--cells``: a decoder's loop, 20 calls of ``nn.GRUCell`` / ``nn.LSTMCell`` (16 → 64,
+    batch 2, the state fed back), native, op SR and flop SR with the compiled steps and op
+    by op (switched per round, as :func:`measure`)."""
+    print("| cell | native ms | op SR | op SR, op by op | flop SR | flop SR, op by op |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for cls in (torch.nn.GRUCell, torch.nn.LSTMCell):
+        torch.manual_seed(0)
+        cell = cls(16, 64)
+        xs = [torch.randn(2, 16) for _ in range(20)]
+
+        def loop():
+            h = None
+            for x in xs:
+                h = cell(x) if h is None else cell(x, h)
+
+        def under(granularity):
+            def run():
+                with fuzzy(mode="sr", granularity=granularity, seed=0):
+                    loop()
+            return run
+        fns = {"native": loop, "op SR": under("op"), "op SR, op by op": under("op"),
+               "flop SR": under("flop"), "flop SR, op by op": under("flop")}
+
+        def setup(k: str) -> None:
+            RN.USE_KERNEL = not k.endswith("op by op")
+        try:
+            b = best_of(fns, repeats, time.thread_time, setup)
+        finally:
+            RN.USE_KERNEL = True
+        nat = b.pop("native")
+        print(f"| {cls.__name__} | {nat * 1e3:.2f} | "
+              + " | ".join(f"{v / nat:.1f}×" for v in b.values()) + " |", flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--models", nargs="*", default=["gru", "lstm"])
+    ap.add_argument("--cells", action="store_true",
+                    help="time a loop of nn.GRUCell / nn.LSTMCell calls instead")
     args = ap.parse_args(argv)
     logging.getLogger("numvar").setLevel(logging.ERROR)
     torch.set_num_threads(1)
+    if args.cells:
+        measure_cells(args.repeats)
+        return
     rates = {d: kernel_rate(args.repeats, d) for d in KERNEL_DTYPES}
     print("| model | native ms | ops | floor | bound | op SR | flop SR | op SR, op by op "
           "| flop SR, op by op | op goal (floor + 2) | flop goal (floor + contraction + 5) "
