@@ -23,7 +23,7 @@ floor. The goals of the speed issue, op SR ≤ floor + 2 and flop SR ≤ floor +
 exceeds them (flop granularity dispatches every op the same way and rounds more inside
 each); the compiled steps do not dispatch the layers' ops at all.
 
-    python benchmarks/bench_opoverhead.py [--repeats 5] [--models gru lstm] [--cells]
+    python benchmarks/bench_opoverhead.py [--repeats 5] [--models gru lstm] [--cells] [--packed]
 """
 
 from __future__ import annotations
@@ -70,6 +70,17 @@ class OneCallMode(TorchDispatchMode):
         return out
 
 
+def _switched(fns: dict, repeats: int) -> dict:
+    """``best_of`` (thread CPU time) with the recurrent layers' compiled steps off for the
+    variants named "… op by op" and on for the others, switched before each call."""
+    def setup(k: str) -> None:
+        RN.USE_KERNEL = not k.endswith("op by op")
+    try:
+        return best_of(fns, repeats, time.thread_time, setup)
+    finally:
+        RN.USE_KERNEL = True
+
+
 def measure(name: str, repeats: int) -> dict:
     built = zoo.build(name, "bench")
     model, x = built.model.eval(), built.inputs
@@ -78,15 +89,8 @@ def measure(name: str, repeats: int) -> dict:
         with codepath(), OneCallMode():
             model(*x)
     variants = _variants(built)
-    fns = {**variants, "bound": bound, "op SR, op by op": variants["op SR"],
-           "flop SR, op by op": variants["flop SR"]}
-
-    def setup(k: str) -> None:
-        RN.USE_KERNEL = not k.endswith("op by op")
-    try:
-        best = best_of(fns, repeats, time.thread_time, setup)
-    finally:
-        RN.USE_KERNEL = True
+    best = _switched({**variants, "bound": bound, "op SR, op by op": variants["op SR"],
+                      "flop SR, op by op": variants["flop SR"]}, repeats)
     counter = OneCallMode()
     with torch.no_grad(), codepath(), counter:
         model(*x)
@@ -94,38 +98,45 @@ def measure(name: str, repeats: int) -> dict:
     return best
 
 
-def measure_cells(repeats: int) -> None:
-    """``--cells``: a decoder's loop, 20 calls of ``nn.GRUCell`` / ``nn.LSTMCell`` (16 → 64,
-    batch 2, the state fed back), native, op SR and flop SR with the compiled steps and op
-    by op (switched per round, as :func:`measure`)."""
-    print("| cell | native ms | op SR | op SR, op by op | flop SR | flop SR, op by op |")
+def _cell_loop(cls):
+    """A decoder's loop: 20 calls of ``cls`` (16 → 64, batch 2, the state fed back)."""
+    torch.manual_seed(0)
+    cell = cls(16, 64)
+    xs = [torch.randn(2, 16) for _ in range(20)]
+
+    def loop():
+        h = None
+        for x in xs:
+            h = cell(x) if h is None else cell(x, h)
+    return loop
+
+
+def _packed(cls):
+    """A two-layer bidirectional ``cls`` (16 → 64) on a packed batch of 4 sequences of
+    lengths 20, 15, 10 and 5."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    torch.manual_seed(0)
+    rnn = cls(16, 64, num_layers=2, bidirectional=True).eval()
+    x = pack_padded_sequence(torch.randn(20, 4, 16), torch.tensor([20, 15, 10, 5]))
+    return lambda: rnn(x)
+
+
+def measure_calls(cases: dict, repeats: int) -> None:
+    """Native, op SR and flop SR of each of ``cases`` (name -> function), with the
+    compiled steps and op by op (switched per round, as :func:`measure`)."""
+    print("| case | native ms | op SR | op SR, op by op | flop SR | flop SR, op by op |")
     print("|---|---:|---:|---:|---:|---:|")
-    for cls in (torch.nn.GRUCell, torch.nn.LSTMCell):
-        torch.manual_seed(0)
-        cell = cls(16, 64)
-        xs = [torch.randn(2, 16) for _ in range(20)]
-
-        def loop():
-            h = None
-            for x in xs:
-                h = cell(x) if h is None else cell(x, h)
-
-        def under(granularity):
+    for name, fn in cases.items():
+        def under(granularity, fn=fn):
             def run():
                 with fuzzy(mode="sr", granularity=granularity, seed=0):
-                    loop()
+                    fn()
             return run
-        fns = {"native": loop, "op SR": under("op"), "op SR, op by op": under("op"),
-               "flop SR": under("flop"), "flop SR, op by op": under("flop")}
-
-        def setup(k: str) -> None:
-            RN.USE_KERNEL = not k.endswith("op by op")
-        try:
-            b = best_of(fns, repeats, time.thread_time, setup)
-        finally:
-            RN.USE_KERNEL = True
+        b = _switched({"native": fn, "op SR": under("op"), "op SR, op by op": under("op"),
+                       "flop SR": under("flop"), "flop SR, op by op": under("flop")}, repeats)
         nat = b.pop("native")
-        print(f"| {cls.__name__} | {nat * 1e3:.2f} | "
+        print(f"| {name} | {nat * 1e3:.2f} | "
               + " | ".join(f"{v / nat:.1f}×" for v in b.values()) + " |", flush=True)
 
 
@@ -135,11 +146,20 @@ def main(argv=None) -> None:
     ap.add_argument("--models", nargs="*", default=["gru", "lstm"])
     ap.add_argument("--cells", action="store_true",
                     help="time a loop of nn.GRUCell / nn.LSTMCell calls instead")
+    ap.add_argument("--packed", action="store_true",
+                    help="time nn.GRU / nn.LSTM on a packed sequence instead")
     args = ap.parse_args(argv)
     logging.getLogger("numvar").setLevel(logging.ERROR)
     torch.set_num_threads(1)
-    if args.cells:
-        measure_cells(args.repeats)
+    if args.cells or args.packed:
+        cases = {}
+        if args.cells:
+            cases.update({c.__name__: _cell_loop(c) for c in (torch.nn.GRUCell,
+                                                               torch.nn.LSTMCell)})
+        if args.packed:
+            cases.update({f"{c.__name__}, packed": _packed(c) for c in (torch.nn.GRU,
+                                                                         torch.nn.LSTM)})
+        measure_calls(cases, args.repeats)
         return
     rates = {d: kernel_rate(args.repeats, d) for d in KERNEL_DTYPES}
     print("| model | native ms | ops | floor | bound | op SR | flop SR | op SR, op by op "

@@ -597,8 +597,9 @@ class FuzzyMode(TorchDispatchMode):
         layer = RN.parse(name, args)
         if layer is None:
             return NotImplemented
-        key = (name, RP._key_of(args), fz.config.granularity, ctx.code, ctx.contraction,
-               torch.is_grad_enabled())
+        # (a packed sequence's batch sizes are values: its ops' counts depend on them)
+        key = (name, RP._key_of(args), getattr(layer, "batch_sizes", None),
+               fz.config.granularity, ctx.code, ctx.contraction, torch.is_grad_enabled())
         seen = _RECURRENT_SEEN.get(key, False)
         if seen is None:
             return NotImplemented

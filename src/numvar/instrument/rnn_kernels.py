@@ -33,11 +33,12 @@ follow ``aten/src/ATen/native/RNN.cpp``. The mode (:meth:`FuzzyMode._recurrent
 <numvar.instrument.mode.FuzzyMode>`) takes this path for a signature only after it ran
 the layer op by op once and this path reproduced that call bit for bit from the same
 stream position (same outputs, strides and number of keys); any other call (training
-with autograd, dropout between layers, packed sequences, projections, other dtypes,
+with autograd, dropout between layers, projections, other dtypes,
 virtual precisions or formats, module filters) runs op by op. ``USE_KERNEL = False``
 keeps every layer op by op (the reference the tests compare with).
 
-Single steps (``nn.GRUCell``, ``nn.LSTMCell``, ``nn.RNNCell``: ``torch._VF.gru_cell`` &
+Packed sequences run each step on the rows of the sequences still running
+(:func:`_packed_direction`). Single steps (``nn.GRUCell``, ``nn.LSTMCell``, ``nn.RNNCell``: ``torch._VF.gru_cell`` &
 co, a decoder's loop) run the same step after their input projection, which RNN.cpp's
 cells compute after the hidden one for an LSTM and a plain RNN, before it for a GRU.
 
@@ -244,6 +245,21 @@ class Layer:
 
 
 @dataclass(frozen=True)
+class Packed:
+    """The arguments of one ``torch._VF`` recurrent call on a packed sequence."""
+
+    name: str
+    data: torch.Tensor  # (N, F): the steps' rows, one after the other
+    batch_sizes: tuple[int, ...]  # rows of each step, non-increasing
+    h0: torch.Tensor  # (layers × directions, batch_sizes[0], H)
+    c0: torch.Tensor | None
+    params: tuple[torch.Tensor, ...]
+    has_biases: bool
+    num_layers: int
+    bidirectional: bool
+
+
+@dataclass(frozen=True)
 class Cell:
     """The arguments of one ``torch._VF`` single-step call (``gru_cell`` & co)."""
 
@@ -302,47 +318,77 @@ def parse_cell(name: str, args: tuple) -> Cell | None:
     return Cell(cell, x, h, c, w_ih, w_hh, b_ih, b_hh)
 
 
-def parse(name: str, args: tuple) -> Layer | Cell | None:
-    """The call as a :class:`Layer` when this module computes it (binary32 CPU tensors,
-    contiguous initial states, nothing needing gradients, no dropout between layers, no
-    projection), or as a :class:`Cell` (:func:`parse_cell`), else None."""
+def parse(name: str, args: tuple) -> Layer | Packed | Cell | None:
+    """The call as a :class:`Layer` (or :class:`Packed` for a packed sequence) when this
+    module computes it (binary32 CPU tensors, contiguous initial states, nothing needing
+    gradients, no dropout between layers, no projection), or as a :class:`Cell`
+    (:func:`parse_cell`), else None."""
     if name in CELLS:
         return parse_cell(name, args)
     if name not in GATES or len(args) != 9:
         return None
+    if isinstance(args[3], (list, tuple)):  # (data, batch_sizes, hx, params, ...)
+        return _parse_packed(name, args)
     x, hx, params, has_biases, L, dropout, train, bidir, batch_first = args
     if not (isinstance(params, (list, tuple)) and type(has_biases) is bool
-            and type(bidir) is bool and type(batch_first) is bool and type(L) is int):
+            and type(bidir) is bool and type(batch_first) is bool and type(L) is int
+            and _plain32(x) and x.dim() == 3):
+        return None
+    T, B, feats = (x.shape[1], x.shape[0], x.shape[2]) if batch_first else x.shape
+    if not _layers_ok(name, x, hx, params, has_biases, L, dropout, train, bidir, 3, T, B,
+                      feats):
         return None
     h0, c0 = _states(name, hx)
-    if h0 is None:
+    return Layer(name, x, h0, c0, tuple(params), has_biases, L, bidir, batch_first)
+
+
+def _parse_packed(name: str, args: tuple) -> Packed | None:
+    data, sizes, hx, params, has_biases, L, dropout, train, bidir = args
+    if not (isinstance(params, (list, tuple)) and type(has_biases) is bool
+            and type(bidir) is bool and type(L) is int and type(sizes) is torch.Tensor
+            and sizes.dtype is torch.int64 and sizes.dim() == 1 and sizes.device.type == "cpu"
+            and _plain32(data) and data.dim() == 2):
         return None
+    bs = tuple(sizes.tolist())
+    if not bs or any(b < 1 for b in bs) or any(a < b for a, b in zip(bs, bs[1:])):
+        return None
+    if sum(bs) != data.shape[0] or not _layers_ok(name, data, hx, params, has_biases, L,
+                                                   dropout, train, bidir, 2, len(bs), bs[0],
+                                                   data.shape[1]):
+        return None
+    h0, c0 = _states(name, hx)
+    return Packed(name, data, bs, h0, c0, tuple(params), has_biases, L, bidir)
+
+
+def _layers_ok(name, x, hx, params, has_biases, L, dropout, train, bidir, xdim, T, B,
+               feats) -> bool:
+    """The checks of :func:`parse` shared by padded and packed inputs."""
+    h0, c0 = _states(name, hx)
+    if h0 is None:
+        return False
     D = 2 if bidir else 1
     G = GATES[name]
     per = 4 if has_biases else 2
     tensors = (x, h0, *params) + ((c0,) if c0 is not None else ())
-    if not all(_plain32(t) for t in tensors) or x.dim() != 3 or L < 1:
-        return None
-    if _needs_grad(tensors):
-        return None
-    if dropout and train and L > 1:
-        return None
-    T, B, feats = (x.shape[1], x.shape[0], x.shape[2]) if batch_first else x.shape
+    if not all(_plain32(t) for t in tensors) or x.dim() != xdim or L < 1:
+        return False
+    if _needs_grad(tensors) or (dropout and train and L > 1):
+        return False
     H = h0.shape[-1]
     if T < 1 or B < 1 or H < 1 or h0.shape != (L * D, B, H) or len(params) != L * D * per:
-        return None
+        return False
     if c0 is not None and c0.shape != h0.shape:
-        return None
+        return False
     if not h0.is_contiguous() or (c0 is not None and not c0.is_contiguous()):
-        return None  # (the steps' elementwise folds assume contiguous states)
+        return False  # (the steps' elementwise folds assume contiguous states)
     for ld in range(L * D):
         w_ih, w_hh = params[ld * per:ld * per + 2]
         fin = feats if ld < D else D * H
         if w_ih.shape != (G * H, fin) or w_hh.shape != (G * H, H):
-            return None
+            return False
         if has_biases and any(b.shape != (G * H,) for b in params[ld * per + 2:ld * per + 4]):
-            return None
-    return Layer(name, x, h0, c0, tuple(params), has_biases, L, bidir, batch_first)
+            return False
+    return True
 
 
 def serves(ctx) -> bool:
@@ -418,25 +464,37 @@ def _flat(t: torch.Tensor) -> np.ndarray:
 
 
 class _Steps:
-    """The steps of one cell (``name``) on (B, H) states: the hidden projection
+    """The steps of one cell (``name``) on states of up to (B, H): the hidden projection
     (:class:`_Projection`), buffers kept across steps and :meth:`step`."""
 
     def __init__(self, ctx, name: str, B: int, H: int, w_hh, b_hh):
         self.name, self.B, self.H, self.code = name, B, H, ctx.code
         self.project = _Projection(ctx, w_hh, b_hh)
         self.nkeys = CELL_KEYS[name]
-        self.x64t = torch.empty((4, B, H), dtype=_F64)
-        self.s64t = torch.empty((4, B, H), dtype=_F64)
-        self.x64, self.s64 = self.x64t.view(-1).numpy(), self.s64t.view(-1).numpy()
+        self._x64 = torch.empty(4 * B * H, dtype=_F64)
+        self._s64 = torch.empty(4 * B * H, dtype=_F64)
+        self._views: dict[int, tuple] = {}
         self.work = np.empty(12 * B * H, np.float32)
 
+    def _buffers(self, B: int) -> tuple:
+        """The float64 buffers as (4, B, H) tensors and flat arrays, for B rows (a packed
+        sequence's steps have fewer rows as its sequences end)."""
+        v = self._views.get(B)
+        if v is None:
+            m = 4 * B * self.H
+            x64t, s64t = self._x64[:m].view(4, B, self.H), self._s64[:m].view(4, B, self.H)
+            v = self._views[B] = (x64t, s64t, x64t.view(-1).numpy(), s64t.view(-1).numpy())
+        return v
+
     def step(self, hg: np.ndarray, ig: np.ndarray, h: torch.Tensor, c: np.ndarray | None,
-             keys: np.ndarray, out: np.ndarray) -> np.ndarray | None:
-        """One step from the projections ``hg`` (hidden, rounded) and ``ig`` (input), flat
-        (B, G·H): the new hidden state into ``out`` (flat (B, H)); returns the new cell
-        state of an LSTM (a new array), else None. ``keys``: the cell's :data:`CELL_KEYS`."""
-        B, H, code, work = self.B, self.H, self.code, self.work
-        x64t, s64t, x64, s64 = self.x64t, self.s64t, self.x64, self.s64
+             keys: np.ndarray, out: np.ndarray, B: int | None = None) -> np.ndarray | None:
+        """One step of ``B`` rows (default: all) from the projections ``hg`` (hidden,
+        rounded) and ``ig`` (input), flat (B, G·H): the new hidden state into ``out`` (flat
+        (B, H)); returns the new cell state of an LSTM (a new array), else None.
+        ``keys``: the cell's :data:`CELL_KEYS`."""
+        B = self.B if B is None else B
+        H, code, work = self.H, self.code, self.work
+        x64t, s64t, x64, s64 = self._buffers(B)
         n = B * H
         if self.name == "gru":
             rz, hn, npre = work[:2 * n], work[2 * n:3 * n], work[3 * n:4 * n]
@@ -494,6 +552,66 @@ def _direction(ctx, name: str, ig: torch.Tensor, h0: torch.Tensor, c0: torch.Ten
     return out, h, None if c is None else torch.from_numpy(c).view(B, H)
 
 
+def _packed_direction(ctx, name: str, ig: torch.Tensor, sizes: tuple[int, ...],
+                      h0: torch.Tensor, c0: torch.Tensor | None, w_hh, b_hh, reverse: bool):
+    """One direction of one layer over a packed sequence (RNN.cpp's ``PackedLayer`` /
+    ``ReversedPackedLayer``): step t runs the first ``sizes[t]`` rows of the state, the
+    rows of sequences that ended (or, in reverse, have not begun) keep theirs, which
+    gives the same final state as RNN.cpp's slices and concatenations of it. Returns the
+    outputs (N, H), the final hidden (and cell) state (B, H)."""
+    T, H = len(sizes), h0.shape[-1]
+    steps = _Steps(ctx, name, sizes[0], H, w_hh, b_hh)
+    P = steps.project.nkeys
+    per = P + steps.nkeys
+    allkeys = ctx.stream.keys(T * per)
+    G = ig.shape[1]
+    ign = ig.contiguous().view(-1).numpy()
+    out = torch.empty((ig.shape[0], H), dtype=_F32)
+    outn = out.view(-1).numpy()
+    state = h0.clone()
+    cn = None if c0 is None else _flat(c0).copy()
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).tolist()
+    for i in range(T):
+        t = T - 1 - i if reverse else i
+        B, r0 = sizes[t], starts[t]
+        k = allkeys[i * per:(i + 1) * per]
+        h = state[:B]
+        c = steps.step(steps.project(h, k[:P]), ign[r0 * G:(r0 + B) * G], h,
+                       None if cn is None else cn[:B * H], k[P:],
+                       outn[r0 * H:(r0 + B) * H], B)
+        state[:B] = out[r0:r0 + B]
+        if c is not None:
+            cn[:B * H] = c
+    return out, state, None if cn is None else torch.from_numpy(cn).view(-1, H)
+
+
+def _run_packed(ctx, apply: Apply, p: Packed):
+    """A packed sequence's layers: each direction's input projection (``addmm`` of the
+    (N, F) rows), its steps, the directions' outputs joined along the last dim."""
+    L, D = p.num_layers, 2 if p.bidirectional else 1
+    per = 4 if p.has_biases else 2
+    hs = p.h0.unbind(0)
+    cs = p.c0.unbind(0) if p.c0 is not None else None
+    last_h, last_c = [], []
+    inp = p.data
+    for i in range(L):
+        outs = []
+        for d in range(D):
+            ld = i * D + d
+            w = p.params[ld * per:(ld + 1) * per]
+            b_ih, b_hh = (w[2], w[3]) if p.has_biases else (None, None)
+            ig = _linear(apply, inp, w[0], b_ih)
+            y, h, c = _packed_direction(ctx, p.name, ig, p.batch_sizes, hs[ld],
+                                        None if cs is None else cs[ld], w[1], b_hh, d == 1)
+            outs.append(y)
+            last_h.append(h)
+            last_c.append(c)
+        inp = outs[0] if D == 1 else torch.cat(outs, 1)
+    if p.name == "lstm":
+        return inp, torch.stack(last_h), torch.stack(last_c)
+    return inp, torch.stack(last_h)
+
+
 def _run_cell(ctx, cell: Cell):
     """One step of ``gru_cell`` & co. Its input projection is ``at::linear`` of a (B, F)
     input, ``addmm(b_ih, x, w_ihᵀ)`` (``mm`` without biases): the same form as the hidden
@@ -517,12 +635,14 @@ def _run_cell(ctx, cell: Cell):
     return out if c is None else (out, torch.from_numpy(c).view(B, H))
 
 
-def run(ctx, apply: Apply, layer: Layer | Cell):
+def run(ctx, apply: Apply, layer: Layer | Packed | Cell):
     """The ``torch._VF`` call's result, computed step by step in compiled calls with the
     keys and element indices of the op-by-op path (``apply(func, *args)`` runs one aten
     op through the mode's handler, uncounted). Runs with the mode off the stack."""
     if isinstance(layer, Cell):
         return _run_cell(ctx, layer)
+    if isinstance(layer, Packed):
+        return _run_packed(ctx, apply, layer)
     name, L = layer.name, layer.num_layers
     D = 2 if layer.bidirectional else 1
     per = 4 if layer.has_biases else 2
