@@ -9,9 +9,10 @@ call: some 30 µs of Python for a few hundred elements of arithmetic (docs/speed
 "A lower bound for per-op Python dispatch"). This module computes the same ops, with
 the same stream keys in the same order and the same element indices, in three numba
 calls per step around torch's own float64 ``sigmoid``/``tanh`` (the values the mode
-rounds once, so no libm difference can enter) and torch's float64 ``addmm`` at op
-granularity (the mode's float64 re-run; at flop the projection goes through the mode's
-``addmm`` handler itself). The ops of one step, by cell (keys after the projection's):
+rounds once, so no libm difference can enter) and the hidden projection: torch's float64
+``addmm`` rounded once at op granularity (the mode's float64 re-run), at flop
+``kernels.contract`` and the bias add, as ``flop.mm`` and ``flop.scale_add`` compute it
+(:class:`_Projection`). The ops of one step, by cell (keys after the projection's):
 
 ==========  ==================================================================
 cell        ops (element ``b·H + h`` of each (B, H) result; the LSTM's gate sum
@@ -33,20 +34,21 @@ follow ``aten/src/ATen/native/RNN.cpp``. The mode (:meth:`FuzzyMode._recurrent
 <numvar.instrument.mode.FuzzyMode>`) takes this path for a signature only after it ran
 the layer op by op once and this path reproduced that call bit for bit from the same
 stream position (same outputs, strides and number of keys); any other call (training
-with autograd, dropout between layers, projections, other dtypes,
-virtual precisions or formats, module filters) runs op by op. ``USE_KERNEL = False``
-keeps every layer op by op (the reference the tests compare with).
+with autograd, dropout between layers, projections, other dtypes, virtual precisions or
+formats, op and module filters) runs op by op. ``USE_KERNEL = False`` keeps every layer
+op by op (the reference the tests compare with).
 
 Packed sequences run each step on the rows of the sequences still running
-(:func:`_packed_direction`). Single steps (``nn.GRUCell``, ``nn.LSTMCell``, ``nn.RNNCell``: ``torch._VF.gru_cell`` &
-co, a decoder's loop) run the same step after their input projection, which RNN.cpp's
-cells compute after the hidden one for an LSTM and a plain RNN, before it for a GRU.
+(:func:`_packed_direction`). Single steps (``nn.GRUCell``, ``nn.LSTMCell``,
+``nn.RNNCell``: ``torch._VF.gru_cell`` & co, a decoder's loop) run the same step after
+their input projection, which RNN.cpp's cells compute after the hidden one for an LSTM
+and a plain RNN, before it for a GRU.
 
 The layers are reached through ``torch._VF`` (``lstm``, ``gru``, ``rnn_tanh``,
-``rnn_relu`` and their ``_cell`` functions), which ``torch.nn`` calls by attribute: :func:`patched` sets those
-attributes for the duration of the fuzzy blocks that are open (counted, so threads
-with blocks of their own share it) and the wrapper hands a call to the fuzzy block of
-the calling thread, or to PyTorch when there is none.
+``rnn_relu`` and their ``_cell`` functions), which ``torch.nn`` calls by attribute:
+:func:`patched` sets those attributes for the duration of the fuzzy blocks that are
+open (counted, so threads with blocks of their own share it) and the wrapper hands a
+call to the fuzzy block of the calling thread, or to PyTorch when there is none.
 """
 
 from __future__ import annotations
