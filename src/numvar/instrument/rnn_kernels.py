@@ -587,31 +587,31 @@ def _packed_direction(ctx, name: str, ig: torch.Tensor, sizes: tuple[int, ...],
     return out, state, None if cn is None else torch.from_numpy(cn).view(-1, H)
 
 
-def _run_packed(ctx, apply: Apply, p: Packed):
-    """A packed sequence's layers: each direction's input projection (``addmm`` of the
-    (N, F) rows), its steps, the directions' outputs joined along the last dim."""
-    L, D = p.num_layers, 2 if p.bidirectional else 1
-    per = 4 if p.has_biases else 2
-    hs = p.h0.unbind(0)
-    cs = p.c0.unbind(0) if p.c0 is not None else None
+def _layers(apply: Apply, spec: Layer | Packed, inp: torch.Tensor, direction, dim: int):
+    """The layers and directions of ``spec`` from its input ``inp``: each direction's
+    input projection (:func:`_linear`) and ``direction(ig, h0, c0, w_hh, b_hh,
+    reverse)`` (its outputs and last states), the directions' outputs joined along
+    ``dim``. Returns the last layer's outputs and the stacked last states (RNN.cpp's
+    order: layer by layer, forward then backward)."""
+    D = 2 if spec.bidirectional else 1
+    per = 4 if spec.has_biases else 2
+    hs = spec.h0.unbind(0)
+    cs = spec.c0.unbind(0) if spec.c0 is not None else None
     last_h, last_c = [], []
-    inp = p.data
-    for i in range(L):
+    for i in range(spec.num_layers):
         outs = []
         for d in range(D):
             ld = i * D + d
-            w = p.params[ld * per:(ld + 1) * per]
-            b_ih, b_hh = (w[2], w[3]) if p.has_biases else (None, None)
-            ig = _linear(apply, inp, w[0], b_ih)
-            y, h, c = _packed_direction(ctx, p.name, ig, p.batch_sizes, hs[ld],
-                                        None if cs is None else cs[ld], w[1], b_hh, d == 1)
+            w = spec.params[ld * per:(ld + 1) * per]
+            b_ih, b_hh = (w[2], w[3]) if spec.has_biases else (None, None)
+            y, h, c = direction(_linear(apply, inp, w[0], b_ih), hs[ld],
+                                None if cs is None else cs[ld], w[1], b_hh, d == 1)
             outs.append(y)
             last_h.append(h)
             last_c.append(c)
-        inp = outs[0] if D == 1 else torch.cat(outs, 1)
-    if p.name == "lstm":
-        return inp, torch.stack(last_h), torch.stack(last_c)
-    return inp, torch.stack(last_h)
+        inp = outs[0] if D == 1 else torch.cat(outs, dim)
+    states = (torch.stack(last_h),) + ((torch.stack(last_c),) if spec.name == "lstm" else ())
+    return inp, states
 
 
 def _run_cell(ctx, cell: Cell):
@@ -643,34 +643,14 @@ def run(ctx, apply: Apply, layer: Layer | Packed | Cell):
     op through the mode's handler, uncounted). Runs with the mode off the stack."""
     if isinstance(layer, Cell):
         return _run_cell(ctx, layer)
-    if isinstance(layer, Packed):
-        return _run_packed(ctx, apply, layer)
-    name, L = layer.name, layer.num_layers
-    D = 2 if layer.bidirectional else 1
-    per = 4 if layer.has_biases else 2
+    name = layer.name
+    if isinstance(layer, Packed):  # (the steps' rows, one after the other: (N, F))
+        out, states = _layers(apply, layer, layer.data, lambda ig, *a: _packed_direction(
+            ctx, name, ig, layer.batch_sizes, *a), 1)
+        return (out, *states)
     x = layer.x.transpose(0, 1) if layer.batch_first else layer.x
-    hs = layer.h0.unbind(0)
-    cs = layer.c0.unbind(0) if layer.c0 is not None else None
-    last_h, last_c = [], []
-    inp = x
-    for i in range(L):
-        outs = []
-        for d in range(D):
-            ld = i * D + d
-            p = layer.params[ld * per:(ld + 1) * per]
-            w_ih, w_hh = p[0], p[1]
-            b_ih, b_hh = (p[2], p[3]) if layer.has_biases else (None, None)
-            ig = _linear(apply, inp, w_ih, b_ih)
-            y, h, c = _direction(ctx, name, ig, hs[ld], None if cs is None else cs[ld],
-                                 w_hh, b_hh, reverse=d == 1)
-            outs.append(y)
-            last_h.append(h)
-            last_c.append(c)
-        inp = outs[0] if D == 1 else torch.cat(outs, 2)
-    output = inp.transpose(0, 1) if layer.batch_first else inp
-    if name == "lstm":
-        return output, torch.stack(last_h), torch.stack(last_c)
-    return output, torch.stack(last_h)
+    out, states = _layers(apply, layer, x, lambda *a: _direction(ctx, name, *a), 2)
+    return (out.transpose(0, 1) if layer.batch_first else out, *states)
 
 
 def same(a, b) -> bool:
@@ -706,10 +686,10 @@ def _wrapper(name: str, orig):
 
 @contextlib.contextmanager
 def patched(route: Callable) -> Iterator[None]:
-    """``torch._VF.lstm``/``gru``/``rnn_tanh``/``rnn_relu`` and their ``_cell``
-    functions routed through
-    ``route(name, torch_function, args)`` (its result, or NotImplemented: PyTorch runs
-    the call) while any fuzzy block is open; restored when the last one closes."""
+    """``torch._VF.lstm``/``gru``/``rnn_tanh``/``rnn_relu`` and their ``_cell`` functions
+    routed through ``route(name, torch_function, args)`` (its result, or NotImplemented:
+    PyTorch runs the call) while any fuzzy block is open; restored when the last one
+    closes."""
     global _open, _route
     with _lock:
         if _open == 0:
