@@ -23,6 +23,10 @@ floor. The goals of the speed issue, op SR ≤ floor + 2 and flop SR ≤ floor +
 exceeds them (flop granularity dispatches every op the same way and rounds more inside
 each); the compiled steps do not dispatch the layers' ops at all.
 
+``--cells`` and ``--packed`` time, instead of the zoo models, a decoder's loop of 20
+``nn.GRUCell`` / ``nn.LSTMCell`` calls and a two-layer bidirectional ``nn.GRU`` /
+``nn.LSTM`` on a packed sequence, with the compiled steps and op by op.
+
     python benchmarks/bench_opoverhead.py [--repeats 5] [--models gru lstm] [--cells] [--packed]
 """
 

@@ -134,15 +134,16 @@ def _report(future, log) -> None:
 
 
 def warm(workers: int | None = None, log=print) -> float:
-    """Compile :data:`LEAVES` and run :data:`INDEPENDENT`, then :data:`ENTRIES`, over
-    ``workers`` processes. Returns the wall time; logs one line per task and any leaf
+    """Compile :data:`LEAVES` and run :data:`INDEPENDENT` and :func:`_rnn_steps`, then
+    :data:`ENTRIES`, over ``workers`` processes. Returns the wall time; logs one line per task and any leaf
     an entry compiled again."""
     workers = workers or os.cpu_count() or 1
     t0 = time.perf_counter()
     import multiprocessing as mp
 
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        # longest first: three leaves, the independent entries, the other leaves
+        # longest first: three leaves, the independent entries and the recurrent steps,
+        # the other leaves
         first = [pool.submit(_compile_leaf, *leaf) for leaf in LEAVES[:3]]
         first += [pool.submit(_run_entry, *args) for args in INDEPENDENT]
         first.append(pool.submit(_rnn_steps))
