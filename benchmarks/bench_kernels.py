@@ -1,24 +1,31 @@
 """Contraction kernel throughput against its port-bound ceiling (one core).
 
-    python benchmarks/bench_kernels.py [--repeats 30] [--shape M K N] [--add-latency 3] [--narrow]
+    python benchmarks/bench_kernels.py [--repeats 30] [--shape M K N] [--narrow]
 
 For the binary32 SR clean-row loop of :mod:`numvar.instrument.kernels` it prints
 
-* the vector micro-ops per 8 terms of the loop, counted in the machine code numba
+* the vector instructions per 8 terms of the loop, counted in the machine code numba
   generated on this host (``inspect_asm`` of ``_clean32``: the innermost k >= 1 loop of
   the SR branch, the one with the add's ``>> 35`` shift and the TwoSum ``vaddpd``);
-* the core clock, measured by a dependent chain of float64 adds (``--add-latency``
-  cycles each: 3 on AMD Zen 4, 4 on Intel Skylake-X and later);
-* the ceiling ``2 ports × clock × 8 / uops`` (two 512-bit vector ports, 8 float64 lanes
-  per 512-bit vector; the derivation is in the module docstring of
-  ``numvar.instrument.kernels``);
+* the core clock, measured by a chain of dependent integer adds (one cycle each on every
+  x86-64 core: ``bench_pipes.clock_hz``), and the float64 add latency that implies (3
+  cycles on AMD Zen 4, 4 on Intel Skylake-X, 2 on Intel Golden Cove);
+* the **port-bound ceiling, measured on this host**: the loop's vector instructions with
+  every dependency between them cut (``independent``: sources from constant registers,
+  destinations rotated, memory operands read from a register) run as inline assembly, in
+  cycles per 8 terms: the vector ports' throughput for exactly this instruction mix,
+  whatever the core's pipes and micro-op counts (Intel splits a ``vpmullq`` into three
+  micro-ops, Zen 4 does not; Zen 4 renames a register move away);
+* the model the kernel module derives for Zen 4, ``2 ports × clock × 8 / instructions``
+  (two 512-bit vector ports, one micro-op per instruction, 8 float64 lanes per 512-bit
+  vector; the derivation is in the module docstring of ``numvar.instrument.kernels``);
 * the measured rate of :func:`numvar.instrument.kernels.contract` (shape M × K × N,
   best of ``--repeats``, timed by the thread's CPU time so that a loaded machine's
-  preemptions do not count) in terms/s and as a fraction of the ceiling (also of the
-  stricter one that leaves out register-to-register moves, renamed away on Zen 4), for sr and fma-sr
-  (``contraction="fma"``) in binary32, and sr in binary64 (clean rows and scalar path).
+  preemptions do not count) in terms/s and as a fraction of the measured ceiling and of
+  the model, for sr and fma-sr (``contraction="fma"``) in binary32, and sr in binary64
+  (clean rows and scalar path).
 
-The same count and ceiling for the binary32 fma-sr clean loop (``_cleanfma32``) and the
+The same count and ceilings for the binary32 fma-sr clean loop (``_cleanfma32``) and the
 binary64 sr clean loop (``_clean64``, whose TwoProduct must be a hardware FMA: the script
 says whether the loop has ``vfmadd``/``vfmsub``); each clean row's fraction is of its own
 loop's ceiling, the scalar rows' of the binary32 sr ceiling.
@@ -50,13 +57,66 @@ def _add_chain(n, y):  # pragma: no cover - compiled
     return x
 
 
-def clock_hz(latency: int) -> float:
-    """Core clock from the best of 50 short dependent-add chains (short: a loaded shared
-    machine preempts long ones; the best run is the undisturbed one)."""
+def add_latency(clock: float) -> float:
+    """Cycles per float64 add of a dependent chain at ``clock`` (best of 50 short chains:
+    a loaded shared machine preempts long ones; the best run is the undisturbed one)."""
     n = 1_000_000
     _add_chain(10, 1.0)
     best = min(_timed(lambda: _add_chain(n, 1e-300)) for _ in range(50))
-    return latency * n / best
+    return best * clock / n
+
+
+def _operands(text: str) -> list[str]:
+    """AT&T operands split at top-level commas (not those inside ``(base,index,scale)``)."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and not depth:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur.strip()] if cur.strip() else out
+
+
+def independent(body: list[str]) -> list[str]:
+    """The loop's vector instructions with every dependency between them cut: loads,
+    broadcasts from memory and stores left out (load and store ports, which the ceiling
+    leaves out), a memory operand folded into an arithmetic instruction read from a
+    register instead, sources are constant registers zmm0–zmm7,
+    destinations rotate over zmm8–zmm31 and k1–k4, masks dropped. Same instructions, same
+    pipes: timed, they run at the vector ports' throughput for this mix on this host."""
+    out, r, k = [], 0, 0
+    for x in body:
+        if not re.search(r"%[xyz]mm", x) or _STORE.match(x) or _LOAD_ONLY.match(x):
+            continue
+        mnem, rest = re.split(r"\s+", x.strip(), maxsplit=1)
+        ops = _operands(re.sub(r"\s*\{%k\d\}", "", rest.strip()))
+        *src, dst = ops
+        src = [("$" + o) if o.startswith("$") else  # "$$": a literal $ in inline asm
+               f"%{m.group(1)}mm{int(m.group(2)) % 8}"
+               if (m := re.match(r"%([xyz])mm(\d+)$", o)) else
+               "%zmm0" if "(" in o else o
+               for o in src]
+        if dst.startswith("%k"):
+            dst, k = f"%k{1 + k % 4}", k + 1
+        elif m := re.match(r"%([xyz])mm\d+$", dst):
+            dst, r = f"%{m.group(1)}mm{8 + r % 24}", r + 1
+        else:  # a general-purpose register: not a vector-port result
+            continue
+        out.append(f"{mnem} {', '.join(src + [dst])}")
+    return out
+
+
+def port_bound_cycles(body: list[str], passes: int = 6) -> float:
+    """Measured cycles per pass of the loop's vector instructions with their dependencies
+    cut (:func:`independent`), ``passes`` copies per iteration: the port-bound ceiling of
+    this host, whatever its pipes and micro-op counts (Intel splits a vpmullq into 3)."""
+    from bench_pipes import _seconds_per_iteration, clock_hz
+
+    lines = independent(body) * passes
+    return _seconds_per_iteration(lines, 20_000) * clock_hz() / passes
 
 
 def _timed(fn) -> float:
@@ -76,6 +136,8 @@ def _cpu_timed(fn) -> float:
 _PURE_LOAD = re.compile(r"^\s*v(movup[sd]|movdqu64|movdqa64|movap[sd])\s+-?\w*\(")
 _REG_MOVE = re.compile(r"^\s*vmov(dqa64|dqu64|apd|aps|upd|ups)\s+%zmm\d+,\s*%zmm\d+\s*$")
 _STORE = re.compile(r"^\s*v\w+\s+%[xyz]mm\d+,\s*-?\w*\(")
+#: loads and broadcasts from memory: load ports only, on Zen 4 and on Intel cores alike
+_LOAD_ONLY = re.compile(r"^\s*v(mov\w+|p?broadcast\w+)\s+-?\w*\(")
 
 
 def _is_sr32_loop(text: str) -> bool:
@@ -173,7 +235,6 @@ def main(argv=None) -> None:
                     metavar=("M", "K", "N"), help="default: a 32-channel 3x3 convolution's "
                     "product, 16 rows, K = 288, 1024 columns: ~2 ms calls, short enough to run "
                     "undisturbed on a loaded machine")
-    ap.add_argument("--add-latency", type=int, default=3)
     ap.add_argument("--narrow", action="store_true",
                     help="only compare the narrow-product kernel (_contract_narrow32, "
                     "vectorised across rows) with the column-vectorised one on products with "
@@ -182,9 +243,12 @@ def main(argv=None) -> None:
     if args.narrow:
         narrow_table(args.repeats)
         return
-    f = clock_hz(args.add_latency)
-    print(f"clock {f / 1e9:.2f} GHz (dependent adds, latency {args.add_latency})")
-    ceilings, strict = {}, {}
+    from bench_pipes import clock_hz
+
+    f = clock_hz()
+    print(f"clock {f / 1e9:.2f} GHz (dependent integer adds, benchmarks/bench_pipes.py); "
+          f"float64 add latency {add_latency(f):.1f} cycles")
+    model, ports = {}, {}
     for label, asm, is_loop in (
             ("binary32 sr", lambda: clean_loop_asm(), _is_sr32_loop),
             ("binary32 fma-sr", lambda: clean_loop_asm(KN._cleanfma32, np.float32, 24),
@@ -196,14 +260,16 @@ def main(argv=None) -> None:
             print(f"{label} clean loop: not found ({exc})")
             continue
         moves = sum(1 for x in body if _REG_MOVE.match(x))
-        ceilings[label] = 2 * f * 8 / uops
-        strict[label] = 2 * f * 8 / (uops - moves) if moves < uops else ceilings[label]
+        model[label] = 2 * f * 8 / uops
+        cycles = port_bound_cycles(body)
+        ports[label] = f * 8 / cycles
         fmas = sorted({x.split()[0] for x in body
                        if x.split()[0].startswith(("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"))})
-        print(f"{label} clean loop: {len(body)} instructions, {uops} vector uops per 8 "
-              f"terms; ceiling 2 x clock x 8 / {uops} = {ceilings[label] / 1e9:.2f} G terms/s"
-              f" ({moves} register-to-register moves, which Zen 4 renames away "
-              f"(benchmarks/bench_pipes.py); without them {strict[label] / 1e9:.2f})"
+        print(f"{label} clean loop: {len(body)} instructions, {uops} vector instructions per "
+              f"8 terms ({moves} register-to-register moves); ports measured: {cycles:.2f} "
+              f"cycles per 8 terms with the dependencies cut, ceiling "
+              f"{ports[label] / 1e9:.2f} G terms/s; model of one micro-op each, two per "
+              f"cycle: 2 x clock x 8 / {uops} = {model[label] / 1e9:.2f} G terms/s"
               + (f"; FMA: {', '.join(fmas) or 'NONE (not a hardware FMA)'}"
                  if label == "binary64 sr" else ""))
     rows = [("binary32 sr separate (clean rows)", np.float32, "separate", True, "binary32 sr"),
@@ -211,15 +277,15 @@ def main(argv=None) -> None:
             ("binary32 sr separate (scalar rows)", np.float32, "separate", False, "binary32 sr"),
             ("binary64 sr separate (clean rows)", np.float64, "separate", True, "binary64 sr"),
             ("binary64 sr separate (scalar rows)", np.float64, "separate", False, "binary32 sr")]
-    print(f"{'kernel':38s} {'G terms/s':>10s} {'of ceiling':>11s} {'w/o moves':>10s}")
+    print(f"{'kernel':38s} {'G terms/s':>10s} {'of ceiling':>11s} {'of model':>10s}")
     for name, dt, con, clean, ceil in rows:
         try:
             r = rate(dt, args.shape, args.repeats, KN._SR, con, clean)
         except TypeError:  # a kernel without that option on this version
             continue
-        frac = (f"{100 * r / ceilings[ceil]:10.1f}% {100 * r / strict[ceil]:10.1f}%"
-                if ceil in ceilings else f"{'-':>11s} {'-':>10s}")
-        print(f"{name:38s} {r / 1e9:10.3f} {frac} (of {ceil})")
+        frac = (f"{100 * r / ports[ceil]:10.1f}% {100 * r / model[ceil]:9.1f}%"
+                if ceil in ports else f"{'-':>11s} {'-':>10s}")
+        print(f"{name:38s} {r / 1e9:10.3f} {frac} (of {ceil})", flush=True)
 
 
 if __name__ == "__main__":

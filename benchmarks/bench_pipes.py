@@ -1,6 +1,6 @@
 """Which vector pipes take which 512-bit instruction of the SR clean loop (one core).
 
-    python benchmarks/bench_pipes.py [--clock-ghz 3.69]
+    python benchmarks/bench_pipes.py [--clock-ghz GHZ]
 
 Builds, with llvmlite (numba's own LLVM binding), loops of 16 independent 512-bit
 instructions as inline assembly and times them by the thread's CPU time: the cycles per
@@ -29,13 +29,16 @@ def _compile(lines: list[str], name: str):
     tm = llvm.Target.from_default_triple().create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=2)
     asm = "\\0A".join(lines)
+    init = "\\0A".join(["movabsq $$4607182418800017408, %rax"]
+                        + [f"vpbroadcastq %rax, %zmm{i}" for i in range(32)])
     clobbers = ",".join(f"~{{zmm{i}}}" for i in range(32))
-    clobbers += ",~{k1},~{k2},~{k3},~{k4},~{dirflag},~{fpsr},~{flags}"
+    clobbers += ",~{k1},~{k2},~{k3},~{k4},~{rcx},~{dirflag},~{fpsr},~{flags}"
     ir = f"""
 define void @{name}(i64 %n) {{
 entry:
-  ; constants that are ordinary doubles / integers (no subnormal slow paths)
-  call void asm sideeffect "movabsq $$4604930618986332160, %rax\\0Avpbroadcastq %rax, %zmm0\\0Avpbroadcastq %rax, %zmm1", "~{{rax}},~{{zmm0}},~{{zmm1}}"()
+  ; every register 1.0: repeated products stay 1.0 and sums grow, so no operand or
+  ; result is ever subnormal (Intel cores take a microcode assist on those)
+  call void asm sideeffect "{init}", "~{{rax}},{clobbers}"()
   br label %loop
 loop:
   %i = phi i64 [0, %entry], [%i2, %loop]
@@ -54,15 +57,34 @@ exit:
     return ctypes.CFUNCTYPE(None, ctypes.c_int64)(ee.get_function_address(name))
 
 
-def cycles_per_iteration(lines: list[str], clock: float, n: int = 200_000) -> float:
+def _seconds_per_iteration(lines: list[str], n: int = 200_000, rounds: int = 30) -> float:
     fn = _compile(lines, f"loop{len(_KEEP)}")
     fn(1000)
     best = float("inf")
-    for _ in range(30):
+    for _ in range(rounds):
         t = time.thread_time()
         fn(n)
         best = min(best, time.thread_time() - t)
-    return best * clock / n
+    return best / n
+
+
+def cycles_per_iteration(lines: list[str], clock: float, n: int = 200_000) -> float:
+    return _seconds_per_iteration(lines, n) * clock
+
+
+#: dependent scalar integer adds per iteration of the clock loop
+CHAIN = 64
+
+
+def clock_hz(rounds: int = 50) -> float:
+    """Core clock, measured: a loop of ``CHAIN`` dependent ``addq %rax, %rcx`` takes CHAIN
+    cycles per iteration on every x86-64 core (register-to-register integer add: latency
+    1 on AMD and Intel alike; the loop counter runs beside the chain), timed by the
+    thread's CPU time, best of ``rounds``. Not an add of an immediate: Intel's Golden
+    Cove folds chains of those at rename (it measured 24 GHz here). Not a float64 add
+    chain: its latency differs by core (3 cycles on AMD Zen 4, 4 on Intel Skylake-X, 2
+    on Golden Cove's adders)."""
+    return CHAIN / _seconds_per_iteration(["addq %rax, %rcx"] * CHAIN, 100_000, rounds)
 
 
 KINDS = {
@@ -90,10 +112,12 @@ def _lines(kind: str, regs) -> list[str]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clock-ghz", type=float, default=3.69,
-                    help="core clock (bench_kernels.py measures it)")
+    ap.add_argument("--clock-ghz", type=float, default=None,
+                    help="core clock (default: measured by a dependent integer add chain)")
     args = ap.parse_args(argv)
-    clock = args.clock_ghz * 1e9
+    clock = args.clock_ghz * 1e9 if args.clock_ghz else clock_hz()
+    print(f"clock {clock / 1e9:.2f} GHz"
+          + ("" if args.clock_ghz else f" ({CHAIN} dependent integer adds per iteration)"))
     print("cycles per instruction, 16 independent 512-bit instructions per iteration")
     for kind in KINDS:
         c = cycles_per_iteration(_lines(kind, range(8, 24)), clock)
