@@ -8,13 +8,14 @@ granularity="flop")``), at 1 thread and at ``--threads`` (torch's and numba's th
 counts set alike), best of ``--repeats`` interleaved rounds, it splits the forward's
 wall time into
 
-- **parallel kernels**: numba calls made while numba's thread count is above 1 (the
-  contraction kernels at or above ``kernels.PARALLEL_MIN_WORK`` terms, and every other
-  compiled call of that size); at 1 thread, the kernel time less the serial kernels'
-  time at n threads (a serial call takes as long either way);
-- **serial kernels**: numba calls made with one thread (below that threshold, or kernels
-  without a parallel form: the normalisation, softmax and elementwise kernels of a
-  transformer's activations);
+- **parallel kernels**: calls of numba's ``parallel=True`` kernels made while numba's
+  thread count is above 1 (the contraction kernels at or above
+  ``kernels.PARALLEL_MIN_WORK`` terms, and every other parallel kernel of that size); at
+  1 thread, the kernel time less the serial kernels' time at n threads (a serial call
+  takes as long either way);
+- **serial kernels**: the other numba calls (parallel kernels below that threshold, run
+  with one thread, and kernels without a parallel form: the normalisation, softmax and
+  elementwise kernels of a transformer's activations);
 - **the rest**: everything outside a numba call (the dispatch mode, handlers, torch's
   own ops, tensor allocation): Python work on the calling thread.
 
@@ -64,9 +65,10 @@ class _Timed:
 
     def __init__(self, fn, clock: _Clock) -> None:
         self._fn, self._clock = fn, clock
+        self._parallel = bool(fn.targetoptions.get("parallel"))
 
     def __call__(self, *args, **kwargs):
-        par = numba.get_num_threads() > 1
+        par = self._parallel and numba.get_num_threads() > 1
         t = time.perf_counter()
         try:
             return self._fn(*args, **kwargs)
