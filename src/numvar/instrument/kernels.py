@@ -93,9 +93,13 @@ therefore the dependency chain's: 12.1 cycles per pass for the loop body alone (
 the 10-cycle ceiling), 11.5 with two passes interleaved by hand (87 %); numba's loop
 reaches 12.6–12.8 cycles (78–79 %), the 80 % goal (12.5 cycles) not met by 1–2 %.
 
-``benchmarks/bench_kernels.py`` recounts the micro-ops in the code generated on the
-host, measures the clock (a chain of dependent float64 adds) and prints the fraction of
-the ceiling :func:`contract` reaches, timed by the calling thread's CPU time (one core).
+``benchmarks/bench_kernels.py`` recounts the instructions in the code generated on the
+host, measures the clock (a chain of dependent integer register adds, one cycle each on
+any x86-64 core) and the port-bound ceiling itself (the loop's vector instructions with
+their dependencies cut, run as inline assembly: on an Intel Golden Cove core, which
+splits ``vpmullq`` into three micro-ops, 11.3 cycles per 8 terms rather than the 10 of
+the count above), and prints the fraction of both ceilings :func:`contract` reaches,
+timed by the calling thread's CPU time (one core).
 See ``docs/speed.md`` for the measured fractions; outside the loop, :func:`contract`
 spends the per-k line hash and loop set-up (K passes over N/8 vectors per row), the
 first-product loop, the NaN scan, the clean-row test and the widening of ``b``.
