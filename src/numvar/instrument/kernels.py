@@ -713,7 +713,7 @@ _FRAC32 = np.uint32(0x7FFFFF)
 def _prepare32(a, b, b64, BO, t):  # pragma: no cover - compiled
     """What :func:`contract` needs before a binary32 product, in one parallel pass over
     the rows of ``a`` (BA, M, K) and of ``b`` (BB, K, N): ``b`` widened to float64 into
-    ``b64``, the clean rows (the same as :func:`clean_rows`) and the OR of the fraction
+    ``b64`` (BB·K·N float64, in the column-tile layout of :func:`tiled64`), the clean rows (the same as :func:`clean_rows`) and the OR of the fraction
     fields of ``a`` and of ``b`` (for :func:`narrow_products`). Before, these ran on the
     calling thread alone (``astype``, :func:`clean_rows`, :func:`_narrow_bits`): about
     4 % of a ResNet forward at flop, a serial part that two threads could not shrink.
@@ -722,15 +722,20 @@ def _prepare32(a, b, b64, BO, t):  # pragma: no cover - compiled
     BA, M, Kd = a.shape
     BB, _, N = b.shape
     bu = b.reshape(BB * Kd, N).view(np.uint32)
-    bw = b64.reshape(BB * Kd, N)
+    bw = b64.reshape(BB * Kd * N)
     bf = b.reshape(BB * Kd, N)
+    tw = clean_tile(Kd)
     bst = np.empty((BB * Kd, 3), dtype=np.uint32)
     for r in prange(BB * Kd):
         bst[r, 0], bst[r, 1], bst[r, 2] = _row_stats(bu[r])
         src = bf[r]
-        dst = bw[r]
-        for j in range(N):
-            dst[j] = np.float64(src[j])
+        bb = r // Kd
+        k = r - bb * Kd
+        for j0 in range(0, N, tw):  # row k of each column tile's block (tiled64)
+            w = min(tw, N - j0)
+            dst = bw[bb * Kd * N + j0 * Kd + k * w:]
+            for jj in range(w):
+                dst[jj] = np.float64(src[j0 + jj])
     au = a.reshape(BA * M, Kd).view(np.uint32)
     ast = np.empty((BA * M, 3), dtype=np.uint32)
     for r in prange(BA * M):
@@ -831,13 +836,32 @@ def clean_tile(K):  # pragma: no cover - compiled
     return max(256, min(TILE, w))
 
 
+def tiled64(b: np.ndarray) -> np.ndarray:
+    """``b`` (BB, K, N) widened to float64 in the layout :func:`_prepare32` writes and the
+    clean loops read: per batch, the column tiles of :func:`clean_tile` one after the
+    other, each a C-order (K, w) block (w = the tile's width), flat (BB·K·N,). In the
+    plain (K, N) layout one tile's rows lie N·8 bytes apart: for N = 2048 a 256-column
+    tile's rows fall into 256 of a 2 MB, 16-way L2's 2048 sets, so a K = 576 tile
+    (1.2 MB) thrashed the L2 and ran 16–20 % slower than in its own block. (With one tile, N <= the tile
+    width, the two layouts are the same memory.)"""
+    BB, Kd, N = b.shape
+    tw = clean_tile(Kd)
+    out = np.empty(BB * Kd * N)
+    for bb in range(BB):
+        for j0 in range(0, N, tw):
+            w = min(tw, N - j0)
+            blk = b[bb, :, j0:j0 + w].astype(np.float64)
+            out[bb * Kd * N + j0 * Kd:bb * Kd * N + (j0 + w) * Kd] = blk.reshape(-1)
+    return out
+
+
 @njit(parallel=True, cache=True)
 def _contract_fast32(a, b, b64, clean, out, key, mode, t, fma=False,
                      exact=False):  # pragma: no cover
     """binary32 at t <= 24 bits. Clean rows (see above): vectorised loops without range
-    checks on ``b64`` (``b`` widened to float64 once per call: the loops then multiply
-    from memory instead of widening every element of ``b`` once per row; same
-    products), NaN-poisoned lanes recomputed on the full path. Other rows: at 24 bits
+    checks on ``b64`` (``b`` widened to float64 once per call, flat in the column-tile
+    layout of :func:`tiled64`: the loops then multiply from memory instead of widening
+    every element of ``b`` once per row; same products), NaN-poisoned lanes recomputed on the full path. Other rows: at 24 bits
     the checked fast path per tile, full path for its rejects; below, the full path.
     ``fma``: one rounding per multiply-add (clean rows vectorised, other rows on the
     full path). ``exact`` (separate, t = 24, sr/ieee/random; see :func:`narrow_products`):
@@ -870,14 +894,17 @@ def _contract_fast32(a, b, b64, clean, out, key, mode, t, fma=False,
             jg = np.empty(n, dtype=np.uint64)
             for jj in range(n):
                 jg[jj] = np.uint64(j0 + jj) * _G
+            # the tile's own (K, n) block of b64 (tiled64); jg carries the column indices
+            o0 = bb * Kd * N + j0 * Kd
+            bt = b64[o0:o0 + Kd * n].reshape(Kd, n)
             if fma:
-                _cleanfma32(acc, jg, arow, b64[bb], ukey, base, j0, n, mode, t)
+                _cleanfma32(acc, jg, arow, bt, ukey, base, 0, n, mode, t)
             elif exact:
-                _cleanx32(acc, jg, arow, b64[bb], ukey, base, j0, n, mode)
+                _cleanx32(acc, jg, arow, bt, ukey, base, 0, n, mode)
             elif t == 24:
-                _clean32(acc, jg, arow, b64[bb], ukey, base, j0, n, mode)
+                _clean32(acc, jg, arow, bt, ukey, base, 0, n, mode)
             else:
-                _cleant32(acc, jg, arow, b64[bb], ukey, base, j0, n, mode, t)
+                _cleant32(acc, jg, arow, bt, ukey, base, 0, n, mode, t)
             for jj in range(n):
                 v = acc[jj]
                 if v == v:
@@ -1006,10 +1033,12 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
         hk = np.empty(L, dtype=np.uint64)
         for lane in range(L):
             hb[lane] = np.uint64(bo * M + min(i0 + lane, i1 - 1)) * np.uint64(Kd)
+        # (N <= NARROW_N is one column tile: tiled64's layout is the plain (K, N) one)
+        bmat = b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N)
         for k0 in range(0, Kd, NARROW_KC):
             kc = min(NARROW_KC, Kd - k0)
             _transpose_block(at, arows, i0, i1, k0, kc)
-            _narrow32(acc, at, b64[bb], hb, hk, ukey, k0, kc, mode)
+            _narrow32(acc, at, bmat, hb, hk, ukey, k0, kc, mode)
         for lane in range(i1 - i0):
             i = i0 + lane
             row = bo * M + i
@@ -1575,7 +1604,7 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
             # products exact (bf16/fp16 values): sr, ieee and random leave them unchanged
             # b widened, clean rows and significant bits in one parallel pass (same values
             # as b.astype(np.float64), clean_rows and narrow_products)
-            b64 = np.empty(b.shape)
+            b64 = np.empty(b.size)  # tiled64's layout
             clean, pab = launch(a.size + b.size, _prepare32, a, b, b64, BO, t)
             exact = EXACT_PRODUCTS and not fma and t == 24 and mode != _UD and pab <= t
             if (NARROW_KERNEL and not fma and t == 24 and out.shape[2] <= NARROW_N
