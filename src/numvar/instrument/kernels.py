@@ -713,8 +713,9 @@ _FRAC32 = np.uint32(0x7FFFFF)
 def _prepare32(a, b, b64, BO, t):  # pragma: no cover - compiled
     """What :func:`contract` needs before a binary32 product, in one parallel pass over
     the rows of ``a`` (BA, M, K) and of ``b`` (BB, K, N): ``b`` widened to float64 into
-    ``b64`` (BB·K·N float64, in the column-tile layout of :func:`tiled64`), the clean rows (the same as :func:`clean_rows`) and the OR of the fraction
-    fields of ``a`` and of ``b`` (for :func:`narrow_products`). Before, these ran on the
+    ``b64`` (BB·K·N float64, in the column-tile layout of :func:`tiled64`), the clean
+    rows (the same as :func:`clean_rows`) and the OR of the fraction fields of ``a``
+    and of ``b`` (for :func:`narrow_products`). Before, these ran on the
     calling thread alone (``astype``, :func:`clean_rows`, :func:`_narrow_bits`): about
     4 % of a ResNet forward at flop, a serial part that two threads could not shrink.
     Returns (clean, the significant bits bound of a's values plus b's, see
@@ -842,8 +843,8 @@ def tiled64(b: np.ndarray) -> np.ndarray:
     other, each a C-order (K, w) block (w = the tile's width), flat (BB·K·N,). In the
     plain (K, N) layout one tile's rows lie N·8 bytes apart: for N = 2048 a 256-column
     tile's rows fall into 256 of a 2 MB, 16-way L2's 2048 sets, so a K = 576 tile
-    (1.2 MB) thrashed the L2 and ran 16–20 % slower than in its own block. (With one tile, N <= the tile
-    width, the two layouts are the same memory.)"""
+    (1.2 MB) thrashed the L2 and ran 16–20 % slower than in its own block. (With one
+    tile, N <= the tile width, the two layouts are the same memory.)"""
     BB, Kd, N = b.shape
     tw = clean_tile(Kd)
     out = np.empty(BB * Kd * N)
@@ -861,8 +862,9 @@ def _contract_fast32(a, b, b64, clean, out, key, mode, t, fma=False,
     """binary32 at t <= 24 bits. Clean rows (see above): vectorised loops without range
     checks on ``b64`` (``b`` widened to float64 once per call, flat in the column-tile
     layout of :func:`tiled64`: the loops then multiply from memory instead of widening
-    every element of ``b`` once per row; same products), NaN-poisoned lanes recomputed on the full path. Other rows: at 24 bits
-    the checked fast path per tile, full path for its rejects; below, the full path.
+    every element of ``b`` once per row; same products), NaN-poisoned lanes recomputed
+    on the full path. Other rows: at 24 bits the checked fast path per tile, full path
+    for its rejects; below, the full path.
     ``fma``: one rounding per multiply-add (clean rows vectorised, other rows on the
     full path). ``exact`` (separate, t = 24, sr/ieee/random; see :func:`narrow_products`):
     clean rows skip the product roundings."""
@@ -1603,7 +1605,7 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
         if a.dtype == np.float32 and 1 <= t <= 24 and mode <= _RANDOM:
             # products exact (bf16/fp16 values): sr, ieee and random leave them unchanged
             # b widened, clean rows and significant bits in one parallel pass (same values
-            # as b.astype(np.float64), clean_rows and narrow_products)
+            # as tiled64(b), clean_rows and narrow_products)
             b64 = np.empty(b.size)  # tiled64's layout
             clean, pab = launch(a.size + b.size, _prepare32, a, b, b64, BO, t)
             exact = EXACT_PRODUCTS and not fma and t == 24 and mode != _UD and pab <= t
