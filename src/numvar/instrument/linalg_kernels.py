@@ -159,29 +159,12 @@ def pivot_perm(piv, n, reverse):  # pragma: no cover - compiled
     return perm
 
 
-@njit(cache=True)
-def _draw(base, counter, flags):  # pragma: no cover - compiled
-    """Keys ``bits64(base, c)`` for the counters c = counter, counter + 1, ... over the set
-    entries of ``flags`` (steps, calls) in C order, written transposed: (calls, steps)
-    uint64, 0 elsewhere."""
-    S, C = flags.shape
-    out = np.zeros((C, S), np.uint64)
-    c = counter
-    for s in range(S):
-        for j in range(C):
-            if flags[s, j]:
-                out[j, s] = K.bits64(base, c)
-                c += np.uint64(1)
-    return out
-
-
 def stream_keys(stream, flags: np.ndarray) -> np.ndarray:
     """The keys ``stream.next_key()`` would return for the set entries of ``flags``
     (steps × calls, bool), drawn in C order, as (calls, steps), 0 elsewhere; the stream
-    advanced past them. ``next_key`` at counter c is ``bits64(base, c)``
-    (numvar.rounding._stream)."""
-    out = _draw(np.uint64(stream._base), np.uint64(stream.counter), flags)
-    stream.counter += int(np.count_nonzero(flags))
+    advanced past them (:meth:`numvar.rounding._stream.Stream.keys`)."""
+    out = np.zeros(flags.shape[::-1], np.uint64)
+    out.T[flags] = stream.keys(int(np.count_nonzero(flags)))  # C order over (steps, calls)
     return out
 
 
