@@ -32,7 +32,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from numvar.instrument import fuzzy
-from numvar.instrument import handlers as H
+from numvar.instrument import _core as C
+from numvar.instrument import mode as MD
 from numvar.instrument import pointwise as PW
 from numvar.instrument.codepath import codepath
 from numvar.workloads import zoo
@@ -49,24 +50,32 @@ def _op(model, x):
 
 
 def recorded_once(model, x) -> tuple[set, int]:
-    """The ops op SR sends through op_once in one forward, and the float elements
-    their outputs hold (the elements rounded)."""
+    """The ops whose float64 result op SR rounds in one forward (every top-level op during
+    whose dispatch ``Ctx.round`` receives a float64 tensor: ``op_once`` wherever a
+    handler calls it, ``oplevel``'s scaled contractions, ``_safe_softmax``'s float64
+    softmax), and the elements those roundings produce."""
     funcs, elems = set(), [0]
-    real = H.op_once
+    current: list = []
+    real_dispatch, real_round = MD.FuzzyMode._dispatch, C.Ctx.round
 
-    def spy(ctx, func, args, kwargs):
-        funcs.add(func)
-        out = real(ctx, func, args, kwargs)
-        for o in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(o, torch.Tensor) and o.is_floating_point():
-                elems[0] += o.numel()
-        return out
+    def dispatch(self, func, args, kwargs):
+        current.append(func)
+        try:
+            return real_dispatch(self, func, args, kwargs)
+        finally:
+            current.pop()
 
-    H.op_once = spy
+    def round_(self, hi, dtype, lo=None):
+        if current and hi.dtype is torch.float64 and dtype is not torch.float64:
+            funcs.add(current[0])
+            elems[0] += hi.numel()
+        return real_round(self, hi, dtype, lo)
+
+    MD.FuzzyMode._dispatch, C.Ctx.round = dispatch, round_
     try:
         _op(model, x)
     finally:
-        H.op_once = real
+        MD.FuzzyMode._dispatch, C.Ctx.round = real_dispatch, real_round
     return funcs, elems[0]
 
 
