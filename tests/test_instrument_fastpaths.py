@@ -30,12 +30,13 @@ def _gen(*shape, seed=0, dtype=torch.float32):
 
 
 def _generic_op_once(monkeypatch):
-    """op_once with every argument list flattened (its general path)."""
+    """op_once with every argument list flattened and dtype arguments looked for (its
+    general path)."""
     real = H._static
 
     def flattening(func):
-        writes, _ = real(func)
-        return writes, True
+        writes, _, _ = real(func)
+        return writes, True, True
 
     monkeypatch.setattr(H, "_static", flattening)
 

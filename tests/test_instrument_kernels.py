@@ -202,6 +202,35 @@ def test_round32_is_the_rounding_core_round():
         assert _same(got, want.numpy()), m
 
 
+def test_round32_tensor_by_address_is_round32(monkeypatch):
+    """The address-taking serial kernel (``round32_tensor`` below PARALLEL_MIN_WORK) gives
+    round32's bits: keys at and above 2**63 (passed as the int64 of their bits), tensors
+    that start inside their storage, one element to several tiles; above the threshold
+    it takes the array path."""
+    rng = np.random.default_rng(9)
+    base = _with_specials(rng, _weird(rng, (2 * PW.TILE + 37,), np.float64))
+    for key in (0, 12345, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, 0xD1B54A32D192ED03):
+        for m in MODES:
+            for lo, hi in ((0, 1), (3, 40), (5, base.size)):
+                h = torch.from_numpy(base)[lo:hi]
+                want = np.empty(hi - lo, dtype=np.float32)
+                PW.round32(h.numpy(), want, key, RK.mode_code(m))
+                out = torch.full((hi - lo + 2,), 7.0, dtype=torch.float32)[1:-1]
+                PW.round32_tensor(h, out, key, RK.mode_code(m))
+                assert _same(out.numpy(), want), (key, m, lo, hi)
+                assert float(out._base[0]) == 7.0 and float(out._base[-1]) == 7.0
+    monkeypatch.setattr(KN, "PARALLEL_MIN_WORK", 1)
+    h = torch.from_numpy(base)
+    out = torch.empty(h.shape, dtype=torch.float32)
+    want = np.empty(h.shape, dtype=np.float32)
+    PW.round32(h.numpy(), want, 1 << 63, RK.MODE_SR)
+    PW.round32_tensor(h, out, 1 << 63, RK.MODE_SR)
+    assert _same(out.numpy(), want)
+    neg = torch._neg_view(h)  # a negative-bit view: its values, not its storage's
+    PW.round32_tensor(neg, out, 3, RK.MODE_IEEE)
+    assert _same(out.numpy(), (-base).astype(np.float32))
+
+
 class _key_stream(R.Stream):
     """A stream whose next key is the given one."""
 

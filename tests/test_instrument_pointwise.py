@@ -60,7 +60,8 @@ CASES = [
     ((7, 9), (7, 9), "slice"), ((7, 9), (9,), "expand"), ((0, 3), (3,), None),
     ((4, 6, 5), (1, 6, 1), "perm"), ((2, 400, 7), (400, 1), "slice3"),
     ((3, 40, 700), (40, 1), "perm"), ((5, 4, 3), (5, 1, 1), "perm"),
-    ((3000,), (3000,), None), ((2, 3, 1), (2, 3, 1), None),
+    ((3000,), (3000,), None), ((2, 3, 1), (2, 3, 1), None), ((5, 7), (7,), "neg"),
+    ((5, 7), (5, 7), "neg"),
 ]
 
 
@@ -76,6 +77,8 @@ def _operands(rng, sa, sb, how):
         a = _t(rng, (sa[1], sa[0], *sa[2:])).transpose(0, 1)
     elif how == "expand":
         a = _t(rng, (1, sa[1])).expand(*sa)
+    elif how == "neg":  # a negative-bit view: its values differ from its storage's
+        a = torch._neg_view(a)
     return a, b
 
 
@@ -107,6 +110,32 @@ def test_python_numbers_and_mixed_dtypes_equal_the_rounding_core(mode):
             yt = yy.to(a.dtype)
             assert _same(getattr(ctx, op)(a, y), getattr(R, op)(a, yt, mode=mode, stream=s))
             assert _same(getattr(ctx, op)(y, a), getattr(R, op)(yt, a, mode=mode, stream=s))
+
+
+def test_keys_of_both_halves_and_both_kernel_paths(monkeypatch):
+    """The serial kernels take the stream key as the int64 of its bits: keys below and at
+    or above 2**63 (seeds chosen to give both), tensor and number operands, against the
+    rounding core; then the parallel path (PARALLEL_MIN_WORK 1) gives the same bits."""
+    rng = np.random.default_rng(5)
+    a, b = _t(rng, (3, 40)), _t(rng, (40,))
+    firsts = {s: R.Stream(s).next_key() >= 1 << 63 for s in range(8)}
+    assert set(firsts.values()) == {False, True}
+    got = {}
+    for parallel in (False, True):
+        if parallel:
+            monkeypatch.setattr(KN, "PARALLEL_MIN_WORK", 1)
+        for seed in firsts:
+            for op in ("add", "div"):
+                for x, y in ((a, b), (a, 0.3), (2.5, a)):
+                    ctx = Ctx("sr", "flop", None, R.Stream(seed))
+                    out = getattr(ctx, op)(x, y)
+                    xt, yt = (torch.tensor(v, dtype=torch.float32) if isinstance(v, float)
+                              else v for v in (x, y))
+                    want = getattr(R, op)(xt, yt, mode="sr", stream=R.Stream(seed))
+                    assert _same(out, want), (seed, op, parallel)
+                    if parallel:
+                        assert _same(out, got[seed, op, type(x), type(y)])
+                    got[seed, op, type(x), type(y)] = out
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -367,7 +396,8 @@ def test_plan_cache_is_the_uncached_fold_and_keys_on_strides():
     for rnd in range(2):  # the second round reads every layout from the cache
         for a, b in pairs:
             shape = PW.broadcast_shape(a.shape, b.shape)
-            assert _same_plan(PW.plan(shape, a, b), PW.plan_uncached(shape, a, b))
+            if not (a.is_neg() or b.is_neg()):  # (a resolved copy each: other memory)
+                assert _same_plan(PW.plan(shape, a, b), PW.plan_uncached(shape, a, b))
             ctx = Ctx("sr", "flop", None, R.Stream(rnd))
             want = R.add(a, b, mode="sr", stream=R.Stream(rnd))
             assert _same(ctx.add(a, b), want), (a.shape, a.stride(), b.shape, b.stride())

@@ -150,14 +150,11 @@ class Ctx:
             return out
         if a.dtype is torch.float32 and self._t32:
             # broadcast operands are read in place (PW.plan), never materialised
-            plan = PW.plan(shape, a, b)
-            if plan is None:
-                plan = PW.plan(shape, a.contiguous(), b.contiguous())
-            if plan is None:
+            code = self.code
+            if not (PW.binary32_tensors(op, a, b, out, key, code)
+                    or PW.binary32_tensors(op, a.contiguous(), b.contiguous(), out, key, code)):
                 a, b = torch.broadcast_tensors(a, b)
-                plan = PW.plan(shape, a.contiguous(), b.contiguous())
-            dims, (an, sa), (bn, sb) = plan
-            PW.binary32(op, an, sa, bn, sb, PW.array(out), dims, key, self.code)
+                PW.binary32_tensors(op, a.contiguous(), b.contiguous(), out, key, code)
             return out
         p, emin, emax = _LEAN[a.dtype]
         if not same:
@@ -220,10 +217,8 @@ class Ctx:
         out = _empty(t.shape, t, torch.float32)
         n = out.numel()
         if n:
-            ta = PW.array(t if t.is_contiguous() else t.contiguous())
-            xa = np.array((x,), np.float32)
-            a, sa, b, sb = (ta, _FULL, xa, _ONE) if left else (xa, _ONE, ta, _FULL)
-            PW.binary32(op, a, sa, b, sb, PW.array(out), (1, 1, n), key, self.code)
+            PW.scalar32_tensor(op, t if t.is_contiguous() else t.contiguous(), x, left, out,
+                               key, self.code)
         return out
 
     def add(self, a, b):
@@ -260,11 +255,19 @@ class Ctx:
         (same arithmetic, same key, same bits as numvar.rounding.round: tested bit for
         bit); everything else goes through numvar.rounding.round.
         """
+        if (lo is None and dtype is torch.float32 and hi.dtype is torch.float64 and self._t32
+                and self._numba and hi.is_cpu):  # (the most frequent case, tested first)
+            key = self.stream.next_key()
+            hi = hi.contiguous()
+            out = _empty(hi.shape, hi, dtype)
+            if out.numel():
+                PW.round32_tensor(hi, out, key, self.code)
+            return out
         if (lo is None and dtype in _NARROW and hi.dtype in _LEAN and self._numba
                 and hi.is_cpu and self.target(dtype) is None):
             return self._round_narrow(hi, dtype)
         if hi.dtype is not torch.float64 and (dtype in _LEAN or not hi.is_floating_point()):
-            hi = hi.to(torch.float64)  # (numvar.rounding.round reads float32 directly)
+            hi = hi.double()  # (numvar.rounding.round reads float32 directly)
         f = self.target(dtype)
         if f is not None:
             return launch(hi.numel(), R.round, hi, lo, dtype=dtype, format=f, mode=self.mode,
@@ -276,7 +279,7 @@ class Ctx:
             if dtype is torch.float32 and self._t32:
                 out = _empty(hi.shape, hi, dtype)
                 if out.numel():
-                    PW.round32(PW.array(hi), PW.array(out), key, self.code)
+                    PW.round32_tensor(hi, out, key, self.code)
                 return out
             p, emin, emax = _LEAN[dtype]
             out = torch.empty(hi.shape, dtype=dtype)
@@ -346,7 +349,6 @@ class Ctx:
         return buf.to(dtype)
 
 
-_FULL, _ONE = (0, 0, 1), (0, 0, 0)  # strides of a contiguous operand and of a single value
 
 
 _CF = torch.contiguous_format

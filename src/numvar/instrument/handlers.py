@@ -139,7 +139,8 @@ def _map_outputs(out, fn):
 
 
 #: per op: (written arguments as (index, name, kwarg-only), whether a list argument can
-#: hold tensors or dtypes, which op_once must then flatten)
+#: hold tensors or dtypes, which op_once must then flatten, whether any argument can be
+#: a dtype)
 _STATIC: dict = {}
 _F64 = torch.float64
 
@@ -154,12 +155,15 @@ def _static(func):
         lists = any(isinstance(a.type, torch.ListType)
                     and ("Tensor" in str(a.type) or "ScalarType" in str(a.type))
                     for a in sch.arguments)
-        st = _STATIC[func] = (writes, lists)
+        # (a dtype argument's type reads "int" in the parsed schema: its text says it)
+        dtypes = lists or "ScalarType" in str(sch)
+        st = _STATIC[func] = (writes, lists, dtypes)
     return st
 
 
 _C128 = torch.complex128
 _INEXACT = FLOATS | cplx.COMPLEX
+_F32_F64 = (torch.float32, _F64)
 
 
 def _up(x):
@@ -167,7 +171,7 @@ def _up(x):
     (complex64 to complex128)."""
     if isinstance(x, torch.Tensor):
         if x.dtype in FLOATS:
-            return x.to(_F64) if x.dtype is not _F64 else x
+            return x.double() if x.dtype is not _F64 else x
         return x.to(_C128) if x.dtype is torch.complex64 else x
     if isinstance(x, torch.dtype):
         if x in FLOATS:
@@ -190,11 +194,11 @@ def op_once(ctx: Ctx, func, args, kwargs):
     general path's steps for that case and nothing else (same calls, same key, same bits:
     ``tests/test_instrument_fastpaths.py``).
     """
-    writes, lists = _static(func)
+    writes, lists, dtypes = _static(func)
     if not kwargs and len(args) == 1 and not writes and not lists:
         x = args[0]
         if type(x) is torch.Tensor and x.dtype is torch.float32:
-            out = func(x.to(_F64))
+            out = func(x.double())
             if type(out) is torch.Tensor and out.dtype is _F64:
                 return ctx.round(out, torch.float32)
             return _round_outputs(ctx, out, None, torch.float32)
@@ -207,12 +211,14 @@ def op_once(ctx: Ctx, func, args, kwargs):
     if not dts:
         return func(*args, **kwargs)
     promoted = dts[0]
-    for d in dts[1:]:
+    uniform = True
+    for d in dts:
         if d is not promoted:
             promoted = _reduce(torch.promote_types, dts)
+            uniform = False
             break
-    if promoted in (torch.float32, _F64) and all(d is promoted for d in dts) and not any(
-            isinstance(x, torch.dtype) for x in flat):
+    if uniform and promoted in _F32_F64 and not (
+            dtypes and any(isinstance(x, torch.dtype) for x in flat)):
         out_dts = None  # one binary32/64 dtype in, no dtype argument: float outputs alike
     else:
         if rebuild is None:
@@ -222,7 +228,7 @@ def op_once(ctx: Ctx, func, args, kwargs):
                 return tuple(vals[:n]), dict(zip(keys, vals[n:]))
         out_dts = _meta_out_dtypes(func, flat, rebuild)
     if not lists:
-        a2 = tuple(_up(x) for x in args)
+        a2 = tuple([_up(x) for x in args])
         k2 = {k: _up(v) for k, v in kwargs.items()} if kwargs else kwargs
     else:
         a2, k2 = rebuild([_up(x) for x in flat])
@@ -1127,7 +1133,7 @@ def _safe_softmax_op(ctx, func, args, kwargs):
     if (_get(args, kwargs, 2, "dtype") is not None or not is_float_tensor(x)
             or x.dim() == 0 or x.numel() == 0):
         return op_once(ctx, func, args, kwargs)
-    s = torch.ops.aten._softmax.default(x.to(torch.float64), dim, False)
+    s = torch.ops.aten._softmax.default(x.double(), dim, False)
     out = ctx.round(s, x.dtype)
     dead = x.amax(dim, keepdim=True) == float("-inf")
     if dead.any():

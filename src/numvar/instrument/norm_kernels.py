@@ -381,7 +381,7 @@ def _softmax_last(ctx, x, dim, nkeys):
     keys = ctx.stream_keys(4)
     d = torch.empty(x.shape, dtype=torch.float32)
     softmax_sub32(x2.numpy(), mx.numpy(), keys[0], ctx.code, d.numpy().reshape(-1))
-    e64 = torch.exp(d.to(torch.float64))
+    e64 = torch.exp(d.double())
     out = torch.empty(x.shape, dtype=torch.float32)
     softmax_tail32(e64.numpy().reshape(R, L), keys[1:], ctx.code,
                    out.numpy().reshape(-1))

@@ -31,6 +31,7 @@ from numvar.rounding import kernels as K
 from numvar.rounding._torch import two_prod, two_sum
 
 from . import cplx
+from . import ops as O
 from ._core import FLOATS, operands, result_dtype
 from .handlers import EXACT, OP_HANDLERS, _float_result, _get, _with_alpha, op_once, register
 
@@ -254,10 +255,12 @@ _SCALED = {"aten.addmm": (3, 4), "aten.baddbmm": (3, 4), "aten.addbmm": (3, 4),
 
 def _scaled_contraction(ctx, func, args, kwargs):
     """float64 contraction with alpha/beta converted as the kernel converts them; once."""
+    if len(args) <= 3 and not kwargs:
+        return op_once(ctx, func, args, kwargs)  # (no multiplier given: 1 and 1)
     dtype = result_dtype(*args[:3])
     if dtype in FLOATS and dtype is not _F64:
         args, kwargs = list(args), dict(kwargs)
-        for i, name in zip(_SCALED[f"aten.{func._schema.name.split('::')[1]}"], ("beta", "alpha")):
+        for i, name in zip(_SCALED[O.packet_name(func)], ("beta", "alpha")):
             if name in kwargs:
                 kwargs[name] = opmath_scalar(kwargs[name], dtype)
             elif len(args) > i:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import carray, njit, prange, types
+from numba.extending import intrinsic
 
 from numvar.rounding import kernels as K
 
@@ -461,6 +462,58 @@ def sqrt32(a: np.ndarray, out: np.ndarray, key, mode: int) -> None:
     k(a, out, np.uint64(key), mode)
 
 
+#: 2**63 and 2**64: a stream key (a Python int in [0, 2**64)) passed as the int64 of the
+#: same bits (:func:`signed_key`), which numba takes without a numpy scalar
+_2_63, _2_64 = 1 << 63, 1 << 64
+
+
+def signed_key(key: int) -> int:
+    """``key`` as the int64 with its bits (the kernels reinterpret it as uint64)."""
+    return key - _2_64 if key >= _2_63 else key
+
+
+def _pointer_to(dtype):
+    @intrinsic
+    def at(typingctx, addr):
+        """The address ``addr`` (an int64: ``Tensor.data_ptr()``) as a typed pointer."""
+        if not isinstance(addr, types.Integer):
+            return None
+        ptr = types.CPointer(dtype)
+
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(ptr))
+
+        return ptr(addr), codegen
+
+    return at
+
+
+_f64_at = _pointer_to(types.float64)
+_f32_at = _pointer_to(types.float32)
+
+
+@njit(cache=True, error_model="numpy")
+def _round_at(hp, op, n, key, mode):  # pragma: no cover - compiled
+    """:func:`_round_ser` on the ``n`` float64 at address ``hp`` into the ``n`` float32 at
+    ``op`` (``key`` the int64 of the stream key's bits)."""
+    _round_ser(carray(_f64_at(hp), n), carray(_f32_at(op), n), np.uint64(key), mode)
+
+
+def round32_tensor(h: torch.Tensor, out: torch.Tensor, key: int, mode: int) -> None:
+    """:func:`round32` on tensors: ``h`` float64 and ``out`` float32, contiguous CPU
+    tensors of one size ≥ 1 that stay alive during the call. Below
+    ``kernels.PARALLEL_MIN_WORK`` elements the serial kernel gets their addresses (about
+    1 µs less per call than two ``Tensor.numpy()`` views, the most frequent call of op
+    granularity); above, :func:`round32` on their arrays."""
+    if h.is_neg():  # (an address reads the storage, not a negative-bit view's values)
+        h = h.resolve_neg()
+    n = out.numel()
+    if n < KN.PARALLEL_MIN_WORK:
+        _round_at(h.data_ptr(), out.data_ptr(), n, signed_key(key), mode)
+    else:
+        _round_par(array(h), array(out), np.uint64(key), mode)
+
+
 def round32(h: np.ndarray, out: np.ndarray, key, mode: int) -> None:
     """``out[l] = round_f32(h[l], 0, mode, 24, bits64(key, l))``: numvar.rounding's ``round``
     of float64 values to binary32 (1-D contiguous arrays); serial below
@@ -580,6 +633,7 @@ def _suffix(shape, t: torch.Tensor) -> int:
 
 
 _FULL = (0, 0, 1)  # the strides of a contiguous operand of the result's shape
+_SINGLE = (0, 0, 0)  # the strides of a single value
 #: layouts of :func:`plan` by (shape, a's shape and strides, b's shape and strides):
 #: what :func:`plan_uncached` derives depends on nothing else
 _LAYOUTS: dict = {}
@@ -591,18 +645,98 @@ def plan(shape, a: torch.Tensor, b: torch.Tensor):
     """:func:`plan_uncached`, its layout (dims, strides, how each operand's array is
     taken) cached per (shape, shapes and strides of ``a`` and ``b``): the same result,
     without re-deriving the fold for every op of a model."""
+    a, b = _plain(a), _plain(b)
     if a.shape == shape and b.shape == shape and a.is_contiguous() and b.is_contiguous():
         return (1, 1, a.numel()), (array(a), _FULL), (array(b), _FULL)
+    lay = _cached_layout(shape, a, b)
+    if lay is False:
+        return None
+    dims, (sa, ea), (sb, eb) = lay
+    return dims, (_operand(a, ea), sa), (_operand(b, eb), sb)
+
+
+def _cached_layout(shape, a: torch.Tensor, b: torch.Tensor):
+    """:func:`_layout`, cached per (shape, shapes and strides of ``a`` and ``b``)."""
     key = (shape, a.shape, a.stride(), b.shape, b.stride())
     lay = _LAYOUTS.get(key)
     if lay is None:
         if len(_LAYOUTS) >= MAX_LAYOUTS:
             _LAYOUTS.clear()
         lay = _LAYOUTS[key] = _layout(shape, a, b)
+    return lay
+
+
+@njit(cache=True, error_model="numpy")
+def _binary32_at(op, ap, na, sa, bp, nb, sb, outp, M1, M2, N, key, mode):  # pragma: no cover
+    """:func:`_binary32_ser` on the ``na`` / ``nb`` float32 at addresses ``ap`` / ``bp``
+    (strides ``sa`` / ``sb``) into the M1·M2·N float32 at ``outp`` (``key``: the int64 of
+    the stream key's bits)."""
+    _binary32_ser(op, carray(_f32_at(ap), na), sa, carray(_f32_at(bp), nb), sb,
+                  carray(_f32_at(outp), M1 * M2 * N), M1, M2, N, np.uint64(key), mode)
+
+
+@njit(cache=True, error_model="numpy")
+def _scalar32_at(op, tp, x, left, outp, n, key, mode):  # pragma: no cover - compiled
+    """``t op x`` (``left``) or ``x op t`` of the ``n`` float32 at ``tp`` and the number x
+    (float64, rounded to binary32 as ``torch.tensor(x, dtype=torch.float32)`` rounds it)
+    into the ``n`` float32 at ``outp``: :func:`_binary32_ser` with x a single value."""
+    xv = np.empty(1, np.float32)
+    xv[0] = np.float32(x)
+    t = carray(_f32_at(tp), n)
+    out = carray(_f32_at(outp), n)
+    if left:
+        _binary32_ser(op, t, (0, 0, 1), xv, (0, 0, 0), out, 1, 1, n, np.uint64(key), mode)
+    else:
+        _binary32_ser(op, xv, (0, 0, 0), t, (0, 0, 1), out, 1, 1, n, np.uint64(key), mode)
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its values in its storage (a negative-bit view resolved)."""
+    return t.resolve_neg() if t.is_neg() else t
+
+
+def binary32_tensors(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, key: int,
+                     mode: int) -> bool:
+    """:func:`binary32` of float32 CPU tensors ``a`` and ``b`` broadcast to ``out``'s shape
+    (``out`` contiguous, at least one element), read in place as :func:`plan` reads them;
+    False (nothing written) where the broadcast does not fold (:func:`plan` is None).
+    Below ``kernels.PARALLEL_MIN_WORK`` elements the serial kernel gets the tensors'
+    addresses (about 1.5 µs less per call than ``Tensor.numpy()`` views)."""
+    n = out.numel()
+    if n >= KN.PARALLEL_MIN_WORK or a.is_neg() or b.is_neg():
+        p = plan(out.shape, a, b)
+        if p is None:
+            return False
+        dims, (an, sa), (bn, sb) = p
+        binary32(op, an, sa, bn, sb, array(out), dims, key, mode)
+        return True
+    shape = out.shape
+    if a.shape == shape and b.shape == shape and a.is_contiguous() and b.is_contiguous():
+        _binary32_at(op, a.data_ptr(), n, _FULL, b.data_ptr(), n, _FULL, out.data_ptr(), 1,
+                     1, n, signed_key(key), mode)
+        return True
+    lay = _cached_layout(shape, a, b)
     if lay is False:
-        return None
-    dims, (sa, ea), (sb, eb) = lay
-    return dims, (_operand(a, ea), sa), (_operand(b, eb), sb)
+        return False
+    (M1, M2, N), (sa, ea), (sb, eb) = lay
+    _binary32_at(op, a.data_ptr(), ea or a.numel(), sa, b.data_ptr(), eb or b.numel(), sb,
+                 out.data_ptr(), M1, M2, N, signed_key(key), mode)
+    return True
+
+
+def scalar32_tensor(op: int, t: torch.Tensor, x: float, left: bool, out: torch.Tensor,
+                    key: int, mode: int) -> None:
+    """``out = RND(t op x)`` (``left``) or ``RND(x op t)``: :func:`binary32` of a
+    contiguous float32 CPU tensor ``t`` and a Python number ``x`` that binary32 holds as
+    ``torch.tensor(x, dtype=torch.float32)`` would, ``out`` contiguous of t's size ≥ 1."""
+    n = out.numel()
+    t = _plain(t)
+    if n < KN.PARALLEL_MIN_WORK:
+        _scalar32_at(op, t.data_ptr(), float(x), left, out.data_ptr(), n, signed_key(key), mode)
+        return
+    ta, xa = array(t), np.array((x,), np.float32)
+    a, sa, b, sb = (ta, _FULL, xa, _SINGLE) if left else (xa, _SINGLE, ta, _FULL)
+    binary32(op, a, sa, b, sb, array(out), (1, 1, n), key, mode)
 
 
 def _operand(t: torch.Tensor, extent: int) -> np.ndarray:
@@ -638,6 +772,7 @@ def plan_uncached(shape, a: torch.Tensor, b: torch.Tensor):
     of an operand at ``array[i1*s0 + i2*s1 + j*s2]`` with ``s2`` 0 or 1; None when it does
     not fold so. Contiguous operands of the result's shape, single values and contiguous
     trailing blocks (a bias) take short paths."""
+    a, b = _plain(a), _plain(b)
     if a.shape == shape and b.shape == shape and a.is_contiguous() and b.is_contiguous():
         return (1, 1, a.numel()), (array(a), _FULL), (array(b), _FULL)
     n = 1

@@ -446,7 +446,7 @@ class _Projection:
     def __call__(self, h: torch.Tensor, keys: np.ndarray) -> np.ndarray:
         """The (B, G·H) projection of ``h`` (B, H) (or of a cell's input (B, F)), flat."""
         if self.op:
-            h64 = h.to(_F64)
+            h64 = h.double()
             p = torch.mm(h64, self.wt64) if self.b64 is None else torch.addmm(
                 self.b64, h64, self.wt64)
             out = np.empty(p.numel(), np.float32)

@@ -78,7 +78,8 @@ def _use_numba(backend: str, ts: list[torch.Tensor]) -> bool:
 def _flat(ts: list[torch.Tensor], carrier: torch.dtype) -> tuple[list[torch.Tensor], torch.Size]:
     bs = torch.broadcast_tensors(*ts)
     shape = bs[0].shape
-    return [b.to(carrier).contiguous().reshape(-1) for b in bs], shape
+    # (resolve_neg: a negative-bit view reads as its values, not its storage)
+    return [b.to(carrier).resolve_neg().contiguous().reshape(-1) for b in bs], shape
 
 
 def _numba_call(kernel, pre, flats, fmt: Format, m: int, t: int, key: int, shape, dtype):
