@@ -416,6 +416,33 @@ def test_rowsum_is_the_scan_of_the_transpose(mode):
             assert _same(torch.from_numpy(got), torch.from_numpy(want)), (M, Kd, mul)
 
 
+def test_reduce_over_dims_trailing_but_for_size1_dims_equals_the_scan_path(monkeypatch):
+    """flop._trailing leaves reduced dims of size 1 out: those reductions take the row
+    path and give the bits of the permuted scan (the condition before: strictly
+    trailing dims), keepdim or not."""
+    from numvar.instrument import flop
+
+    rng = np.random.default_rng(12)
+    cases = [((1, 6, 4, 5), [0, 2, 3]), ((1, 20, 1, 7), [0, 3]), ((3, 1, 8), [1, 2]),
+             ((1, 1, 30, 2), [0, 1, 3]), ((2, 1, 9), [0, 1])]
+    assert all(flop._trailing(torch.empty(s), d) for s, d in cases[:4])
+    assert not flop._trailing(torch.empty(2, 1, 9), [0, 1])
+    for mode in MODES:
+        for shape, dims in cases:
+            x = _t(rng, shape)
+            for mul in (False, True):
+                for keepdim in (False, True):
+                    res = []
+                    for rows in (True, False):
+                        if not rows:
+                            monkeypatch.setattr(flop, "_trailing",
+                                                lambda x, d: d[0] == x.dim() - len(d))
+                        ctx = Ctx(mode, "flop", None, R.Stream(5))
+                        res.append(flop.reduce(x, dims, ctx, keepdim=keepdim, mul=mul))
+                        monkeypatch.undo()
+                    assert _same(res[0], res[1]), (mode, shape, dims, mul, keepdim)
+
+
 def test_reduce_over_trailing_dims_equals_the_scan_path(monkeypatch):
     from numvar.instrument import flop
 

@@ -38,6 +38,9 @@ CASES = {
                                                               keepdim=True)),
     "layer_norm": ((2, 18, 8), lambda x: F.layer_norm(x, (8,))),
     "group_norm": ((2, 4, 3, 3), lambda x: F.group_norm(x, 2)),
+    # reduced dims of size 1 before kept ones (flop._trailing): InstanceNorm's batch norm
+    "var_size1_dims": ((1, 6, 4, 5), lambda x: torch.var(x, (0, 2, 3), correction=0)),
+    "instance_norm": ((2, 3, 4, 5), lambda x: F.instance_norm(x)),
 }
 
 

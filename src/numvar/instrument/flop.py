@@ -368,6 +368,20 @@ def _dims(x: torch.Tensor, dim) -> list[int]:
     return dims if dims else list(range(x.dim()))
 
 
+def _trailing(x: torch.Tensor, dims: list[int]) -> bool:
+    """The reduced dims ``dims`` (sorted) are x's trailing dims once dims of size 1 are
+    left out. A size-1 dim moves no element of the (K, M) order the reductions use (K the
+    reduced dims in C order, M the kept ones), so the rows of x viewed as (M, K) are then
+    that order (InstanceNorm's batch norm reduces dims 0, 2, 3 of a (1, C, H, W) input)."""
+    if not dims:
+        return False
+    if dims[0] == x.dim() - len(dims):
+        return True
+    shape = x.shape
+    last_kept = max((d for d in range(x.dim()) if d not in dims and shape[d] != 1), default=-1)
+    return all(d > last_kept for d in dims if shape[d] != 1)
+
+
 def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool = False,
            dtype: torch.dtype | None = None) -> torch.Tensor:
     """Randomly rounded sum (or product) over ``dim`` (None or [] = all dims)."""
@@ -384,7 +398,7 @@ def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool =
         res = torch.full(out_shape, 1.0 if mul else 0.0, dtype=dtype, device=x.device)
     elif k == 1:
         res = x.reshape(out_shape).clone()
-    elif (dtype is torch.float32 and ctx._t32 and x.is_cpu and dims[0] == x.dim() - len(dims)
+    elif (dtype is torch.float32 and ctx._t32 and x.is_cpu and _trailing(x, dims)
           and x.is_contiguous() and flop_backend(x.device) == "numba"
           and (m < PW.ROW_M_MIN or k <= PW.ROW_K_MAX)):
         # trailing dims of a contiguous tensor: the rows of x viewed as (m, k), without
@@ -465,7 +479,7 @@ def var(x, dim, correction, ctx: Ctx, *, keepdim=False):
     m = x.numel() // n if n else 0
     if (USE_ROWVAR and n >= 2 and m and x.dtype is torch.float32 and ctx._t32 and ctx._numba
             and ctx.target(torch.float32) is None and x.is_cpu and x.is_contiguous()
-            and dims[0] == x.dim() - len(dims) and (m < PW.ROW_M_MIN or n <= PW.ROW_K_MAX)
+            and _trailing(x, dims) and (m < PW.ROW_M_MIN or n <= PW.ROW_K_MAX)
             and x.numel() < KN.PARALLEL_MIN_WORK and flop_backend(x.device) == "numba"):
         keys = ctx.stream_keys(6)
         out = np.empty(m, np.float32)
