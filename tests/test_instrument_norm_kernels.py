@@ -178,11 +178,15 @@ def _softmax_data():
 
 
 @pytest.mark.parametrize("mode,which", [("sr", "softmax"), ("ud", "safe"), ("down", "safe"),
-                                        ("random", "sdpa")])
+                                        ("random", "sdpa"), ("sr", "safe"),
+                                        ("ieee", "safe_alive")])
 def test_softmax_matches_decomposition(monkeypatch, mode, which):
     x = _softmax_data()
+    if which == "safe_alive":  # no dead row: the kernel's output returned as it is
+        x[0, 0, :] = torch.arange(6.0)
     fn = {"softmax": lambda t: torch.softmax(t, -1),
           "safe": lambda t: torch.ops.aten._safe_softmax.default(t, -1),
+          "safe_alive": lambda t: torch.ops.aten._safe_softmax.default(t, -1),
           "sdpa": lambda t: F.scaled_dot_product_attention(t, t, t)}[which]
     grad = which == "softmax"
 

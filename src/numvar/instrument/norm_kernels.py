@@ -363,14 +363,21 @@ def safe_softmax(ctx, args, kwargs, nkeys: int):
     if a is None or a[2] is not None:
         return None
     x, dim, _ = a
-    out = _softmax_last(ctx, x, dim, nkeys)
-    if out is None:
+    res = _softmax_last(ctx, x, dim, nkeys, maxima=True)
+    if res is None:
         return None
-    empty = torch.eq(x, float("-inf")).all(dim, keepdim=True)
-    return torch.where(empty, torch.zeros_like(out), out)
+    out, mx = res
+    # rows that are all −inf (the decomposition's eq(−inf).all()): the rows whose maximum
+    # is −inf (a NaN makes both false), found from softmax's own maxima; 0 there
+    dead = (mx == float("-inf")).reshape(*x.shape[:-1], 1)
+    if bool(dead.any()):
+        out = torch.where(dead, torch.zeros((), dtype=out.dtype), out)
+    return out
 
 
-def _softmax_last(ctx, x, dim, nkeys):
+def _softmax_last(ctx, x, dim, nkeys, maxima: bool = False):
+    """The softmax over the last dim (None where not served); with ``maxima``, (out, the
+    row maxima (R,))."""
     if (nkeys != 4 or not isinstance(dim, int) or not _input_ok(ctx, x) or x.dim() == 0
             or dim % x.dim() != x.dim() - 1 or x.shape[-1] < 2):
         return None
@@ -385,7 +392,7 @@ def _softmax_last(ctx, x, dim, nkeys):
     out = torch.empty(x.shape, dtype=torch.float32)
     softmax_tail32(e64.numpy().reshape(R, L), keys[1:], ctx.code,
                    out.numpy().reshape(-1))
-    return out
+    return (out, mx) if maxima else out
 
 
 def native_group_norm(ctx, args, kwargs, nkeys: int):
