@@ -20,6 +20,9 @@ _LEAN = {torch.float32: (24, -126, 127), torch.float64: (53, -1022, 1023)}
 
 #: (p, emin, emax) of bfloat16 and float16: their roundings take a binary32 carrier
 _NARROW = {torch.bfloat16: (8, -126, 127), torch.float16: (11, -14, 15)}
+#: the exact cast of a binary32 carrier to each narrow dtype (a method: cheaper per call
+#: than ``Tensor.to(dtype)``, whose argument parser tries several signatures)
+_NARROW_CAST = {torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half}
 
 #: codes of the modes that return a value exact in the target format unchanged
 _KEEPS_EXACT = frozenset(RK.mode_code(m) for m in ("ieee", "sr", "random"))
@@ -322,13 +325,10 @@ class Ctx:
         if a.shape != b.shape:
             a, b = torch.broadcast_tensors(a, b)
         out = torch.empty(a.shape, dtype=torch.float32)
-        n = out.numel()
-        if n:
-            an = a.detach().to(torch.float32).contiguous().view(-1).numpy()
-            bn = b.detach().to(torch.float32).contiguous().view(-1).numpy()
-            launch(n, RK.k_binary, op, an, bn, out.view(-1).numpy(), p, emin, emax,
-                   self.code, self.bits(a.dtype), np.uint64(key))
-        return out.to(a.dtype)
+        if out.numel():
+            PW.binary_narrow_tensor(op, a.float().contiguous(), b.float().contiguous(), out,
+                                    p, emin, emax, self.code, self.bits(a.dtype), key)
+        return _NARROW_CAST[a.dtype](out)
 
     def _round_narrow(self, hi: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """:meth:`round` of a binary32 or binary64 CPU tensor to bfloat16 or float16: the
@@ -339,14 +339,11 @@ class Ctx:
         Same key, same arithmetic, same bits as ``numvar.rounding.round``."""
         p, emin, emax = _NARROW[dtype]
         key = self.stream.next_key()
-        hi = hi.detach().contiguous()
+        hi = hi.contiguous()
         buf = _empty(hi.shape, hi, torch.float32)
-        n = buf.numel()
-        if n:
-            h = hi.view(-1).numpy()
-            launch(n, RK.k_round, h, h[:0], buf.view(-1).numpy(), False, p, emin, emax,
-                   self.code, self.bits(dtype), np.uint64(key))
-        return buf.to(dtype)
+        if buf.numel():
+            PW.round_narrow_tensor(hi, buf, p, emin, emax, self.code, self.bits(dtype), key)
+        return _NARROW_CAST[dtype](buf)
 
 
 

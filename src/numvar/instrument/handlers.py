@@ -164,6 +164,13 @@ def _static(func):
 _C128 = torch.complex128
 _INEXACT = FLOATS | cplx.COMPLEX
 _F32_F64 = (torch.float32, _F64)
+#: the dtypes of op_once's unary short path (binary64 runs natively: the general path)
+_SHORT = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _unary_args(vals):
+    """The (args, kwargs) of a one-argument call (``_meta_out_dtypes``' rebuild)."""
+    return tuple(vals), {}
 
 
 def _up(x):
@@ -189,19 +196,27 @@ def op_once(ctx: Ctx, func, args, kwargs):
     exact (only UD, or a virtual precision, perturbs it). Mutated arguments (running
     statistics) are rounded back into place.
 
-    A unary op of one binary32 tensor (no other argument, nothing written, no list
-    arguments: ``silu``, ``sigmoid``, ``tanh``, ``exp``, ...) takes a short path with the
-    general path's steps for that case and nothing else (same calls, same key, same bits:
-    ``tests/test_instrument_fastpaths.py``).
+    A unary op of one binary32, bfloat16 or float16 tensor (no other argument, nothing
+    written, no list arguments: ``silu``, ``sigmoid``, ``tanh``, ``exp``, ...) takes a
+    short path with the general path's steps for that case and nothing else (same calls,
+    same key, same bits: ``tests/test_instrument_fastpaths.py``); the output dtypes of a
+    16-bit input's non-float64 outputs (``frexp``'s) are asked of the meta kernel there,
+    as on the general path.
     """
     writes, lists, dtypes = _static(func)
     if not kwargs and len(args) == 1 and not writes and not lists:
         x = args[0]
-        if type(x) is torch.Tensor and x.dtype is torch.float32:
+        if type(x) is torch.Tensor and x.dtype in _SHORT:
+            dt = x.dtype
             out = func(x.double())
-            if type(out) is torch.Tensor and out.dtype is _F64:
-                return ctx.round(out, torch.float32)
-            return _round_outputs(ctx, out, None, torch.float32)
+            if dt is torch.float32:
+                if type(out) is torch.Tensor and out.dtype is _F64:
+                    return ctx.round(out, dt)
+                return _round_outputs(ctx, out, None, dt)
+            od = _meta_out_dtypes(func, args, _unary_args)  # (as the general path asks)
+            if type(out) is torch.Tensor and out.dtype is _F64 and od and od[0] is dt:
+                return ctx.round(out, dt)
+            return _round_outputs(ctx, out, od, dt)
     if lists:
         flat, rebuild = _flatten(args, kwargs)
     else:  # no tensors inside lists: the arguments themselves are the values

@@ -499,6 +499,50 @@ def _round_at(hp, op, n, key, mode):  # pragma: no cover - compiled
     _round_ser(carray(_f64_at(hp), n), carray(_f32_at(op), n), np.uint64(key), mode)
 
 
+@njit(cache=True, error_model="numpy")
+def _round_narrow_at(hp, wide, op, n, p, emin, emax, mode, t, key):  # pragma: no cover
+    """The rounding core's ``_k_round_narrow`` (numvar.rounding's ``round`` to a format of
+    p ≤ 24 bits, values into a binary32 carrier) of the ``n`` float64 (``wide``) or
+    float32 at ``hp`` into the ``n`` float32 at ``op``."""
+    out = carray(_f32_at(op), n)
+    ukey = np.uint64(key)
+    if wide:
+        h64 = carray(_f64_at(hp), n)
+        K._k_round_narrow(h64, h64, out, False, p, emin, emax, mode, t, ukey)
+    else:
+        h32 = carray(_f32_at(hp), n)
+        K._k_round_narrow(h32, h32, out, False, p, emin, emax, mode, t, ukey)
+
+
+@njit(cache=True, error_model="numpy")
+def _binary_narrow_at(op, ap, bp, outp, n, p, emin, emax, mode, t, key):  # pragma: no cover
+    """The rounding core's ``_k_binary_narrow`` (``add`` & co to a format of p ≤ 24 bits)
+    of the ``n`` float32 at ``ap`` and ``bp`` into the ``n`` float32 at ``outp``."""
+    K._k_binary_narrow(op, carray(_f32_at(ap), n), carray(_f32_at(bp), n),
+                       carray(_f32_at(outp), n), p, emin, emax, mode, t, np.uint64(key))
+
+
+def round_narrow_tensor(h: torch.Tensor, out: torch.Tensor, p: int, emin: int, emax: int,
+                        mode: int, t: int, key: int) -> None:
+    """numvar.rounding's ``round`` of ``h`` (float64 or float32) to the format (p, emin,
+    emax) at t bits into the float32 carrier ``out`` (contiguous CPU tensors of one size
+    ≥ 1), through the tensors' addresses; numba's thread count as ``kernels.launch``
+    sets it."""
+    h = _plain(h)
+    KN.launch(out.numel(), _round_narrow_at, h.data_ptr(), h.dtype is torch.float64,
+              out.data_ptr(), out.numel(), p, emin, emax, mode, t, signed_key(key))
+
+
+def binary_narrow_tensor(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+                         p: int, emin: int, emax: int, mode: int, t: int, key: int) -> None:
+    """numvar.rounding's ``add`` & co of float32 tensors ``a`` and ``b`` (contiguous,
+    ``out``'s size ≥ 1) to the format (p, emin, emax) at t bits into the float32 carrier
+    ``out``, through their addresses (see :func:`round_narrow_tensor`)."""
+    a, b = _plain(a), _plain(b)
+    KN.launch(out.numel(), _binary_narrow_at, op, a.data_ptr(), b.data_ptr(), out.data_ptr(),
+              out.numel(), p, emin, emax, mode, t, signed_key(key))
+
+
 def round32_tensor(h: torch.Tensor, out: torch.Tensor, key: int, mode: int) -> None:
     """:func:`round32` on tensors: ``h`` float64 and ``out`` float32, contiguous CPU
     tensors of one size ≥ 1 that stay alive during the call. Below
