@@ -231,6 +231,38 @@ def test_round32_tensor_by_address_is_round32(monkeypatch):
     assert _same(out.numpy(), (-base).astype(np.float32))
 
 
+def test_narrow_kernels_by_address_are_the_rounding_core_kernels():
+    """round_narrow_tensor / binary_narrow_tensor (bfloat16 and float16 through the
+    tensors' addresses) write what the rounding core's k_round / k_binary write from numpy
+    arrays: float64 and float32 sources, keys on both sides of 2**63, tensors that start
+    inside their storage, every op, at the format's precision and below it."""
+    rng = np.random.default_rng(10)
+    base = _with_specials(rng, _weird(rng, (700,), np.float64))
+    a32 = base.astype(np.float32)
+    b32 = _weird(rng, (700,), np.float32)
+    for p, emin, emax in ((8, -126, 127), (11, -14, 15)):
+        for t in (p, p - 3):
+            for key in (7, 1 << 63, (1 << 64) - 5):
+                for m in MODES:
+                    code = RK.mode_code(m)
+                    for src in (base, a32):
+                        h = torch.from_numpy(src)[3:]
+                        want = np.empty(h.numel(), np.float32)
+                        RK.k_round(h.numpy(), h.numpy()[:0], want, False, p, emin, emax,
+                                   code, t, np.uint64(key))
+                        out = torch.empty(h.numel() + 1, dtype=torch.float32)[1:]
+                        PW.round_narrow_tensor(h, out, p, emin, emax, code, t, key)
+                        assert _same(out.numpy(), want), (p, t, key, m, src.dtype)
+                    for op in (RK.OP_ADD, RK.OP_SUB, RK.OP_MUL, RK.OP_DIV):
+                        x, y = torch.from_numpy(a32)[2:], torch.from_numpy(b32)[:-2]
+                        want = np.empty(x.numel(), np.float32)
+                        RK.k_binary(op, x.numpy(), y.numpy(), want, p, emin, emax, code, t,
+                                    np.uint64(key))
+                        out = torch.empty(x.numel(), dtype=torch.float32)
+                        PW.binary_narrow_tensor(op, x, y, out, p, emin, emax, code, t, key)
+                        assert _same(out.numpy(), want), (p, t, key, m, op)
+
+
 class _key_stream(R.Stream):
     """A stream whose next key is the given one."""
 
