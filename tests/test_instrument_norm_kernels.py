@@ -160,12 +160,58 @@ def test_eval_batch_norm_matches_decomposition(monkeypatch, mode, shape, affine,
 
 
 def test_training_batch_norm_takes_the_decomposition(monkeypatch):
+    """Training with running statistics (their update), or with batch statistics over
+    more than one sample: the decomposition."""
     calls = count_calls(monkeypatch, NK, "batch_norm_eval32")
+    train_calls = count_calls(monkeypatch, NK, "batch_norm_train32")
     bn = torch.nn.BatchNorm1d(3).train()
+    stats_free = torch.nn.BatchNorm1d(3, track_running_stats=False).train()
     with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
         for _ in range(2):
             bn(torch.randn(4, 3))
-    assert not calls
+            stats_free(torch.randn(4, 3))
+    assert not calls and not train_calls
+
+
+def _instance_run(use, monkeypatch, mode, x, norm, grad):
+    monkeypatch.setattr(NK, "USE_KERNEL", use)
+    norm.zero_grad(set_to_none=True)  # (else the second run accumulates: one more add_)
+    xx = x.clone().requires_grad_(grad)
+    with torch.set_grad_enabled(grad), fuzzy(mode=mode, granularity="flop", seed=6) as fz:
+        outs = [norm(xx) for _ in range(2)]
+        if grad:
+            (torch.nan_to_num(outs[1]) * torch.arange(float(x.shape[-1]))).sum().backward()
+        pos = fz.stream.counter
+    grads = [xx.grad] + [p.grad for p in norm.parameters()] if grad else []
+    return [o.detach() for o in outs] + grads, pos, fz.report().to_dict()
+
+
+@pytest.mark.parametrize("mode,shape,affine,grad", [
+    ("sr", (2, 3, 4, 5), True, False), ("ieee", (2, 3, 4, 5), False, False),
+    ("ud", (3, 4, 7), True, False), ("random", (1, 2, 3, 3, 2), True, False),
+    ("down", (2, 3, 6), True, False), ("sr", (2, 3, 4, 4), True, True)])
+def test_instance_norm_matches_decomposition(monkeypatch, mode, shape, affine, grad):
+    """InstanceNorm (training-mode batch norm of one (1, N·C, *S) sample, no running
+    statistics) through batch_norm_train32: the decomposition's bits, stream position
+    and report, with NaN, a constant channel and overflowing squares, and its backward."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(7)) * 2 + 0.5
+    x.view(-1)[2] = float("nan")
+    x[0, 1] = 3.0  # a constant channel: variance 0, rstd 1/sqrt(eps)
+    x.view(-1)[-1] = 2e38
+    cls = {3: torch.nn.InstanceNorm1d, 4: torch.nn.InstanceNorm2d, 5: torch.nn.InstanceNorm3d}
+    norm = cls[len(shape)](shape[1], affine=affine)
+    if affine:
+        g = torch.Generator().manual_seed(8)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(shape[1], generator=g))
+            norm.bias.copy_(torch.randn(shape[1], generator=g))
+    calls = count_calls(monkeypatch, NK, "batch_norm_train32")
+    fast, pos, rep = _instance_run(True, monkeypatch, mode, x, norm, grad)
+    assert calls, "the compiled kernel did not run"
+    ref, pos_ref, rep_ref = _instance_run(False, monkeypatch, mode, x, norm, grad)
+    for a, b in zip(fast, ref):
+        _same(a, b)
+    assert pos == pos_ref and rep == rep_ref
 
 
 def _softmax_data():

@@ -1,6 +1,7 @@
 """numba kernels of LayerNorm, GroupNorm, eval BatchNorm and softmax at flop granularity
 (binary32): ``aten.native_layer_norm``, ``native_group_norm`` (with a weight),
-``native_batch_norm`` / ``_native_batch_norm_legit_no_training`` (running statistics),
+``native_batch_norm`` / ``_native_batch_norm_legit_no_training`` (running statistics;
+and ``native_batch_norm`` in training without them on one sample: InstanceNorm),
 ``_softmax`` / ``_safe_softmax`` (last dim). The layer norm is described here; the
 others follow the same rules (their functions say their steps and keys).
 
@@ -157,6 +158,21 @@ def batch_norm_eval32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, 
 
 
 @njit(cache=True, error_model="numpy")
+def batch_norm_train32(xs, x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd, N, C,
+                       S):  # pragma: no cover - compiled
+    """Batch norm with batch statistics (training, no running statistics) of one sample,
+    x (C·S,) float32 in C order (InstanceNorm's: its input arrives as (1, N·C, *S)),
+    binary32 at 24 bits: torch's decomposition is LayerNorm's steps with the statistics
+    per channel (``var_mean`` over every dim but 1) and the affine parameters per
+    channel, so keys 0–9 as :func:`layer_norm32` on ``xs``, x as (C, S) rows, ``mean``
+    and ``rstd`` (C,); then :func:`_normalize_affine` per channel (keys 10…, element l
+    of x). ``N`` is 1 (the caller's rule: see :func:`_batch_norm_train`)."""
+    _statistics(xs, eps, keys, mode, mean, rstd)
+    _normalize_affine(x, mean, rstd, w, b, has_w, has_b, keys, 10, mode, out, N, C, S,
+                      0, 1, 0, 0, 1, 0)
+
+
+@njit(cache=True, error_model="numpy")
 def group_norm32(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
                  rstd):  # pragma: no cover - compiled
     """GroupNorm with a weight of x (N·C·HW,) float32 in C order, binary32 at 24 bits, as
@@ -306,8 +322,9 @@ def _arguments(args, kwargs, names, defaults=None):
 def native_batch_norm(ctx, args, kwargs, nkeys: int):
     """``aten.native_batch_norm`` in eval (``training=False``: running statistics) as
     (out, save_mean, save_invstd), the last two empty as torch's CPU decomposition gives
-    them; None where the kernel does not serve the call (training, missing or
-    non-binary32 running statistics, ...) or the decomposition drew another number of
+    them, or in training without running statistics (:func:`_batch_norm_train`); None
+    where the kernels do not serve the call (training with running statistics, missing
+    or non-binary32 ones in eval, ...) or the decomposition drew another number of
     keys."""
     a = _arguments(args, kwargs, ("input", "weight", "bias", "running_mean", "running_var",
                                   "training", "momentum", "eps"))
@@ -327,8 +344,40 @@ def batch_norm_no_training(ctx, args, kwargs, nkeys: int):
     return _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, False, eps, nkeys)
 
 
+def _batch_norm_train(ctx, x, weight, bias, eps, nkeys):
+    """``native_batch_norm`` in training without running statistics on one sample
+    (InstanceNorm's, whose input arrives as (1, N·C, *S)) as (out, save_mean (C,),
+    save_invstd (C,)); None where the kernel does not serve the call."""
+    if not (_input_ok(ctx, x) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
+        return None
+    N, C = x.shape[0], x.shape[1]
+    S = x.numel() // (N * C)
+    # N = 1 only: then the statistics' dims (0, 2, ...) are trailing but for a size-1 dim
+    # and the decomposition's var_mean takes the row kernels (flop._trailing) whose steps
+    # the kernel runs; with N > 1 it runs tensor steps over x's own element order
+    if (N != 1 or S < 2 or not (_affine_ok(weight, C) and _affine_ok(bias, C))
+            or keys_needed(weight, bias) != nkeys):
+        return None
+    out = torch.empty(x.shape, dtype=torch.float32)
+    mean = torch.empty(C, dtype=torch.float32)
+    rstd = torch.empty(C, dtype=torch.float32)
+    keys = ctx.stream_keys(nkeys)
+    xs = x.detach().reshape(C, S).numpy()
+    empty = np.empty(0, np.float32)
+    w = empty if weight is None else weight.detach().numpy()
+    b = empty if bias is None else bias.detach().numpy()
+    batch_norm_train32(xs, xs.reshape(-1), w, b, weight is not None, bias is not None,
+                       np.float32(eps), keys, ctx.code, out.numpy().reshape(-1),
+                       mean.numpy(), rstd.numpy(), 1, C, S)
+    return out, mean, rstd
+
+
 def _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, training, eps, nkeys):
-    if training or not (_input_ok(ctx, x) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
+    if training:
+        if rmean is None and rvar is None:
+            return _batch_norm_train(ctx, x, weight, bias, eps, nkeys)
+        return None  # (the running statistics' update: the decomposition)
+    if not (_input_ok(ctx, x) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
         return None
     N, C = x.shape[0], x.shape[1]
     if not (_vector_ok(rmean, C) and _vector_ok(rvar, C) and _affine_ok(weight, C)
