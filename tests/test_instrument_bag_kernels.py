@@ -73,3 +73,17 @@ def test_kernel_is_taken_and_rounds(monkeypatch):
     bound = 5 * 2.0 ** -23 * (w.abs().max() * p.max() * 5)
     assert (out.double() - exact).abs().max() <= bound
     assert not torch.equal(out, exact.float())  # SR moved at least one element
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_bags_without_padding_or_last_offset_skip_the_mask_with_the_same_bits(kernel,
+                                                                               monkeypatch):
+    """Without padding_idx and include_last_offset every index lies in a bag and the
+    handler takes the indices as they are (no mask); with include_last_offset and a last
+    offset at the end the bags are the same and the masked path runs: same bits."""
+    for mode in ("sr", "ud"):
+        for bag_mode, psw in (("sum", True), ("mean", False)):
+            plain = _run(mode, bag_mode, True, psw, None, False, kernel, monkeypatch)
+            masked = _run(mode, bag_mode, True, psw, None, True, kernel, monkeypatch)
+            for a, b in zip(plain, masked):
+                assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (mode, bag_mode)

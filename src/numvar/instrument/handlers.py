@@ -779,16 +779,20 @@ def _embedding_bag(ctx, func, args, kwargs):
     out, offset2bag, bag_size, max_indices = func(*args, **kwargs)
     bag, nbags = _bags(indices, offsets, include_last)
     idx = indices.reshape(-1).cpu().to(torch.int64)
-    keep = (bag < nbags) & (idx != padding_idx) if padding_idx >= 0 else bag < nbags
-    idx, bag = idx[keep], bag[keep]
+    if padding_idx < 0 and not include_last:
+        keep = None  # every index is in a bag (offsets[0] is 0: the native op checks it)
+    else:
+        keep = (bag < nbags) & (idx != padding_idx) if padding_idx >= 0 else bag < nbags
+        idx, bag = idx[keep], bag[keep]
+    kept = None if psw is None else (psw.reshape(-1) if keep is None
+                                     else psw.reshape(-1)[keep.to(psw.device)])
     if BK.accepts(ctx, weight, psw):  # one compiled call, same keys and bits
-        kept = psw.reshape(-1)[keep] if psw is not None else None
         sums = BK.embedding_bag32(ctx, weight, idx, bag, nbags, kept, mode == 1)
         return sums.reshape(out.shape), offset2bag, bag_size, max_indices
     d = weight.shape[1]
     rows = weight[idx.to(weight.device)]
     if psw is not None:
-        rows = ctx.mul(rows, psw.reshape(-1)[keep.to(psw.device)].unsqueeze(1).to(rows.dtype))
+        rows = ctx.mul(rows, kept.unsqueeze(1).to(rows.dtype))
     zeros = torch.zeros(nbags, d, dtype=weight.dtype, device=weight.device)
     sums = SC.scatter_accumulate(ctx, zeros, bag.unsqueeze(1) * d + torch.arange(d), rows,
                                  include_self=False)
