@@ -381,3 +381,50 @@ def test_op_granularity_rounds_mean_and_scaled_sums_once():
     twice = (summed / (torch.bincount(idx, minlength=4).double() + 1)).float()
     assert not torch.equal(twice, want)
     assert fz.report().instrumented["aten.scatter_reduce.two"] == 1
+
+
+def test_avg_pool2d_window_rows_equal_the_im2col_scan():
+    """avg_pool2d at flop sums each window as a row (the row kernels); the bits are those
+    of the scan over im2col's (B, kh·kw, L) along dim 1, then the rounded division, drawn
+    from the same stream: overlapping and non-overlapping windows, padding with and
+    without count_include_pad, a divisor override, a 3-D input, special values, every
+    mode of the vectorised kernels."""
+    import numvar.rounding as R
+    from numvar.instrument import flop
+    from numvar.instrument._core import Ctx
+
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(2, 3, 9, 8, generator=g)
+    x[0, 1, 2, 3] = float("inf")
+    x[1, 0, 4, 4] = float("nan")
+    x[1, 2, 0, 0] = 3.0e38
+    cases = [dict(kernel_size=2), dict(kernel_size=3, stride=1),
+             dict(kernel_size=(4, 3), stride=(2, 3), padding=1),
+             dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),
+             dict(kernel_size=2, divisor_override=3)]
+    for mode in ("sr", "ud", "random", "ieee"):
+        for kw in cases:
+            for inp in (x, x[0]):
+                with torch.no_grad(), fuzzy(mode=mode, granularity="flop", seed=4):
+                    got = F.avg_pool2d(inp, **kw)
+                ks = kw["kernel_size"]
+                ks = [ks, ks] if isinstance(ks, int) else list(ks)
+                st = kw.get("stride", ks)
+                st = [st, st] if isinstance(st, int) else list(st)
+                pd = kw.get("padding", 0)
+                pd = [pd, pd] if isinstance(pd, int) else list(pd)
+                ctx = Ctx(mode, "flop", None, R.Stream(4))
+                xx = inp.reshape(-1, 1, *inp.shape[-2:])
+                cols, ls = flop.im2col(xx, ks, st, pd, (1, 1))
+                xp = cols.permute(1, 0, 2).reshape(ks[0] * ks[1], -1)  # (K, B·L)
+                sums = flop._policy_scan(xp, ctx, False, False, torch.float32).reshape(
+                    xx.shape[0], -1)
+                if kw.get("divisor_override"):
+                    div = float(kw["divisor_override"])
+                elif kw.get("count_include_pad", True) or not any(pd):
+                    div = float(ks[0] * ks[1])
+                else:
+                    ones = torch.ones(1, 1, *inp.shape[-2:])
+                    div = flop.im2col(ones, ks, st, pd, (1, 1))[0].sum(1).reshape(1, -1)
+                want = ctx.div(sums, div).reshape(*inp.shape[:-2], *ls)
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (mode, kw)

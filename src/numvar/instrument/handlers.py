@@ -9,6 +9,7 @@ formulas).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import reduce as _reduce
 from functools import wraps
@@ -912,8 +913,11 @@ def _avg_pool2d(ctx, func, args, kwargs):
         return rounded_once(ctx, func, args, kwargs, "ceil_mode windows")
     lead = x.shape[:-2]
     xx = x.reshape(-1, 1, *x.shape[-2:])
-    cols, ls = flop.im2col(xx, ks, stride, padding, (1, 1))  # (B, kh*kw, L)
-    sums = flop.reduce(cols, [1], ctx)  # (B, L)
+    # each window a row, (B, L, kh*kw): the sum over the last dim takes the row kernels,
+    # with the order and bits of the scan of im2col's (B, kh*kw, L) over dim 1 (window
+    # positions in C order, element (k, b·L + l)) without its transposed copy
+    win, ls = flop._windows(xx, ks, stride, padding, (1, 1))  # (B, 1, *L, kh, kw)
+    sums = flop.reduce(win.reshape(xx.shape[0], math.prod(ls), ks[0] * ks[1]), [2], ctx)
     div = _avg_divisor(x, ks, stride, padding, cip, dov)
     return ctx.div(sums, div).reshape(*lead, *ls)
 
