@@ -491,7 +491,7 @@ def _narrow_direct(a, b, key, code):
 def test_narrow_products_match_reference(monkeypatch):
     """Products with few columns (N <= NARROW_N) and enough rows take
     ``_contract_narrow32``, vectorised across rows: the same bits as the reference in every
-    mode, with a partial row block (70 = 64 + 6 rows), a partial k block (37 = 32 + 5), rows
+    mode, with a partial row block (70 = 64 + 6 rows: row by row), a partial k block (37 = 32 + 5), rows
     that are not clean (tiny, huge and infinite values: the per-row path), and lanes the
     loops give up on (magnitudes 2**±40 apart: inexact float64 sums, full path)."""
     calls = []
@@ -545,15 +545,18 @@ def test_narrow_and_wide_kernels_agree():
     """The narrow kernel against the column-vectorised one (``NARROW_KERNEL`` off) on
     larger products, every mode: bit for bit."""
     rng = np.random.default_rng(27)
-    a = rng.standard_normal((1, 150, 300)).astype(np.float32)
     b = rng.standard_normal((1, 300, 12)).astype(np.float32)
-    for m in MODES:
-        code = RK.mode_code(m)
-        narrow = KN.contract(a, b, 123, code, 24)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(KN, "NARROW_KERNEL", False)
-            wide = KN.contract(a, b, 123, code, 24)
-        assert _same(narrow, wide), m
+    # 150 = 2·64 + 22 rows (a partial lane block), then a last block of NARROW_TAIL rows
+    # (row by row) and of one more (a lane block), over a batch of 2
+    for rows, batch in ((150, 1), (64 + KN.NARROW_TAIL, 2), (64 + KN.NARROW_TAIL + 1, 2)):
+        a = rng.standard_normal((batch, rows, 300)).astype(np.float32)
+        for m in MODES:
+            code = RK.mode_code(m)
+            narrow = KN.contract(a, b, 123, code, 24)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(KN, "NARROW_KERNEL", False)
+                wide = KN.contract(a, b, 123, code, 24)
+            assert _same(narrow, wide), (m, rows)
 
 
 def test_clean_rows_ud_gives_up_below_its_range():

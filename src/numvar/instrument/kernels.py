@@ -937,6 +937,10 @@ NARROW_N = 16
 NARROW_ROWS = 64
 #: k-steps per transposed block of ``a`` (NARROW_KC × NARROW_ROWS float64: 16 KiB, in L1)
 NARROW_KC = 32
+#: a last, partial block of at most this many rows is computed row by row (:func:`_tile32`,
+#: vectorised across the columns) instead of as a block of NARROW_ROWS lanes, most of them
+#: repeats whose values are dropped (attention's 65 = 64 + 1 rows ran at half speed)
+NARROW_TAIL = 16
 
 
 @njit(inline="always")
@@ -1013,8 +1017,9 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
     (N <= :data:`NARROW_N`): one task per block of NARROW_ROWS rows of one batch. The
     block's rows are the lanes of :func:`_narrow32` (``a`` transposed NARROW_KC k-steps at
     a time; a last, partial block repeats its last row in the missing lanes, whose values
-    are dropped). A clean row takes its lanes' values, and its NaN lanes (inexact sums)
-    from the full path (:func:`_column32`); another row is computed as
+    are dropped, or, of at most :data:`NARROW_TAIL` rows, is computed row by row as a row
+    that is not clean). A clean row takes its lanes' values, and its NaN lanes (inexact
+    sums) from the full path (:func:`_column32`); another row is computed as
     :func:`_contract_fast32` computes it (:func:`_tile32`). Same bits."""
     BO, M, N = out.shape
     Kd = b.shape[1]
@@ -1029,6 +1034,13 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
         i1 = min(M, i0 + L)
         arows = a[bo % BA]
         bb = bo % BB
+        if i1 - i0 <= NARROW_TAIL and i1 - i0 < L:
+            bad = np.empty(N, dtype=np.bool_)
+            for i in range(i0, i1):
+                base = np.uint64(bo * M + i) * np.uint64(Kd)
+                _tile32(out[bo, i], arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24,
+                        bad)
+            continue
         acc = np.empty((N, L))
         at = np.empty((NARROW_KC, L))
         hb = np.empty(L, dtype=np.uint64)
