@@ -346,8 +346,6 @@ class Ctx:
         return _NARROW_CAST[dtype](buf)
 
 
-
-
 _CF = torch.contiguous_format
 
 

@@ -549,8 +549,7 @@ def round32_tensor(h: torch.Tensor, out: torch.Tensor, key: int, mode: int) -> N
     ``kernels.PARALLEL_MIN_WORK`` elements the serial kernel gets their addresses (about
     1 µs less per call than two ``Tensor.numpy()`` views, the most frequent call of op
     granularity); above, :func:`round32` on their arrays."""
-    if h.is_neg():  # (an address reads the storage, not a negative-bit view's values)
-        h = h.resolve_neg()
+    h = _plain(h)  # (an address reads the storage, not a negative-bit view's values)
     n = out.numel()
     if n < KN.PARALLEL_MIN_WORK:
         _round_at(h.data_ptr(), out.data_ptr(), n, signed_key(key), mode)
