@@ -7,13 +7,16 @@ torch's float64 result), so no design that keeps the bits can skip it. This benc
 measures, per model, one forward under ``no_grad``, one thread:
 
 - **native**, **floor** (``codepath`` + ``IdentityMode``, as ``bench_zoo.py``), **op SR**;
-- **f64 ref**: the floor with every op that op SR sends through ``op_once`` (recorded
-  from one op SR forward) upcast to float64, run, and cast back to float32 (no rounding,
-  no numvar Python): what the float64 re-run alone costs;
+- **f64 ref**: the floor with every op whose float64 result op SR rounds (recorded from
+  one op SR forward by :func:`recorded_once`: ``op_once`` wherever a handler calls it,
+  the scaled contractions, ``_safe_softmax``) upcast to float64, run, and cast back to
+  float32 (no rounding, no numvar Python): what the float64 re-run alone costs;
 - **round**: the SR rounding kernel (``pointwise.round32``) over as many elements as op
-  SR rounds in ``op_once`` per forward, minus a plain float64 -> float32 cast of them;
-- **bound** = f64 ref + round: a lower bound of op SR for any design that re-runs in
-  float64 through torch and rounds with numvar's kernel; the goal is op SR <= floor + 2.
+  SR rounds from float64 per forward, minus a plain float64 -> float32 cast of them;
+- **bound** = f64 ref + round: about the least any design that re-runs in float64
+  through torch and rounds with numvar's kernel pays (whole ops are re-run, so op SR can
+  fall slightly below it where numvar's own path for an op is cheaper); the goal is op
+  SR <= floor + 2.
 
 Times are CPU time of the (only) thread (``time.thread_time``: preemption on a loaded
 machine does not count), best of ``--repeats`` interleaved rounds after a warm-up, as
