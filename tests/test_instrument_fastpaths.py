@@ -227,3 +227,29 @@ def test_eval_batch_norm_skips_the_identity_write_back_bit_for_bit(monkeypatch):
                     assert c1 == c2
                     if not training and prec is None and mode != "ud":  # untouched
                         assert _same(m1, mean) and _same(v1, rv)
+
+
+def test_binary64_round_to_binary64_equals_the_rounding_api():
+    """``Ctx.round`` of a float64 tensor to float64 (op_once's rounding of a binary64 op)
+    returns the values themselves, without a kernel call, in the modes that keep exact
+    values at 53 bits (ieee, sr, random): the bits of ``numvar.rounding.round`` on the
+    same stream (which computes them) for normal, subnormal, signed-zero, infinite and
+    NaN values, a new tensor, and the next key alike; ud and a virtual precision go on
+    rounding (perturbed values)."""
+    hi = _gen(64, seed=21, dtype=torch.float64)
+    hi[:6] = torch.tensor([0.0, -0.0, 5e-324, -2.5e-310, math.inf, -math.inf])
+    hi[6] = math.nan
+    for mode in MODES:
+        for prec in (None, 30):
+            ctx = Ctx(mode, "flop", prec, R.Stream(7))
+            got = ctx.round(hi, torch.float64)
+            after = ctx.round(hi * 3, torch.float64)
+            st = R.Stream(7)
+            want = R.round(hi, dtype=torch.float64, mode=mode, stream=st, precision=prec)
+            want_after = R.round(hi * 3, dtype=torch.float64, mode=mode, stream=st,
+                                 precision=prec)
+            assert _same((got, after), (want, want_after)), (mode, prec)
+            assert ctx.stream.counter == st.counter
+            assert got.data_ptr() != hi.data_ptr()
+            kept = torch.equal(got[7:], hi[7:])
+            assert kept == (mode != "ud" and prec is None), (mode, prec)

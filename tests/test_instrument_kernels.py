@@ -467,23 +467,33 @@ def test_clean_rows_give_up_on_inexact_sums():
 
 
 def _narrow_direct(a, b, key, code):
-    """The narrow kernel's loops (:func:`numvar.instrument.kernels._narrow32`) on every
-    block of rows of a (1, M, K) @ (1, K, N) product, as ``_contract_narrow32`` runs them:
-    (M, N) float64 accumulators, NaN where the loops gave up."""
+    """The narrow kernel's loops (:func:`numvar.instrument.kernels._narrow32`, or
+    ``_narrow64`` for float64) on every block of rows of a (1, M, K) @ (1, K, N) product,
+    as ``_contract_narrow32`` / ``_contract_narrow64`` run them: (M, N) float64
+    accumulators, NaN where the loops gave up. The lanes' Weyl values are computed here
+    in Python integers (``key + (line + 1)·γ`` mod 2**64), and each lane's first line
+    hash is checked against ``bits64``."""
     M, Kd = a.shape[1], a.shape[2]
     N, L = b.shape[2], KN.NARROW_ROWS
+    loops = KN._narrow64 if a.dtype == np.float64 else KN._narrow32
     b64 = b[0].astype(np.float64)
     out = np.empty((M, N))
     for i0 in range(0, M, L):
         i1 = min(M, i0 + L)
         acc, at = np.empty((N, L)), np.empty((KN.NARROW_KC, L))
-        hb = np.array([min(i0 + lane, i1 - 1) * Kd for lane in range(L)], dtype=np.uint64)
+        lines = [min(i0 + lane, i1 - 1) * Kd for lane in range(L)]
+        hb = np.array([(key + (line + 1) * RK.GAMMA) % 2 ** 64 for line in lines],
+                      dtype=np.uint64)
+        hk = np.empty(L, np.uint64)
         for k0 in range(0, Kd, KN.NARROW_KC):
             kc = min(KN.NARROW_KC, Kd - k0)
             KN._transpose_block(at, a[0], i0, i1, k0, kc)
             assert np.array_equal(at[:kc], a[0, np.minimum(np.arange(i0, i0 + L), i1 - 1),
                                              k0:k0 + kc].T)
-            KN._narrow32(acc, at, b64, hb, np.empty(L, np.uint64), np.uint64(key), k0, kc, code)
+            loops(acc, at, b64, hb, hk, k0, kc, code)
+        # after the last block hk holds the lanes' hashes of line row·K + K − 1
+        assert hk.tolist() == [int(RK.bits64(np.uint64(key), np.uint64(line + Kd - 1)))
+                               for line in lines]
         out[i0:i1] = acc[:, :i1 - i0].T
     return out
 
@@ -541,22 +551,82 @@ def test_narrow_products_match_reference(monkeypatch):
     assert calls == [(2, 70, 5)] * 4 + [(2, 33, KN.NARROW_N)] * 4 + [(1, 40, 3)] * 3
 
 
-def test_narrow_and_wide_kernels_agree():
-    """The narrow kernel against the column-vectorised one (``NARROW_KERNEL`` off) on
-    larger products, every mode: bit for bit."""
-    rng = np.random.default_rng(27)
-    b = rng.standard_normal((1, 300, 12)).astype(np.float32)
-    # 150 = 2·64 + 22 rows (a partial lane block), then a last block of NARROW_TAIL rows
-    # (row by row) and of one more (a lane block), over a batch of 2
-    for rows, batch in ((150, 1), (64 + KN.NARROW_TAIL, 2), (64 + KN.NARROW_TAIL + 1, 2)):
-        a = rng.standard_normal((batch, rows, 300)).astype(np.float32)
+def test_narrow64_products_match_reference(monkeypatch):
+    """binary64 products with few columns (N <= NARROW_N) and enough rows take
+    ``_contract_narrow64``, vectorised across rows: the reference's bits in every mode,
+    with a partial row block (70 = 64 + 6 rows: row by row), a partial k block, a
+    one-column head (N = 1, the case it is for), rows that are not clean (a subnormal
+    product, 2**700, inf, NaN: the per-row path) and a broadcast batch; the loops alone
+    give up (NaN) exactly on lanes whose sums leave their range (factors below the clean
+    bound, reachable only by a direct call)."""
+    calls = []
+    real = KN._contract_narrow64
+
+    def counted(*args):
+        calls.append(args[3].shape)
+        return real(*args)
+
+    monkeypatch.setattr(KN, "_contract_narrow64", counted)
+    rng = np.random.default_rng(28)
+    a = rng.standard_normal((2, 70, 37)) * np.exp2(rng.integers(-200, 200, (2, 70, 37)) *
+                                                    (rng.random((2, 70, 37)) < 0.2))
+    a[rng.random(a.shape) < 0.1] = 0.0
+    a[rng.random(a.shape) < 0.05] = -0.0
+    a[0, 3, 2], a[1, 66, 0], a[0, 40, 36], a[1, 5, 7] = 2.0 ** -1060, 2.0 ** 700, np.inf, np.nan
+    clean = KN.clean_rows64(a, np.ones((1, 37, 1)), 2)
+    assert clean.any() and not clean.all()
+    for n in (1, 5):
+        b = rng.standard_normal((1, 37, n))
         for m in MODES:
             code = RK.mode_code(m)
-            narrow = KN.contract(a, b, 123, code, 24)
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(KN, "NARROW_KERNEL", False)
-                wide = KN.contract(a, b, 123, code, 24)
-            assert _same(narrow, wide), (m, rows)
+            ref = KN.contract_reference(a, b, 99, code, 53)
+            assert _same(KN.contract(a, b, 99, code, 53), ref), (m, n)
+            acc = _narrow_direct(a[:1], b, 99, code)
+            ok = clean[:70]
+            assert not np.isnan(acc[ok]).any(), (m, n)
+            assert _same(acc[ok], ref[0][ok]), (m, n)
+    a2 = rng.standard_normal((1, 33, 3))
+    b2 = rng.standard_normal((2, 3, KN.NARROW_N))
+    for m in MODES:
+        code = RK.mode_code(m)
+        assert _same(KN.contract(a2, b2, 5, code, 53), KN.contract_reference(a2, b2, 5, code, 53))
+    assert calls == [(2, 70, 1)] * 4 + [(2, 70, 5)] * 4 + [(2, 33, KN.NARROW_N)] * 4
+    # give-ups: sums of 2**-650 products (in the loops' range) that cancel to 2**-702 in
+    # rows 1 and 2 of 40, below it
+    a3 = np.full((1, 40, 2), 2.0 ** -400)
+    a3[0, 1:3, 1] = -(2.0 ** -400) * (1 - 2.0 ** -52)
+    b3 = np.full((1, 2, 2), 2.0 ** -250)
+    for m in MODES:
+        code = RK.mode_code(m)
+        acc = _narrow_direct(a3, b3, 3, code)
+        gave_up = np.zeros((40, 2), bool)
+        gave_up[1:3] = True
+        # (ud moves even exact products by an ulp: some of its sums cancel to zero)
+        assert np.array_equal(np.isnan(acc), gave_up) or (m == "ud" and np.isnan(acc).any()
+                                                          and not np.isnan(acc[~gave_up]).any()), m
+        ref = KN.contract_reference(a3, b3, 3, code, 53)[0]
+        kept = ~np.isnan(acc)
+        assert _same(acc[kept], ref[kept]), m
+        assert _same(KN.contract(a3, b3, 3, code, 53), ref[None]), m
+
+
+def test_narrow_and_wide_kernels_agree():
+    """The narrow kernels against the column-vectorised ones (``NARROW_KERNEL`` off) on
+    larger products, binary32 and binary64, every mode: bit for bit."""
+    rng = np.random.default_rng(27)
+    for dt, t in ((np.float32, 24), (np.float64, 53)):
+        b = rng.standard_normal((1, 300, 12)).astype(dt)
+        # 150 = 2·64 + 22 rows (a partial lane block), then a last block of NARROW_TAIL
+        # rows (row by row) and of one more (a lane block), over a batch of 2
+        for rows, batch in ((150, 1), (64 + KN.NARROW_TAIL, 2), (64 + KN.NARROW_TAIL + 1, 2)):
+            a = rng.standard_normal((batch, rows, 300)).astype(dt)
+            for m in MODES:
+                code = RK.mode_code(m)
+                narrow = KN.contract(a, b, 123, code, t)
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(KN, "NARROW_KERNEL", False)
+                    wide = KN.contract(a, b, 123, code, t)
+                assert _same(narrow, wide), (m, rows, t)
 
 
 def test_clean_rows_ud_gives_up_below_its_range():

@@ -317,3 +317,49 @@ def test_binary32_division_fast_pass_equals_scalar_path():
                          for j in range(n)], dtype=np.float32)
         same = (out.view(np.uint32) == want.view(np.uint32)) | (np.isnan(out) & np.isnan(want))
         assert same.all(), (mode, np.nonzero(~same)[0][:5])
+
+
+def test_binary64_fast_pass_equals_scalar_path():
+    """The kernel's binary64 add, sub and mul (t = 53: a vectorised pass by blocks, the
+    declined elements of a block redone) against the scalar ``wide_binary``, element by
+    element, on inputs that hit each case: ordinary operands over a wide exponent range,
+    exact sums, cancellations to zero, sums just below a power of two (the finer ulp
+    below it), results around the pass's range [2**-700, 2**1000) and past it
+    (subnormal, overflowing), factors around [2**-480, 2**480], zeros, infinities, NaN;
+    the declined elements scattered over many blocks."""
+    rng = np.random.default_rng(32)
+    n = 20000
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-300, 300, n))
+    y = rng.standard_normal(n) * np.exp2(rng.integers(-300, 300, n))
+    sel = rng.random(n)
+    near = rng.standard_normal(n)
+    y = np.where(sel < 0.2, x * np.exp2(rng.integers(-60, 5, n)), y)  # overlapping sums
+    y = np.where((sel >= 0.2) & (sel < 0.25), -x, y)  # exact zeros
+    x = np.where((sel >= 0.25) & (sel < 0.3), np.exp2(rng.integers(-20, 20, n)), x)
+    y = np.where((sel >= 0.25) & (sel < 0.3), -x * np.exp2(-rng.integers(54, 70, n)), y)
+    # results around 2**-700 and 2**1000, subnormal and overflowing ones
+    x = np.where((sel >= 0.3) & (sel < 0.35), near * np.exp2(rng.integers(-706, -694, n)), x)
+    y = np.where((sel >= 0.3) & (sel < 0.35), near * np.exp2(rng.integers(-706, -694, n)), y)
+    x = np.where((sel >= 0.35) & (sel < 0.4), near * np.exp2(rng.integers(995, 1023, n)), x)
+    y = np.where((sel >= 0.35) & (sel < 0.4), np.abs(near) * np.exp2(rng.integers(995, 1023, n)), y)
+    x = np.where((sel >= 0.4) & (sel < 0.45), near * np.exp2(rng.integers(-1074, -1000, n)), x)
+    # factors around 2**±480 (products of the mul)
+    y = np.where((sel >= 0.45) & (sel < 0.5), near * np.exp2(rng.integers(-485, -475, n)), y)
+    x = np.where((sel >= 0.45) & (sel < 0.5), near * np.exp2(rng.integers(475, 485, n)), x)
+    x[:8] = [0.0, -0.0, np.inf, np.nan, 1.0, -np.inf, 0.0, 2.0 ** -1074]
+    y[:8] = [1.0, -0.0, 2.0, 1.0, np.inf, np.inf, -0.0, 2.0 ** -1074]
+    declined = 0
+    for op in (K.OP_ADD, K.OP_SUB, K.OP_MUL):
+        for mode in MODES:
+            code = K.mode_code(mode)
+            out = np.empty(n)
+            K.k_binary(op, x, y, out, 53, -1022, 1023, code, 53, 78)
+            want = np.array([K.call_wide_binary(op, x[j], y[j], code, 53,
+                                                np.uint64(R.bits(78, j))) for j in range(n)])
+            same = (out.view(np.uint64) == want.view(np.uint64)) | (np.isnan(out) & np.isnan(want))
+            assert same.all(), (op, mode, np.nonzero(~same)[0][:5])
+            blk = np.empty(K.WIDE_BLOCK)
+            declined += sum(K._wide_block(op, x[j0:j0 + K.WIDE_BLOCK], y[j0:j0 + K.WIDE_BLOCK],
+                                          blk[:min(K.WIDE_BLOCK, n - j0)], np.uint64(78), j0,
+                                          code) for j0 in range(0, n, K.WIDE_BLOCK))
+    assert declined > 0.05 * 12 * n  # the redo ran, in many blocks

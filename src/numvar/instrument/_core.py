@@ -284,8 +284,12 @@ class Ctx:
                 if out.numel():
                     PW.round32_tensor(hi, out, key, self.code)
                 return out
-            p, emin, emax = _LEAN[dtype]
             out = torch.empty(hi.shape, dtype=dtype)
+            if dtype is torch.float64 and self.code in _KEEPS_EXACT and self.bits(dtype) == 53:
+                # a binary64 value rounded to binary64 at 53 bits by a mode that keeps exact
+                # values: itself (the kernel call would copy it; its key is drawn above)
+                return out.copy_(hi)
+            p, emin, emax = _LEAN[dtype]
             if out.numel():
                 h = hi.detach().view(-1).numpy()
                 launch(h.size, RK.k_round, h, h[:0], out.view(-1).numpy(), False, p, emin,

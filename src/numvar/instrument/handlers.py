@@ -165,8 +165,8 @@ def _static(func):
 _C128 = torch.complex128
 _INEXACT = FLOATS | cplx.COMPLEX
 _F32_F64 = (torch.float32, _F64)
-#: the dtypes of op_once's unary short path (binary64 runs natively: the general path)
-_SHORT = (torch.float32, torch.bfloat16, torch.float16)
+#: the dtypes of op_once's unary short path
+_SHORT = (torch.float32, _F64, torch.bfloat16, torch.float16)
 
 
 def _unary_args(vals):
@@ -197,8 +197,8 @@ def op_once(ctx: Ctx, func, args, kwargs):
     exact (only UD, or a virtual precision, perturbs it). Mutated arguments (running
     statistics) are rounded back into place.
 
-    A unary op of one binary32, bfloat16 or float16 tensor (no other argument, nothing
-    written, no list arguments: ``silu``, ``sigmoid``, ``tanh``, ``exp``, ...) takes a
+    A unary op of one binary32, binary64, bfloat16 or float16 tensor (no other argument,
+    nothing written, no list arguments: ``silu``, ``sigmoid``, ``tanh``, ``exp``, ...) takes a
     short path with the general path's steps for that case and nothing else (same calls,
     same key, same bits: ``tests/test_instrument_fastpaths.py``); the output dtypes of a
     16-bit input's non-float64 outputs (``frexp``'s) are asked of the meta kernel there,
@@ -209,8 +209,8 @@ def op_once(ctx: Ctx, func, args, kwargs):
         x = args[0]
         if type(x) is torch.Tensor and x.dtype in _SHORT:
             dt = x.dtype
-            out = func(x.double())
-            if dt is torch.float32:
+            out = func(x.double())  # (a float64 x is itself: the op runs natively)
+            if dt is torch.float32 or dt is _F64:
                 if type(out) is torch.Tensor and out.dtype is _F64:
                     return ctx.round(out, dt)
                 return _round_outputs(ctx, out, None, dt)

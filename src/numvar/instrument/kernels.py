@@ -43,7 +43,8 @@ nonzero input magnitude in [2**-300, 2**300], see :func:`clean_rows64`) run a ve
 loop (:func:`_clean64`): TwoProduct by a hardware FMA (``fma(a, b, -a·b)``, the same
 exact error as the rounding core's Dekker TwoProduct), TwoSum, and the rounding core's
 binary64 step ``_rn64_fast`` written without branches (:func:`_rn64_step`); lanes whose
-sums leave its range are redone on the scalar path, as are other rows. Virtual
+sums leave its range are redone on the scalar path, as are other rows. Products with
+few columns run the same steps vectorised across rows (:func:`_contract_narrow64`). Virtual
 precisions below 53 bits, the directed modes and ``"fma"`` take the scalar kernel.
 
 Port-bound ceiling of the binary32 SR clean loop
@@ -178,7 +179,13 @@ _SR, _IEEE, _UD, _RANDOM = K.MODE_SR, K.MODE_IEEE, K.MODE_UD, K.MODE_RANDOM
 def _bits(key, index):
     """``numvar.rounding.kernels.bits64`` written inline so that loops vectorise
     (tests check that the two agree bit for bit)."""
-    z = key + (index + np.uint64(1)) * _G
+    return _bits_weyl(key + (index + np.uint64(1)) * _G)
+
+
+@njit(inline="always")
+def _bits_weyl(z):
+    """:func:`_bits` from its Weyl value ``z = key + (index + 1)·γ`` (mod 2**64): loops
+    over consecutive indices step ``z`` by ``γ`` instead of multiplying."""
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     return z ^ (z >> np.uint64(31))
@@ -944,20 +951,21 @@ NARROW_TAIL = 16
 
 
 @njit(inline="always")
-def _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, mode):
+def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode):
     """k-steps ``k0 .. k0+kc−1`` of a block of NARROW_ROWS clean rows, every column,
     vectorised across the rows: ``acc[j, l]`` is the accumulator of row ``l`` and column
     ``j`` (float64, binary32 values), ``at[kk, l]`` the row's ``a[k0 + kk]`` as float64,
-    ``bmat`` the (K, N) product's ``b`` as float64 and ``hb[l]`` the row's first line
-    (``row·K``). Each lane runs the clean loops' steps with the same random bits
+    ``bmat`` the (K, N) product's ``b`` as float64 and ``hb[l]`` the Weyl value of the
+    row's first line ``row·K`` (``key + (row·K + 1)·γ``: line ``row·K + k``'s hash is
+    ``_bits_weyl(hb[l] + k·γ)``, one multiply fewer per line). Each lane runs the clean loops' steps with the same random bits
     (:func:`_clean_first`, :func:`_clean_step`); only the loop order differs (the line
     hash of (row, k) is drawn once per row and k and serves the N columns). 24 bits."""
     N = acc.shape[0]
     for kk in range(kc):
         k = k0 + kk
-        uk = np.uint64(k)
+        gk = np.uint64(k) * _G
         for lane in range(NARROW_ROWS):
-            hk[lane] = _bits(ukey, hb[lane] + uk)
+            hk[lane] = _bits_weyl(hb[lane] + gk)
         ak = at[kk]
         for j in range(N):
             bkj = bmat[k, j]
@@ -974,7 +982,7 @@ def _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, mode):
 
 
 @njit(cache=True)
-def _narrow32(acc, at, bmat, hb, hk, ukey, k0, kc, mode):  # pragma: no cover - compiled
+def _narrow32(acc, at, bmat, hb, hk, k0, kc, mode):  # pragma: no cover - compiled
     """:func:`_narrow_loops` at 24 bits, one vectorised copy per mode (as :func:`_clean32`),
     512-bit vectors allowed. Products that are all exact (bfloat16 values) take it too:
     rounding an exact product leaves it unchanged (same bits); a copy without the product
@@ -982,13 +990,13 @@ def _narrow32(acc, at, bmat, hb, hk, ukey, k0, kc, mode):  # pragma: no cover - 
     a few per cent of a bfloat16 ResNet's forward, and was left out."""
     _wide_vectors()
     if mode == _SR:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _SR)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _SR)
     elif mode == _IEEE:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _IEEE)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _IEEE)
     elif mode == _UD:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _UD)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _UD)
     else:
-        _narrow_loops(acc, at, bmat, hb, hk, ukey, k0, kc, _RANDOM)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _RANDOM)
 
 
 @njit(cache=True)
@@ -1045,14 +1053,15 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
         at = np.empty((NARROW_KC, L))
         hb = np.empty(L, dtype=np.uint64)
         hk = np.empty(L, dtype=np.uint64)
-        for lane in range(L):
-            hb[lane] = np.uint64(bo * M + min(i0 + lane, i1 - 1)) * np.uint64(Kd)
+        for lane in range(L):  # the Weyl value of the lane's line (row, 0): _bits_weyl
+            hb[lane] = ukey + (np.uint64(bo * M + min(i0 + lane, i1 - 1)) * np.uint64(Kd)
+                               + np.uint64(1)) * _G
         # (N <= NARROW_N is one column tile: tiled64's layout is the plain (K, N) one)
         bmat = b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N)
         for k0 in range(0, Kd, NARROW_KC):
             kc = min(NARROW_KC, Kd - k0)
             _transpose_block(at, arows, i0, i1, k0, kc)
-            _narrow32(acc, at, bmat, hb, hk, ukey, k0, kc, mode)
+            _narrow32(acc, at, bmat, hb, hk, k0, kc, mode)
         for lane in range(i1 - i0):
             i = i0 + lane
             row = bo * M + i
@@ -1159,19 +1168,6 @@ def _contract_kernel(a, b, out, key, mode, t, is32, fma=False):  # pragma: no co
 
 
 # ------------------------------------------------------------ binary64 clean rows
-@intrinsic
-def _fma64(typingctx, x, y, z):
-    """``x·y + z`` with one rounding (LLVM's ``llvm.fma.f64``: the hardware FMA, vfmadd,
-    where the CPU has one, a correctly rounded library call otherwise: exact either way)."""
-    if not all(v == types.float64 for v in (x, y, z)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.fma(*args)
-
-    return types.float64(types.float64, types.float64, types.float64), codegen
-
-
 #: A row of a binary64 product at 53 bits is *clean* when every input of the row (and of
 #: ``b``) is finite with every nonzero magnitude in [2**-300, 2**300]. Then every nonzero
 #: product lies in [2**-600, 2**600], where the rounding core's binary64 multiply takes
@@ -1182,48 +1178,9 @@ def _fma64(typingctx, x, y, z):
 #: exact); any other lane becomes NaN and is recomputed on the scalar full path.
 _CLEAN64_LO = np.uint64(1023 - 300) << np.uint64(52)
 _CLEAN64_HI = np.uint64(1023 + 300) << np.uint64(52)
-_SUM64_LO = np.uint64(1023 - 700) << np.uint64(52)
-_SUM64_SPAN = np.uint64(1700) << np.uint64(52)
-_MANT = np.uint64((1 << 52) - 1)
-_U52E = np.uint64(52 << 52)
-_ONEE = np.uint64(1 << 52)
-_S53 = np.uint64(2099 << 52)  # minus a biased exponent e: the bits of 2**(53-(e-1023))
-
-
-@njit(inline="always")
-def _rn64_step(x, lo, r, mode):
-    """``numvar.rounding.kernels._rn64_fast(x, lo, mode, r)`` (binary64 at 53 bits of the
-    exact ``x + lo``, ``x = RN64(x + lo)``) for ``|x|`` in [2**-700, 2**1000) and modes
-    sr, ieee, ud, random, without branches (same operations, selects instead of jumps):
-    ulp ``u`` from the exponent bits (halved below a power of two when the exact value
-    lies below it, for sr and random, or on ud's step down); sr moves up iff
-    ``float(r >> 11) + 1 <= sv·2**(53 - exponent(u))``."""
-    if mode == _IEEE:
-        return x
-    xb = _f64_bits(x)
-    sign = xb & _SIGN
-    ab = xb ^ sign
-    H = _bits_f64(ab)
-    top = (r >> _U63) == _ONE
-    pw2 = (ab & _MANT) == np.uint64(0)
-    ueb = (ab & _EXPBITS) - _U52E
-    if mode == _UD:
-        u = _bits_f64(ueb - (_ONEE if pw2 & (not top) else np.uint64(0)))
-        R = H + u if top else H - u
-        return _bits_f64(_f64_bits(R) | sign)
-    L = _bits_f64(_f64_bits(lo) ^ sign)
-    pos = L > 0.0
-    ueb = ueb - (_ONEE if pw2 & (not pos) else np.uint64(0))
-    u = _bits_f64(ueb)
-    A = H if pos else H - u
-    if mode == _SR:
-        sv = L if pos else u + L
-        up = np.float64(r >> _U11) + 1.0 <= sv * _bits_f64(_S53 - ueb)
-    else:
-        up = top
-    R = A + u if up else A
-    R = H if lo == 0.0 else R
-    return _bits_f64(_f64_bits(R) | sign)
+_SUM64_LO, _SUM64_SPAN = K.SUM64_LO, K.SUM64_SPAN
+_fma64 = K.fma64
+_rn64_step = K.rn64_step
 
 
 @njit(inline="always")
@@ -1254,16 +1211,22 @@ def _clean64_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode):
         hk = _bits(ukey, base + np.uint64(k))
         for jj in range(n):
             r = _mix(hk + jg[jj])
-            p = _product64(ak, bk[jj], r, mode)
-            c = acc[jj]
-            s = c + p
-            bv = s - c
-            e = (c - (s - bv)) + (p - bv)  # TwoSum: s + e = c + p exactly
-            sb = _f64_bits(s) & ~_SIGN
-            ok = ((sb - _SUM64_LO) < _SUM64_SPAN) | (s == 0.0)
-            v = _rn64_step(s, e, _rot(r), mode)
-            v = s if s == 0.0 else v
-            acc[jj] = v if ok else np.nan
+            acc[jj] = _sum64_step(acc[jj], _product64(ak, bk[jj], r, mode), r, mode)
+
+
+@njit(inline="always")
+def _sum64_step(c, p, r, mode):
+    """The add of a clean binary64 lane: ``RND(c + p)`` with the term's bits ``r`` (the add
+    draws ``rot(r)``) by TwoSum and :func:`_rn64_step`, or NaN where the sum leaves that
+    step's range (a NaN accumulator stays NaN)."""
+    s = c + p
+    bv = s - c
+    e = (c - (s - bv)) + (p - bv)  # TwoSum: s + e = c + p exactly
+    sb = _f64_bits(s) & ~_SIGN
+    ok = ((sb - _SUM64_LO) < _SUM64_SPAN) | (s == 0.0)
+    v = _rn64_step(s, e, _rot(r), mode)
+    v = s if s == 0.0 else v
+    return v if ok else np.nan
 
 
 @njit(cache=True)
@@ -1343,11 +1306,33 @@ def _column64(arow, bmat, ukey, base, j, mode):  # pragma: no cover - compiled
     return acc
 
 
+@njit(cache=True)
+def _row64(o, arow, bmat, ukey, base, j0, j1, clean, mode):  # pragma: no cover - compiled
+    """Columns ``j0 .. j1−1`` of one binary64 output row ``o`` (53 bits, sr, ieee, ud,
+    random): a clean row on the vectorised loop (:func:`_clean64`; NaN lanes recomputed
+    on the scalar full path), another row on the scalar path (k outer)."""
+    Kd = arow.size
+    n = j1 - j0
+    if clean:
+        acc = np.empty(n)
+        jg = np.empty(n, dtype=np.uint64)
+        for jj in range(n):
+            jg[jj] = np.uint64(j0 + jj) * _G
+        _clean64(acc, jg, arow, bmat, ukey, base, j0, n, mode)
+        for jj in range(n):
+            v = acc[jj]
+            o[j0 + jj] = v if v == v else _column64(arow, bmat, ukey, base, j0 + jj, mode)
+        return
+    for k in range(Kd):
+        hk = _bits(ukey, base + np.uint64(k))
+        for j in range(j0, j1):
+            o[j] = _step64(o[j], arow[k], bmat[k, j], _term(hk, np.uint64(j)), k == 0, mode, 53)
+
+
 @njit(parallel=True, cache=True)
 def _contract_fast64(a, b, clean, out, key, mode):  # pragma: no cover
-    """binary64 at 53 bits, modes sr, ieee, ud, random: clean rows on the vectorised
-    loop (NaN lanes recomputed on the scalar full path), other rows on the scalar path
-    (k outer, one tile of columns at a time). Tiles as :func:`_contract_fast32`."""
+    """binary64 at 53 bits, modes sr, ieee, ud, random: one task per row tile of TILE
+    columns (:func:`_row64`)."""
     BO, M, N = out.shape
     Kd = b.shape[1]
     BA = a.shape[0]
@@ -1360,27 +1345,100 @@ def _contract_fast64(a, b, clean, out, key, mode):  # pragma: no cover
         bo = row // M
         i = row - bo * M
         j0 = tile * TILE
-        j1 = min(N, j0 + TILE)
-        n = j1 - j0
-        arow = a[bo % BA, i]
+        _row64(out[bo, i], a[bo % BA, i], b[bo % BB], ukey, np.uint64(row) * np.uint64(Kd),
+               j0, min(N, j0 + TILE), clean[row], mode)
+
+
+@njit(inline="always")
+def _narrow64_loops(acc, at, bmat, hb, hk, k0, kc, mode):
+    """:func:`_narrow_loops` for binary64: k-steps ``k0 .. k0+kc−1`` of a block of
+    NARROW_ROWS clean binary64 rows, vectorised across the rows, with the steps and bits
+    of :func:`_clean64_loops` (``acc[j, l]``: row ``l``, column ``j``; ``at[kk, l]``: the
+    row's ``a[k0 + kk]``; NaN where a sum left the step's range)."""
+    N = acc.shape[0]
+    for kk in range(kc):
+        k = k0 + kk
+        gk = np.uint64(k) * _G
+        for lane in range(NARROW_ROWS):
+            hk[lane] = _bits_weyl(hb[lane] + gk)
+        ak = at[kk]
+        for j in range(N):
+            bkj = bmat[k, j]
+            gj = np.uint64(j) * _G
+            row = acc[j]
+            if k == 0:
+                for lane in range(NARROW_ROWS):
+                    row[lane] = _product64(ak[lane], bkj, _mix(hk[lane] + gj), mode)
+            else:
+                for lane in range(NARROW_ROWS):
+                    r = _mix(hk[lane] + gj)
+                    row[lane] = _sum64_step(row[lane], _product64(ak[lane], bkj, r, mode), r,
+                                            mode)
+
+
+@njit(cache=True)
+def _narrow64(acc, at, bmat, hb, hk, k0, kc, mode):  # pragma: no cover - compiled
+    """:func:`_narrow64_loops`, one vectorised copy per mode, 512-bit vectors allowed."""
+    _wide_vectors()
+    if mode == _SR:
+        _narrow64_loops(acc, at, bmat, hb, hk, k0, kc, _SR)
+    elif mode == _IEEE:
+        _narrow64_loops(acc, at, bmat, hb, hk, k0, kc, _IEEE)
+    elif mode == _UD:
+        _narrow64_loops(acc, at, bmat, hb, hk, k0, kc, _UD)
+    else:
+        _narrow64_loops(acc, at, bmat, hb, hk, k0, kc, _RANDOM)
+
+
+@njit(parallel=True, cache=True)
+def _contract_narrow64(a, b, clean, out, key, mode):  # pragma: no cover
+    """:func:`_contract_fast64` for products with few columns (N <= :data:`NARROW_N`), as
+    :func:`_contract_narrow32` is :func:`_contract_fast32`'s: one task per block of
+    NARROW_ROWS rows, the rows the lanes of :func:`_narrow64` (a partial last block of at
+    most :data:`NARROW_TAIL` rows row by row); a clean row takes its lanes' values (NaN
+    lanes from :func:`_column64`), another row :func:`_row64`. Same bits. (Row by row, an
+    N = 1 head ran at 0.04 G terms/s: every term paid a line hash and a loop set-up.)"""
+    BO, M, N = out.shape
+    Kd = b.shape[1]
+    BA = a.shape[0]
+    BB = b.shape[0]
+    L = NARROW_ROWS
+    nblk = (M + L - 1) // L
+    ukey = np.uint64(key)
+    for task in prange(BO * nblk):
+        bo = task // nblk
+        i0 = (task - bo * nblk) * L
+        i1 = min(M, i0 + L)
+        arows = a[bo % BA]
         bmat = b[bo % BB]
-        base = np.uint64(row) * np.uint64(Kd)
-        o = out[bo, i]
-        if clean[row]:
-            acc = np.empty(n)
-            jg = np.empty(n, dtype=np.uint64)
-            for jj in range(n):
-                jg[jj] = np.uint64(j0 + jj) * _G
-            _clean64(acc, jg, arow, bmat, ukey, base, j0, n, mode)
-            for jj in range(n):
-                v = acc[jj]
-                o[j0 + jj] = v if v == v else _column64(arow, bmat, ukey, base, j0 + jj, mode)
+        if i1 - i0 <= NARROW_TAIL and i1 - i0 < L:
+            for i in range(i0, i1):
+                row = bo * M + i
+                _row64(out[bo, i], arows[i], bmat, ukey, np.uint64(row) * np.uint64(Kd),
+                       np.int64(0), N, clean[row], mode)
             continue
-        for k in range(Kd):
-            hk = _bits(ukey, base + np.uint64(k))
-            for j in range(j0, j1):
-                o[j] = _step64(o[j], arow[k], bmat[k, j], _term(hk, np.uint64(j)), k == 0,
-                               mode, 53)
+        acc = np.empty((N, L))
+        at = np.empty((NARROW_KC, L))
+        hb = np.empty(L, dtype=np.uint64)
+        hk = np.empty(L, dtype=np.uint64)
+        for lane in range(L):  # the Weyl value of the lane's line (row, 0): _bits_weyl
+            hb[lane] = ukey + (np.uint64(bo * M + min(i0 + lane, i1 - 1)) * np.uint64(Kd)
+                               + np.uint64(1)) * _G
+        for k0 in range(0, Kd, NARROW_KC):
+            kc = min(NARROW_KC, Kd - k0)
+            _transpose_block(at, arows, i0, i1, k0, kc)
+            _narrow64(acc, at, bmat, hb, hk, k0, kc, mode)
+        for lane in range(i1 - i0):
+            i = i0 + lane
+            row = bo * M + i
+            base = np.uint64(row) * np.uint64(Kd)
+            o = out[bo, i]
+            if clean[row]:
+                for j in range(N):
+                    v = acc[j, lane]
+                    o[j] = v if v == v else _column64(arows[i], bmat, ukey, base, j, mode)
+            else:
+                _row64(o, arows[i], bmat, ukey, base, np.int64(0), N, False, mode)
 
 
 @njit(inline="always")
@@ -1566,9 +1624,9 @@ def scan_format(x: np.ndarray, key: int, mode: int, t: int, spec: tuple, *,
 #: :func:`narrow_products`; same bits either way; False: every product rounded, which
 #: ``benchmarks/bench_lowp.py`` times against)
 EXACT_PRODUCTS = True
-#: products with few columns through :func:`_contract_narrow32` (same bits either way;
-#: False: through :func:`_contract_fast32`, which the tests and
-#: ``benchmarks/bench_kernels.py --narrow`` compare it with)
+#: products with few columns through :func:`_contract_narrow32` / :func:`_contract_narrow64`
+#: (same bits either way; False: through :func:`_contract_fast32` / :func:`_contract_fast64`,
+#: which the tests and ``benchmarks/bench_kernels.py --narrow`` compare them with)
 NARROW_KERNEL = True
 
 
@@ -1628,8 +1686,10 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
                 launch(work, _contract_fast32, a, b, b64, clean, out, np.uint64(key), mode, t,
                        fma, exact)
         elif a.dtype == np.float64 and t == 53 and mode <= _RANDOM and not fma:
-            launch(work, _contract_fast64, a, b, clean_rows64(a, b, BO), out, np.uint64(key),
-                   mode)
+            narrow = (NARROW_KERNEL and out.shape[2] <= NARROW_N
+                      and out.shape[1] >= NARROW_ROWS // 2)
+            launch(work, _contract_narrow64 if narrow else _contract_fast64, a, b,
+                   clean_rows64(a, b, BO), out, np.uint64(key), mode)
         else:
             launch(work, _contract_kernel, a, b, out, np.uint64(key), mode, t,
                    a.dtype == np.float32, fma)
