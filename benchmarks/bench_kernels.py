@@ -31,8 +31,8 @@ says whether the loop has ``vfmadd``/``vfmsub``); each clean row's fraction is o
 loop's ceiling, the scalar rows' of the binary32 sr ceiling.
 
 With ``--narrow`` it prints instead the rates of products with few columns (N <= 16)
-through the narrow-product kernel (``_contract_narrow32``, vectorised across rows) and
-through the column-vectorised kernel, and their ratio.
+through the narrow-product kernels (``_contract_narrow32``, ``_contract_narrow64``,
+vectorised across rows) and through the column-vectorised kernels, and their ratio.
 
 It runs on one core: it sets numba's (and torch's) thread count to 1 itself, since the
 rates are timed by the calling thread's CPU time, which a kernel spread over several
@@ -214,20 +214,26 @@ def rate(dtype, shape, repeats: int, mode: int, contraction: str = "separate",
 
 
 def narrow_table(repeats: int) -> None:
-    """binary32 sr rates of products with few columns, through the narrow kernel and with
-    ``KN.NARROW_KERNEL`` off (the column-vectorised kernel), timed alternately."""
-    print(f"{'M x K x N':>18s} {'narrow G terms/s':>17s} {'columns G terms/s':>18s} {'ratio':>6s}")
-    for m, k, n in ((512, 4608, 8), (512, 2304, 4), (256, 2304, 12), (256, 2304, 16),
-                    (64, 576, 10), (40, 576, 8), (256, 2304, 24)):
-        best = {True: 0.0, False: 0.0}
-        for _ in range(max(1, repeats // 5)):
-            for flag in (True, False):
-                KN.NARROW_KERNEL = flag
-                best[flag] = max(best[flag], rate(np.float32, (m, k, n), 5, KN._SR))
-        KN.NARROW_KERNEL = True
-        used = "" if n <= KN.NARROW_N and m >= KN.NARROW_ROWS // 2 else "  (not taken)"
-        print(f"{f'{m} x {k} x {n}':>18s} {best[True] / 1e9:17.2f} {best[False] / 1e9:18.2f} "
-              f"{best[True] / best[False]:6.2f}{used}")
+    """sr rates of products with few columns through the narrow kernels and with
+    ``KN.NARROW_KERNEL`` off (the column-vectorised kernels), timed alternately: binary32
+    (``_contract_narrow32``) and binary64 (``_contract_narrow64``; a one-column head as
+    ``sine_mlp_f64``'s last layer, 256 x 128 x 1, included)."""
+    print(f"{'dtype':>8s} {'M x K x N':>18s} {'narrow G terms/s':>17s} {'columns G terms/s':>18s} "
+          f"{'ratio':>6s}")
+    shapes = {np.float32: ((512, 4608, 8), (512, 2304, 4), (256, 2304, 12), (256, 2304, 16),
+                           (64, 576, 10), (40, 576, 8), (256, 2304, 24), (256, 128, 1)),
+              np.float64: ((256, 128, 1), (512, 576, 4), (256, 576, 16), (256, 576, 24))}
+    for dtype, dshapes in shapes.items():
+        for m, k, n in dshapes:
+            best = {True: 0.0, False: 0.0}
+            for _ in range(max(1, repeats // 5)):
+                for flag in (True, False):
+                    KN.NARROW_KERNEL = flag
+                    best[flag] = max(best[flag], rate(dtype, (m, k, n), 5, KN._SR))
+            KN.NARROW_KERNEL = True
+            used = "" if n <= KN.NARROW_N and m >= KN.NARROW_ROWS // 2 else "  (not taken)"
+            print(f"{np.dtype(dtype).name:>8s} {f'{m} x {k} x {n}':>18s} {best[True] / 1e9:17.2f} "
+                  f"{best[False] / 1e9:18.2f} {best[True] / best[False]:6.2f}{used}")
 
 
 def one_core() -> None:
@@ -247,9 +253,10 @@ def main(argv=None) -> None:
                     "product, 16 rows, K = 288, 1024 columns: ~2 ms calls, short enough to run "
                     "undisturbed on a loaded machine")
     ap.add_argument("--narrow", action="store_true",
-                    help="only compare the narrow-product kernel (_contract_narrow32, "
-                    "vectorised across rows) with the column-vectorised one on products with "
-                    "few columns (ResNet-18's last convolutions on a 2 x 64^2 batch: N = 8)")
+                    help="only compare the narrow-product kernels (_contract_narrow32 and "
+                    "_contract_narrow64, vectorised across rows) with the column-vectorised "
+                    "ones on products with few columns (ResNet-18's last convolutions on a "
+                    "2 x 64^2 batch: N = 8; a float64 MLP's one-column head)")
     args = ap.parse_args(argv)
     one_core()
     if args.narrow:
