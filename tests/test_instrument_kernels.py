@@ -498,20 +498,27 @@ def _narrow_direct(a, b, key, code):
     return out
 
 
+def _count_calls(monkeypatch, name, out_arg):
+    """Patch kernel ``name`` of the flop kernels to record the shape of its output
+    argument (positional ``out_arg``) at each call; the list of shapes."""
+    calls = []
+    real = getattr(KN, name)
+
+    def counted(*args):
+        calls.append(args[out_arg].shape)
+        return real(*args)
+
+    monkeypatch.setattr(KN, name, counted)
+    return calls
+
+
 def test_narrow_products_match_reference(monkeypatch):
     """Products with few columns (N <= NARROW_N) and enough rows take
     ``_contract_narrow32``, vectorised across rows: the same bits as the reference in every
     mode, with a partial row block (70 = 64 + 6 rows: row by row), a partial k block (37 = 32 + 5), rows
     that are not clean (tiny, huge and infinite values: the per-row path), and lanes the
     loops give up on (magnitudes 2**±40 apart: inexact float64 sums, full path)."""
-    calls = []
-    real = KN._contract_narrow32
-
-    def counted(*args):
-        calls.append(args[4].shape)
-        return real(*args)
-
-    monkeypatch.setattr(KN, "_contract_narrow32", counted)
+    calls = _count_calls(monkeypatch, "_contract_narrow32", 4)
     rng = np.random.default_rng(26)
     a = rng.standard_normal((2, 70, 37))
     a[:, 10:20] *= np.exp2(40.0 * rng.choice([-1, 0, 1], (2, 10, 37), p=[0.1, 0.8, 0.1]))
@@ -559,14 +566,7 @@ def test_narrow64_products_match_reference(monkeypatch):
     product, 2**700, inf, NaN: the per-row path) and a broadcast batch; the loops alone
     give up (NaN) exactly on lanes whose sums leave their range (factors below the clean
     bound, reachable only by a direct call)."""
-    calls = []
-    real = KN._contract_narrow64
-
-    def counted(*args):
-        calls.append(args[3].shape)
-        return real(*args)
-
-    monkeypatch.setattr(KN, "_contract_narrow64", counted)
+    calls = _count_calls(monkeypatch, "_contract_narrow64", 3)
     rng = np.random.default_rng(28)
     a = rng.standard_normal((2, 70, 37)) * np.exp2(rng.integers(-200, 200, (2, 70, 37)) *
                                                     (rng.random((2, 70, 37)) < 0.2))

@@ -951,7 +951,7 @@ NARROW_TAIL = 16
 
 
 @njit(inline="always")
-def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode):
+def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode, wide):
     """k-steps ``k0 .. k0+kc−1`` of a block of NARROW_ROWS clean rows, every column,
     vectorised across the rows: ``acc[j, l]`` is the accumulator of row ``l`` and column
     ``j`` (float64, binary32 values), ``at[kk, l]`` the row's ``a[k0 + kk]`` as float64,
@@ -959,7 +959,10 @@ def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode):
     row's first line ``row·K`` (``key + (row·K + 1)·γ``: line ``row·K + k``'s hash is
     ``_bits_weyl(hb[l] + k·γ)``, one multiply fewer per line). Each lane runs the clean loops' steps with the same random bits
     (:func:`_clean_first`, :func:`_clean_step`); only the loop order differs (the line
-    hash of (row, k) is drawn once per row and k and serves the N columns). 24 bits."""
+    hash of (row, k) is drawn once per row and k and serves the N columns). binary32 at 24
+    bits (``wide`` false: :func:`_narrow32`), or binary64 at 53 with the steps and bits of
+    :func:`_clean64_loops` (``wide`` true, :func:`_narrow64`; NaN where a sum left the
+    step's range)."""
     N = acc.shape[0]
     for kk in range(kc):
         k = k0 + kk
@@ -971,7 +974,15 @@ def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode):
             bkj = bmat[k, j]
             gj = np.uint64(j) * _G
             row = acc[j]
-            if k == 0:
+            if wide and k == 0:  # binary64: _clean64_loops' steps
+                for lane in range(NARROW_ROWS):
+                    row[lane] = _product64(ak[lane], bkj, _mix(hk[lane] + gj), mode)
+            elif wide:
+                for lane in range(NARROW_ROWS):
+                    r = _mix(hk[lane] + gj)
+                    row[lane] = _sum64_step(row[lane], _product64(ak[lane], bkj, r, mode), r,
+                                            mode)
+            elif k == 0:
                 for lane in range(NARROW_ROWS):
                     row[lane] = _round_term(ak[lane] * bkj, _mix(hk[lane] + gj), mode, 24,
                                             False)
@@ -990,13 +1001,13 @@ def _narrow32(acc, at, bmat, hb, hk, k0, kc, mode):  # pragma: no cover - compil
     a few per cent of a bfloat16 ResNet's forward, and was left out."""
     _wide_vectors()
     if mode == _SR:
-        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _SR)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _SR, False)
     elif mode == _IEEE:
-        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _IEEE)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _IEEE, False)
     elif mode == _UD:
-        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _UD)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _UD, False)
     else:
-        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _RANDOM)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _RANDOM, False)
 
 
 @njit(cache=True)
@@ -1349,45 +1360,19 @@ def _contract_fast64(a, b, clean, out, key, mode):  # pragma: no cover
                j0, min(N, j0 + TILE), clean[row], mode)
 
 
-@njit(inline="always")
-def _narrow64_loops(acc, at, bmat, hb, hk, k0, kc, mode):
-    """:func:`_narrow_loops` for binary64: k-steps ``k0 .. k0+kc−1`` of a block of
-    NARROW_ROWS clean binary64 rows, vectorised across the rows, with the steps and bits
-    of :func:`_clean64_loops` (``acc[j, l]``: row ``l``, column ``j``; ``at[kk, l]``: the
-    row's ``a[k0 + kk]``; NaN where a sum left the step's range)."""
-    N = acc.shape[0]
-    for kk in range(kc):
-        k = k0 + kk
-        gk = np.uint64(k) * _G
-        for lane in range(NARROW_ROWS):
-            hk[lane] = _bits_weyl(hb[lane] + gk)
-        ak = at[kk]
-        for j in range(N):
-            bkj = bmat[k, j]
-            gj = np.uint64(j) * _G
-            row = acc[j]
-            if k == 0:
-                for lane in range(NARROW_ROWS):
-                    row[lane] = _product64(ak[lane], bkj, _mix(hk[lane] + gj), mode)
-            else:
-                for lane in range(NARROW_ROWS):
-                    r = _mix(hk[lane] + gj)
-                    row[lane] = _sum64_step(row[lane], _product64(ak[lane], bkj, r, mode), r,
-                                            mode)
-
-
 @njit(cache=True)
 def _narrow64(acc, at, bmat, hb, hk, k0, kc, mode):  # pragma: no cover - compiled
-    """:func:`_narrow64_loops`, one vectorised copy per mode, 512-bit vectors allowed."""
+    """:func:`_narrow_loops` for binary64, one vectorised copy per mode, 512-bit vectors
+    allowed."""
     _wide_vectors()
     if mode == _SR:
-        _narrow64_loops(acc, at, bmat, hb, hk, k0, kc, _SR)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _SR, True)
     elif mode == _IEEE:
-        _narrow64_loops(acc, at, bmat, hb, hk, k0, kc, _IEEE)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _IEEE, True)
     elif mode == _UD:
-        _narrow64_loops(acc, at, bmat, hb, hk, k0, kc, _UD)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _UD, True)
     else:
-        _narrow64_loops(acc, at, bmat, hb, hk, k0, kc, _RANDOM)
+        _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _RANDOM, True)
 
 
 @njit(parallel=True, cache=True)

@@ -1039,27 +1039,26 @@ def _wide_loop(a, b, out, key, j0, mul, neg, mode):
     return nbad
 
 
+@njit(inline="always", error_model="numpy")
+def _wide_modes(a, b, out, key, j0, mul, neg, mode):
+    """:func:`_wide_loop` with the mode folded into a constant (sr, ieee, ud, random)."""
+    if mode == MODE_SR:
+        return _wide_loop(a, b, out, key, j0, mul, neg, MODE_SR)
+    if mode == MODE_IEEE:
+        return _wide_loop(a, b, out, key, j0, mul, neg, MODE_IEEE)
+    if mode == MODE_UD:
+        return _wide_loop(a, b, out, key, j0, mul, neg, MODE_UD)
+    return _wide_loop(a, b, out, key, j0, mul, neg, MODE_RANDOM)
+
+
 @njit(cache=True, error_model="numpy")
 def _wide_block(op, a, b, out, key, j0, mode):  # pragma: no cover - compiled
-    """:func:`_wide_loop` on one block, one vectorised copy per op kind and mode (512-bit
-    vectors allowed)."""
+    """:func:`_wide_loop` on one block, one vectorised copy per op kind (mul; add or sub)
+    and mode, 512-bit vectors allowed."""
     wide_vectors()
     if op == OP_MUL:
-        if mode == MODE_SR:
-            return _wide_loop(a, b, out, key, j0, True, False, MODE_SR)
-        if mode == MODE_IEEE:
-            return _wide_loop(a, b, out, key, j0, True, False, MODE_IEEE)
-        if mode == MODE_UD:
-            return _wide_loop(a, b, out, key, j0, True, False, MODE_UD)
-        return _wide_loop(a, b, out, key, j0, True, False, MODE_RANDOM)
-    neg = op == OP_SUB
-    if mode == MODE_SR:
-        return _wide_loop(a, b, out, key, j0, False, neg, MODE_SR)
-    if mode == MODE_IEEE:
-        return _wide_loop(a, b, out, key, j0, False, neg, MODE_IEEE)
-    if mode == MODE_UD:
-        return _wide_loop(a, b, out, key, j0, False, neg, MODE_UD)
-    return _wide_loop(a, b, out, key, j0, False, neg, MODE_RANDOM)
+        return _wide_modes(a, b, out, key, j0, True, False, mode)
+    return _wide_modes(a, b, out, key, j0, False, op == OP_SUB, mode)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
