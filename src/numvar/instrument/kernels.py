@@ -954,15 +954,15 @@ NARROW_TAIL = 16
 def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode, wide):
     """k-steps ``k0 .. k0+kc−1`` of a block of NARROW_ROWS clean rows, every column,
     vectorised across the rows: ``acc[j, l]`` is the accumulator of row ``l`` and column
-    ``j`` (float64, binary32 values), ``at[kk, l]`` the row's ``a[k0 + kk]`` as float64,
-    ``bmat`` the (K, N) product's ``b`` as float64 and ``hb[l]`` the Weyl value of the
-    row's first line ``row·K`` (``key + (row·K + 1)·γ``: line ``row·K + k``'s hash is
-    ``_bits_weyl(hb[l] + k·γ)``, one multiply fewer per line). Each lane runs the clean loops' steps with the same random bits
-    (:func:`_clean_first`, :func:`_clean_step`); only the loop order differs (the line
-    hash of (row, k) is drawn once per row and k and serves the N columns). binary32 at 24
-    bits (``wide`` false: :func:`_narrow32`), or binary64 at 53 with the steps and bits of
-    :func:`_clean64_loops` (``wide`` true, :func:`_narrow64`; NaN where a sum left the
-    step's range)."""
+    ``j`` (float64), ``at[kk, l]`` the row's ``a[k0 + kk]`` as float64, ``bmat`` the (K, N)
+    product's ``b`` as float64 and ``hb[l]`` the Weyl value of the row's first line
+    ``row·K`` (``key + (row·K + 1)·γ``: line ``row·K + k``'s hash is
+    ``_bits_weyl(hb[l] + k·γ)``, one multiply fewer per line). Each lane runs the clean
+    loops' steps with the same random bits; only the loop order differs (the line hash of
+    (row, k) is drawn once per row and k and serves the N columns). ``wide`` false:
+    binary32 at 24 bits, the steps of :func:`_clean_first` and :func:`_clean_step`
+    (:func:`_narrow32`); true: binary64 at 53 bits, those of :func:`_clean64_loops`, NaN
+    where a sum left the step's range (:func:`_narrow64`)."""
     N = acc.shape[0]
     for kk in range(kc):
         k = k0 + kk
