@@ -29,10 +29,12 @@ from concurrent.futures import ProcessPoolExecutor
 
 #: (module, function, argument types) of the cached leaves, each compiled in its own task;
 #: types as numba's signature strings spell them (``literal(24)``: the literal 24)
-_ROW32 = ("float64[::1], uint64[::1], float32[::1], float64[:, ::1], uint64, uint64, int64, "
-          "int64, int64")
+_ROW = ("float64[::1], uint64[::1], {0}[::1], float64[:, ::1], uint64, uint64, {1}, int64, "
+        "int64")
+#: the binary32 row loops (``_contract_fast32`` passes the column offset as the constant 0)
+_ROW32 = _ROW.format("float32", "literal(0)")
 _NARROW = ("float64[:, ::1], float64[:, ::1], float64[:, ::1], uint64[::1], uint64[::1], "
-           "uint64, int64, int64, int64")
+           "int64, int64, int64")
 LEAVES: list[tuple[str, str, str]] = [
     ("numvar.instrument.kernels", "_tile32",
      "float32[::1], float32[::1], float32[:, ::1], uint64, uint64, int64, int64, int64, "
@@ -44,8 +46,11 @@ LEAVES: list[tuple[str, str, str]] = [
     ("numvar.instrument.kernels", "_cleant32", _ROW32 + ", int64"),
     ("numvar.instrument.kernels", "_clean32", _ROW32),
     ("numvar.instrument.kernels", "_cleanx32", _ROW32),
-    ("numvar.instrument.kernels", "_clean64", _ROW32.replace("float32", "float64")),
+    ("numvar.instrument.kernels", "_clean64", _ROW.format("float64", "int64")),
     ("numvar.instrument.kernels", "_narrow32", _NARROW),
+    ("numvar.instrument.kernels", "_narrow64", _NARROW),
+    ("numvar.rounding.kernels", "_wide_block",
+     "int64, float64[::1], float64[::1], float64[::1], uint64, int64, int64"),
 ]
 
 
@@ -63,8 +68,8 @@ def _contract(dtype: str, t: int, mode: str = "sr", rows: int = 2) -> None:
 #: contraction kernel (directed modes, virtual precision) for binary32 and binary64
 INDEPENDENT = [("float32", 24, "up"), ("float64", 53, "up")]
 #: entry points run once the leaves are cached: the binary32 and binary64 fast kernels, and
-#: the binary32 narrow-product kernel (32 rows, 4 columns)
-ENTRIES = [("float32", 24), ("float64", 53), ("float32", 24, "sr", 32)]
+#: the narrow-product kernels (32 rows, 4 columns)
+ENTRIES = [("float32", 24), ("float64", 53), ("float32", 24, "sr", 32), ("float64", 53, "sr", 32)]
 
 
 def _rnn_steps() -> tuple[str, float]:
