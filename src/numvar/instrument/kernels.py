@@ -1030,6 +1030,32 @@ def _transpose_block(at, arows, i0, i1, k0, kc):  # pragma: no cover - compiled
             at[kk, lane] = np.float64(src[k0 + kk])
 
 
+@njit(inline="always")
+def _narrow_block(arows, bmat, ukey, row0, i0, i1, mode, wide):
+    """The (N, NARROW_ROWS) accumulators of rows ``i0 .. i1−1`` of ``arows`` (one batch's
+    ``a``; output rows ``row0 + i``) times ``bmat`` ((K, N) float64) on the narrow loops:
+    ``a`` transposed NARROW_KC k-steps at a time, the lanes' Weyl values set (lanes past
+    ``i1`` repeat row ``i1 − 1``), then :func:`_narrow32` (``wide`` false) or
+    :func:`_narrow64` (``wide`` true) per k block."""
+    L = NARROW_ROWS
+    Kd, N = bmat.shape
+    acc = np.empty((N, L))
+    at = np.empty((NARROW_KC, L))
+    hb = np.empty(L, dtype=np.uint64)
+    hk = np.empty(L, dtype=np.uint64)
+    for lane in range(L):  # the Weyl value of the lane's line (row, 0): _bits_weyl
+        hb[lane] = ukey + (np.uint64(row0 + min(i0 + lane, i1 - 1)) * np.uint64(Kd)
+                           + np.uint64(1)) * _G
+    for k0 in range(0, Kd, NARROW_KC):
+        kc = min(NARROW_KC, Kd - k0)
+        _transpose_block(at, arows, i0, i1, k0, kc)
+        if wide:
+            _narrow64(acc, at, bmat, hb, hk, k0, kc, mode)
+        else:
+            _narrow32(acc, at, bmat, hb, hk, k0, kc, mode)
+    return acc
+
+
 @njit(parallel=True, cache=True)
 def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
     """:func:`_contract_fast32` at 24 bits, ``"separate"``, for products with few columns
@@ -1060,19 +1086,9 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
                 _tile32(out[bo, i], arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24,
                         bad)
             continue
-        acc = np.empty((N, L))
-        at = np.empty((NARROW_KC, L))
-        hb = np.empty(L, dtype=np.uint64)
-        hk = np.empty(L, dtype=np.uint64)
-        for lane in range(L):  # the Weyl value of the lane's line (row, 0): _bits_weyl
-            hb[lane] = ukey + (np.uint64(bo * M + min(i0 + lane, i1 - 1)) * np.uint64(Kd)
-                               + np.uint64(1)) * _G
         # (N <= NARROW_N is one column tile: tiled64's layout is the plain (K, N) one)
-        bmat = b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N)
-        for k0 in range(0, Kd, NARROW_KC):
-            kc = min(NARROW_KC, Kd - k0)
-            _transpose_block(at, arows, i0, i1, k0, kc)
-            _narrow32(acc, at, bmat, hb, hk, k0, kc, mode)
+        acc = _narrow_block(arows, b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N), ukey,
+                            bo * M, i0, i1, mode, False)
         for lane in range(i1 - i0):
             i = i0 + lane
             row = bo * M + i
@@ -1230,9 +1246,7 @@ def _sum64_step(c, p, r, mode):
     """The add of a clean binary64 lane: ``RND(c + p)`` with the term's bits ``r`` (the add
     draws ``rot(r)``) by TwoSum and :func:`_rn64_step`, or NaN where the sum leaves that
     step's range (a NaN accumulator stays NaN)."""
-    s = c + p
-    bv = s - c
-    e = (c - (s - bv)) + (p - bv)  # TwoSum: s + e = c + p exactly
+    s, e = K.two_sum(c, p)  # s + e = c + p exactly
     sb = _f64_bits(s) & ~_SIGN
     ok = ((sb - _SUM64_LO) < _SUM64_SPAN) | (s == 0.0)
     v = _rn64_step(s, e, _rot(r), mode)
@@ -1402,17 +1416,7 @@ def _contract_narrow64(a, b, clean, out, key, mode):  # pragma: no cover
                 _row64(out[bo, i], arows[i], bmat, ukey, np.uint64(row) * np.uint64(Kd),
                        np.int64(0), N, clean[row], mode)
             continue
-        acc = np.empty((N, L))
-        at = np.empty((NARROW_KC, L))
-        hb = np.empty(L, dtype=np.uint64)
-        hk = np.empty(L, dtype=np.uint64)
-        for lane in range(L):  # the Weyl value of the lane's line (row, 0): _bits_weyl
-            hb[lane] = ukey + (np.uint64(bo * M + min(i0 + lane, i1 - 1)) * np.uint64(Kd)
-                               + np.uint64(1)) * _G
-        for k0 in range(0, Kd, NARROW_KC):
-            kc = min(NARROW_KC, Kd - k0)
-            _transpose_block(at, arows, i0, i1, k0, kc)
-            _narrow64(acc, at, bmat, hb, hk, k0, kc, mode)
+        acc = _narrow_block(arows, bmat, ukey, bo * M, i0, i1, mode, True)
         for lane in range(i1 - i0):
             i = i0 + lane
             row = bo * M + i

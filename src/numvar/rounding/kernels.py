@@ -1023,20 +1023,22 @@ def _wide_loop(a, b, out, key, j0, mul, neg, mode):
         if mul:
             s = x * y
             e = fma64(x, y, -s)
-            ax = abs(x)
-            ay = abs(y)
-            good = (ax >= _SAFE_LO) & (ax <= _SAFE_HI) & (ay >= _SAFE_LO) & (ay <= _SAFE_HI)
         else:
-            y = -y if neg else y
-            s = x + y
-            bv = s - x
-            e = (x - (s - bv)) + (y - bv)
-            good = True
-        sb = _f64_bits(s) & ~_SIGN
-        ok = good & ((sb - SUM64_LO) < SUM64_SPAN)
+            s, e = two_sum(x, -y if neg else y)
         out[i] = rn64_step(s, e, bits64(key, np.uint64(j0 + i)), mode)
-        nbad += 0 if ok else 1
+        nbad += 0 if _wide_takes(x, y, s, mul) else 1
     return nbad
+
+
+@njit(inline="always", error_model="numpy")
+def _wide_takes(x, y, s, mul):
+    """Whether :func:`_wide_loop` takes the element with operands ``x``, ``y`` and float64
+    result ``s``: ``|s|`` in [2**-700, 2**1000) and, for a product, both factors'
+    magnitudes in [2**-480, 2**480] (no branch: it vectorises)."""
+    ax = abs(x)
+    ay = abs(y)
+    safe = (ax >= _SAFE_LO) & (ax <= _SAFE_HI) & (ay >= _SAFE_LO) & (ay <= _SAFE_HI)
+    return (safe | (not mul)) & (((_f64_bits(s) & ~_SIGN) - SUM64_LO) < SUM64_SPAN)
 
 
 @njit(inline="always", error_model="numpy")
@@ -1074,16 +1076,12 @@ def _k_binary_wide(op, a, b, out, mode, t, key):
             j1 = min(n, j0 + WIDE_BLOCK)
             if _wide_block(op, a[j0:j1], b[j0:j1], out[j0:j1], key, j0, mode) == 0:
                 continue
+            mul = op == OP_MUL
             for j in range(j0, j1):
                 x = np.float64(a[j])
                 y = np.float64(b[j])
-                if op == OP_MUL:
-                    s = x * y
-                    good = _normal_in(x, _SAFE_LO, _SAFE_HI) and _normal_in(y, _SAFE_LO, _SAFE_HI)
-                else:
-                    s = x + (-y if op == OP_SUB else y)
-                    good = True
-                if not (good and (_f64_bits(s) & ~_SIGN) - SUM64_LO < SUM64_SPAN):
+                s = x * y if mul else x + (-y if op == OP_SUB else y)
+                if not _wide_takes(x, y, s, mul):
                     out[j] = call_wide_binary(op, x, y, mode, t, bits64(key, j))
         return
     for j in prange(n):
