@@ -42,3 +42,42 @@ def test_run_all_writes_results(tmp_path_factory, monkeypatch, capsys):
     assert "| 32³ |" in text and "profile digits:sr:op" in text
     # the paper's figures sit beside ours
     assert "| digits (MNIST) |" in text and "10.9×" in text
+
+
+def _load_bench_zoo(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_zoo", ROOT / "benchmarks" / "bench_zoo.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_zoo", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_zoo_formats_table_judges_only_comparable_natives(monkeypatch):
+    """The formats table divides an entry's ratios by its binary32 twin's and judges the
+    goal (≤ 1.5 for bf16/fp16, ≤ 3 for float64), except where the entry's native forward
+    is over SLOW_NATIVE times the twin's (no native kernels for the format: the ratio to
+    that native run is small for that reason alone): then "n/a", never ✓, here and in
+    the main table's goal columns."""
+    bz = _load_bench_zoo(monkeypatch)
+
+    def row(model, native, op, flop):  # times in seconds; ratios = time ÷ native
+        return {"model": model, "threads": 1, "native": native, "op SR": op * native,
+                "flop SR": flop * native}
+
+    rows = [row("net", 0.010, 2.0, 10.0), row("net_bf16", 0.008, 2.8, 14.0),  # ÷ 1.4: ✓
+            row("net_fp16", 0.150, 0.4, 0.8),                                  # 15× slower
+            row("mlp", 0.001, 3.0, 10.0), row("mlp_f64", 0.002, 2.0, 31.0)]    # ÷ 3.1: ✗
+    lines = {ln.split(" | ")[0][2:]: ln for ln in bz._format_rows(rows) if ln.startswith("| ")}
+    assert lines["net_bf16"].endswith("| 0.80 | 14.0× | 10.0× | 1.40 | 2.8× | 2.0× | 1.40 | ✓ |")
+    assert "| 15.00 |" in lines["net_fp16"]
+    assert lines["net_fp16"].endswith("| n/a (native 15× the twin's: no native float16 "
+                                      "kernels here) |")
+    assert lines["mlp_f64"].endswith("| ✗ (> 3.0) |")
+    assert bz._slow_natives(rows) == {"net_fp16"}
+    for r in rows:
+        r.update(floor=1.5 * r["native"], contraction=5.0 * r["native"])
+    table = bz.render(rows, {1: {"float32": 2e9}}, type("A", (), {"repeats": 3})(), [])
+    main = {ln.split(" | ")[0][2:]: ln for ln in table.splitlines() if "| 1 |" in ln}
+    assert main["net_fp16"].endswith("| n/a (slow native, see formats) | "
+                                     "n/a (slow native, see formats) |")
+    assert main["net"].endswith("| ✓ | ✓ |") and main["mlp_f64"].endswith("| ✗ (> 11.5) | ✓ |")
