@@ -13,10 +13,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_run_all(monkeypatch):
-    spec = importlib.util.spec_from_file_location("run_all", ROOT / "benchmarks" / "run_all.py")
+def _load_script(monkeypatch, name: str):
+    """benchmarks/<name>.py as a module (registered under ``name`` for the test)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "run_all", mod)  # dataclasses look their module up
+    monkeypatch.setitem(sys.modules, name, mod)  # dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
 
@@ -27,7 +28,7 @@ def test_run_all_writes_results(tmp_path_factory, monkeypatch, capsys):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run_all = _load_run_all(monkeypatch)
+        run_all = _load_script(monkeypatch, "run_all")
         out = tmp_path_factory.mktemp("bench") / "results.md"
         assert run_all.main(["--workloads", "digits", "--modes", "ieee,sr",
                              "--granularities", "op", "--repeat", "1", "--batch", "8",
@@ -44,21 +45,13 @@ def test_run_all_writes_results(tmp_path_factory, monkeypatch, capsys):
     assert "| digits (MNIST) |" in text and "10.9×" in text
 
 
-def _load_bench_zoo(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_zoo", ROOT / "benchmarks" / "bench_zoo.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_zoo", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_bench_zoo_formats_table_judges_only_comparable_natives(monkeypatch):
     """The formats table divides an entry's ratios by its binary32 twin's and judges the
     goal (≤ 1.5 for bf16/fp16, ≤ 3 for float64), except where the entry's native forward
     is over SLOW_NATIVE times the twin's (no native kernels for the format: the ratio to
     that native run is small for that reason alone): then "n/a", never ✓, here and in
     the main table's goal columns."""
-    bz = _load_bench_zoo(monkeypatch)
+    bz = _load_script(monkeypatch, "bench_zoo")
 
     def row(model, native, op, flop):  # times in seconds; ratios = time ÷ native
         return {"model": model, "threads": 1, "native": native, "op SR": op * native,
