@@ -238,27 +238,26 @@ SLOW_NATIVE = 4.0
 
 
 def _twins(rows):
-    """(entry, its binary32 twin, format name, goal) for the one-thread rows."""
+    """(entry, its binary32 twin, format name, goal, entry's native time ÷ the twin's)
+    for the one-thread rows."""
     one = {r["model"]: r for r in rows if r["threads"] == 1 and "error" not in r}
     for name, r in one.items():
         for suffix, (what, goal) in TWIN_GOALS.items():
             twin = one.get(name[: -len(suffix)]) if name.endswith(suffix) else None
             if twin is not None:
-                yield r, twin, what, goal
+                yield r, twin, what, goal, r["native"] / twin["native"]
 
 
 def _slow_natives(rows) -> set[str]:
     """Entries whose native forward takes over SLOW_NATIVE times their twin's."""
-    return {r["model"] for r, twin, _, _ in _twins(rows)
-            if r["native"] / twin["native"] > SLOW_NATIVE}
+    return {r["model"] for r, _, _, _, slow in _twins(rows) if slow > SLOW_NATIVE}
 
 
 def _format_rows(rows) -> list[str]:
     out = []
-    for r, twin, what, goal in _twins(rows):
+    for r, twin, what, goal, slow in _twins(rows):
         name = r["model"]
         (f, o), (tf, to) = _ratios(r), _ratios(twin)
-        slow = r["native"] / twin["native"]
         if slow > SLOW_NATIVE:
             ok = f"n/a (native {slow:.0f}× the twin's: no native {what} kernels here)"
         else:
