@@ -265,6 +265,48 @@ def test_inexact_sums_redone_per_subtile_equal_the_rounding_core(mode):
     assert _same(torch.from_numpy(got), torch.from_numpy(want))
 
 
+@njit(error_model="numpy")
+def _round_into_op(op, x, y, key, mode, out, residual_first):
+    if residual_first:
+        PW.round_sum_into(op, x, y, out, np.uint64(key), 0, mode)
+    else:
+        PW.round_into(op, x, y, out, np.uint64(key), 0, mode)
+
+
+@pytest.mark.parametrize("residual_first", [False, True])
+@pytest.mark.parametrize("op", ["add", "sub"])
+@pytest.mark.parametrize("mode", MODES + ("up",))
+def test_round_into_switches_to_the_residual_path_with_the_same_values(mode, op,
+                                                                       residual_first):
+    """:func:`pointwise.round_into` runs a sum's later tiles on the residual path first
+    once a tile declined :data:`pointwise.LO_SWITCH` elements or more, and
+    :func:`pointwise.round_sum_into` runs every tile so: neither changes a value. Tiles:
+    ordinary values with LO_SWITCH − 1 inexact sums (no switch), then one inexact sum in
+    four (the switch), an ordinary tile, a tile of special values (inf, NaN, subnormal
+    and huge magnitudes: declined by the residual path too) and a short last tile; the
+    difference ``x − y`` is checked against the core's ``x − y`` (not a negated copy).
+    Every element must equal the rounding core's."""
+    T = PW.ROUND_TILE
+    rng = np.random.default_rng(5)
+    n = 4 * T + 100
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    pick = np.zeros(n, bool)
+    pick[rng.choice(T, PW.LO_SWITCH - 1, replace=False)] = True
+    pick[T:2 * T:4] = True
+    tiny = rng.standard_normal(n) * np.exp2(-rng.integers(30, 70, n))
+    y[pick] = (np.abs(x[pick]).astype(np.float64) * tiny[pick]).astype(np.float32)
+    x[3 * T:4 * T] = _weird(rng, T)
+    y[3 * T:4 * T] = _weird(rng, T)
+    code, key = RK.mode_code(mode), 0x1234_5678_9ABC_DEF0
+    opc = RK.OP_ADD if op == "add" else RK.OP_SUB
+    want = np.empty_like(x)
+    _core_binary_all(opc, x, y, key, code, want)
+    got = np.full(n, np.nan, np.float32)
+    _round_into_op(opc, x, y, key, code, got, residual_first)
+    assert _same(torch.from_numpy(got), torch.from_numpy(want))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_infinities_and_nans_stay_on_the_vectorised_path(mode):
     """±inf and NaN operands (a masked attention score's −inf minus its row maximum,
