@@ -307,6 +307,45 @@ def test_round_into_switches_to_the_residual_path_with_the_same_values(mode, op,
     assert _same(torch.from_numpy(got), torch.from_numpy(want))
 
 
+@njit(error_model="numpy")
+def _mulsub_both(s, v, X, key_m, key_s, l0, mode, fused, two):
+    R, N = fused.shape
+    bad = np.empty(R, np.bool_)
+    pa = np.empty(N, np.float32)
+    pb = np.empty(N, np.float32)
+    prod = np.empty(N, np.float32)
+    PW.mulsub_rows(s, v, X, fused, np.uint64(key_m), np.uint64(key_s), l0, mode, bad, pa, pb,
+                   prod)
+    for i in range(R):  # the two broadcast calls mulsub_rows replaces
+        pa[:] = s[i]
+        PW.round_into(RK.OP_MUL, pa, v, prod, np.uint64(key_m), l0 + i * N, mode)
+        pb[:] = X[i]
+        PW.round_into(RK.OP_SUB, pb, prod, two[i], np.uint64(key_s), l0 + i * N, mode)
+
+
+@pytest.mark.parametrize("mode", MODES + ("up", "down"))
+def test_mulsub_rows_equals_the_two_broadcast_calls(mode):
+    """:func:`pointwise.mulsub_rows` (the fused trailing update of the LU and triangular
+    solve kernels: ``X[i, c] − RND(s[i]·v[c])``) equals ``round_into``'s product into a
+    buffer and difference, row by row with the same keys and indices: ordinary rows (the
+    fused pass), rows with an inexact difference, products out of range, inf and NaN
+    (declined: redone through the two calls), and every row in up and down."""
+    rng = np.random.default_rng(8)
+    R, N = 12, 70
+    s = rng.standard_normal(R).astype(np.float32)
+    v = rng.standard_normal(N).astype(np.float32)
+    X = rng.standard_normal((R, N)).astype(np.float32)
+    X[3, 5] = np.float32(1e30)   # inexact float64 difference
+    s[5] = np.float32(1e-30)     # products below the normal range
+    X[7] = _weird(rng, N)
+    v[9] = np.float32(np.inf)    # an infinite product in every row
+    s[11] = np.float32(np.nan)
+    fused = np.full((R, N), np.nan, np.float32)
+    two = np.full((R, N), np.nan, np.float32)
+    _mulsub_both(s, v, X, 0x51, 0x77, 1000, RK.mode_code(mode), fused, two)
+    assert _same(torch.from_numpy(fused), torch.from_numpy(two))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_infinities_and_nans_stay_on_the_vectorised_path(mode):
     """±inf and NaN operands (a masked attention score's −inf minus its row maximum,

@@ -37,10 +37,14 @@ from __future__ import annotations
 
 from numbers import Number
 
+import numpy as np
 import torch
 
 from . import flop
+from . import linalg_kernels as LK
+from . import pointwise as PW
 from ._core import Ctx
+from .kernels import PARALLEL_MIN_WORK
 
 #: complex dtype -> dtype of its parts
 PART = {torch.complex64: torch.float32, torch.complex128: torch.float64}
@@ -129,8 +133,33 @@ def add(ctx: Ctx, a, b, *, negate: bool = False) -> torch.Tensor:
     return join(re, -bi if negate else bi)
 
 
+#: complex64 products of two tensors on the CPU at 24 bits take :func:`pointwise.cmul32`
+#: (one compiled call, same keys and bits) below :data:`kernels.PARALLEL_MIN_WORK` roundings;
+#: false: the tensor implementation (its reference in the tests)
+USE_KERNELS = True
+
+
+def _mul_kernel(ctx: Ctx, a, b) -> torch.Tensor | None:
+    """:func:`mul` of two complex64 CPU tensors through :func:`pointwise.cmul32`, or None
+    where it does not serve (other dtypes, formats or backends, parallel sizes)."""
+    if not (USE_KERNELS and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.dtype is torch.complex64 and b.dtype is torch.complex64):
+        return None
+    za, zb = torch.broadcast_tensors(a.resolve_conj().resolve_neg(),
+                                     b.resolve_conj().resolve_neg())
+    if 6 * za.numel() >= PARALLEL_MIN_WORK or not LK.serves(ctx, torch.view_as_real(za)):
+        return None
+    kp, ka = ctx.stream.keys(2)
+    out = PW.cmul32(LK.flat32(torch.view_as_real(za)), LK.flat32(torch.view_as_real(zb)),
+                    np.uint64(kp), np.uint64(ka), ctx.code)
+    return torch.view_as_complex(torch.from_numpy(out).view(*za.shape, 2))
+
+
 def mul(ctx: Ctx, a, b) -> torch.Tensor:
     """``a · b``: 4 multiplications and 2 additions (2 multiplications with a real factor)."""
+    fast = _mul_kernel(ctx, a, b)
+    if fast is not None:
+        return fast
     cd = result_dtype(a, b)
     like = _tensor_operand((a, b))
     ar, ai = parts(a, cd, like)

@@ -77,18 +77,15 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode):  # pragma: no cover - c
     gathered its operands from and scattered its results to the row layout and negated
     copies: 250 of a 256-point, 32-row transform's 550 µs went to copies (docs/speed.md)."""
     half = B * n // 2
-    xr = np.empty(B * n, np.float32)
-    xi = np.empty(B * n, np.float32)
+    rev = np.empty(n, np.int64)  # the bit-reversal permutation (exact), read by stage 0
     bits = 0
     while (1 << bits) < n:
         bits += 1
-    for i in range(n):  # bit-reversal permutation (exact)
+    for i in range(n):
         rv = 0
         for t in range(bits):
             rv |= ((i >> t) & 1) << (bits - 1 - t)
-        for b in range(B):
-            xr[b * n + i] = re[b * n + rv]
-            xi[b * n + i] = im[b * n + rv]
+        rev[i] = rv
     ur = np.empty(half, np.float32)
     ui = np.empty(half, np.float32)
     tr = np.empty(half, np.float32)
@@ -98,11 +95,14 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode):  # pragma: no cover - c
     p = np.empty(4 * half, np.float32)
     o = np.empty(4 * half, np.float32)  # a stage's (ur+tr, ui+ti, ur−tr, ui−ti), order e₂
     o2 = np.empty(4 * half, np.float32)
-    for q in range(half):  # stage 0 (h = 1): u = x[2q], t = x[2q + 1]
-        ur[q] = xr[2 * q]
-        ui[q] = xi[2 * q]
-        tr[q] = xr[2 * q + 1]
-        ti[q] = xi[2 * q + 1]
+    for b in range(B):  # stage 0 (h = 1): u, t = elements rev[2k], rev[2k + 1] of row b
+        r0 = b * n
+        q0 = b * (n // 2)
+        for k in range(n // 2):
+            ur[q0 + k] = re[r0 + rev[2 * k]]
+            ui[q0 + k] = im[r0 + rev[2 * k]]
+            tr[q0 + k] = re[r0 + rev[2 * k + 1]]
+            ti[q0 + k] = im[r0 + rev[2 * k + 1]]
     _butterflies(ur, ui, tr, ti, o, half, np.uint64(kb[0]), mode)
     m = 4
     s = 1
@@ -155,6 +155,8 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode):  # pragma: no cover - c
         m *= 2
         s += 1
     h = n // 2  # the last stage has one block per row: x[b, k] = sum, x[b, h + k] = difference
+    xr = np.empty(B * n, np.float32)
+    xi = np.empty(B * n, np.float32)
     for b in range(B):
         for k in range(h):
             xr[b * n + k] = o[b * h + k]

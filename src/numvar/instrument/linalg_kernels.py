@@ -26,7 +26,7 @@ from numba import njit
 
 from numvar.rounding import kernels as K
 
-from .pointwise import round_into
+from .pointwise import mulsub_rows, round_into
 
 
 
@@ -43,8 +43,9 @@ def lu32(W, B, m, n, piv, info, kdiv, kmul, ksub, mode):  # pragma: no cover - c
     bufa = np.empty(ww, np.float32)
     bufb = np.empty(ww, np.float32)
     bufc = np.empty(ww, np.float32)
-    prod = np.empty(ww, np.float32)
     res = np.empty(ww, np.float32)
+    bad = np.empty(w, np.bool_)
+    scr = np.empty(3 * w, np.float32)  # mulsub_rows' scratch rows
     for b in range(B):
         base = b * m * n
         for j in range(k):
@@ -83,22 +84,21 @@ def lu32(W, B, m, n, piv, info, kdiv, kmul, ksub, mode):  # pragma: no cover - c
             N = n - j - 1
             if N <= 0:
                 continue
-            # the trailing (L, N) block in one call each: l_i·a_jk, then a_ik − that
+            # the trailing (L, N) block: a_ik − RND(l_i·a_jk), rows fused (mulsub_rows) on
+            # a contiguous copy of it (a strided block does not vectorise)
             u0 = base + j * n + j + 1
             for i in range(L):
                 r0 = base + (j + 1 + i) * n + j + 1
-                li = W[r0 - 1]
-                for c in range(N):
-                    bufa[i * N + c] = li
-                    bufb[i * N + c] = W[u0 + c]
-                    bufc[i * N + c] = W[r0 + c]
-            w = L * N
-            round_into(K.OP_MUL, bufa[:w], bufb[:w], prod[:w], np.uint64(kmul[j]), b * w, mode)
-            round_into(K.OP_SUB, bufc[:w], prod[:w], res[:w], np.uint64(ksub[j]), b * w, mode)
+                bufa[i] = W[r0 - 1]
+                bufc[i * N:(i + 1) * N] = W[r0:r0 + N]
+            blk = L * N
+            mulsub_rows(bufa[:L], W[u0:u0 + N], bufc[:blk].reshape(L, N),
+                        res[:blk].reshape(L, N), np.uint64(kmul[j]), np.uint64(ksub[j]),
+                        b * blk, mode, bad[:L],
+                        scr[:N], scr[w:w + N], scr[2 * w:2 * w + N])
             for i in range(L):
                 r0 = base + (j + 1 + i) * n + j + 1
-                for c in range(N):
-                    W[r0 + c] = res[i * N + c]
+                W[r0:r0 + N] = res[i * N:(i + 1) * N]
 
 
 @njit(cache=True, error_model="numpy")
@@ -113,6 +113,8 @@ def trsm32(T, Y, B, n, r, upper, unit, kdiv, kmul, ksub, mode):  # pragma: no co
     bufb = np.empty(w, np.float32)
     prod = np.empty(w, np.float32)
     res = np.empty(w, np.float32)
+    tcol = np.empty(max(n, 1), np.float32)
+    bad = np.empty(max(n, 1), np.bool_)
     for b in range(B):
         tb = b * n * n
         yb = b * n * r
@@ -127,16 +129,15 @@ def trsm32(T, Y, B, n, r, upper, unit, kdiv, kmul, ksub, mode):  # pragma: no co
             if R == 0:
                 continue
             i0 = 0 if upper else j + 1
-            # the R rows i0.. of the update in one call each (contiguous in Y)
+            # the R rows i0.. of the update (contiguous in Y): y_i − RND(t_ij·x_j), rows
+            # fused (mulsub_rows)
             for ii in range(R):
-                tij = T[tb + (i0 + ii) * n + j]
-                for c in range(r):
-                    bufa[ii * r + c] = tij
-                    bufb[ii * r + c] = yj[c]
+                tcol[ii] = T[tb + (i0 + ii) * n + j]
             w = R * r
-            round_into(K.OP_MUL, bufa[:w], bufb[:w], prod[:w], np.uint64(kmul[s]), b * w, mode)
             blk = Y[yb + i0 * r:yb + (i0 + R) * r]
-            round_into(K.OP_SUB, blk, prod[:w], res[:w], np.uint64(ksub[s]), b * w, mode)
+            mulsub_rows(tcol[:R], yj, blk.reshape(R, r), res[:w].reshape(R, r),
+                        np.uint64(kmul[s]), np.uint64(ksub[s]), b * w, mode, bad[:R], bufa,
+                        bufb, prod)
             blk[:] = res[:w]
 
 

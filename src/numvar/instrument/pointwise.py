@@ -278,6 +278,106 @@ def round_sum_into(op, a, b, o, ukey, l0, mode):
     _round_tiles(op, a, b, o, ukey, l0, mode, True)
 
 
+@njit(inline="always", error_model="numpy")
+def _mulsubloop(s, v, X, O, kmul, ksub, l0, mode, bad):
+    """:func:`mulsub_rows`' loop with the mode a constant (it vectorises over columns)."""
+    R, N = O.shape
+    nbad = 0
+    for i in range(R):
+        sf = np.float64(s[i])
+        x = X[i]
+        o = O[i]
+        li = l0 + i * N
+        nb = 0
+        for c in range(N):
+            r = np.uint64(li + c)
+            p, okp = _fast32(sf * np.float64(v[c]), _bits(kmul, r), mode)
+            xx = np.float64(x[c])
+            y = -np.float64(p)
+            t = xx + y
+            bv = t - xx
+            e = (xx - (t - bv)) + (y - bv)
+            q, oks = _fast32(t, _bits(ksub, r), mode)
+            o[c] = q
+            nb += 0 if (okp and oks and (e == 0.0 or not (abs(t) < np.inf))) else 1
+        bad[i] = nb != 0
+        nbad += nb
+    return nbad
+
+
+@njit(cache=True, error_model="numpy")
+def _mulsub(s, v, X, O, kmul, ksub, l0, mode, bad):  # pragma: no cover - compiled
+    """:func:`_mulsubloop` specialised by mode (sr, ieee, ud, random; the other modes
+    decline every row); the number of declined elements."""
+    K.wide_vectors()
+    if mode == _SR:
+        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _SR, bad)
+    if mode == _IEEE:
+        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _IEEE, bad)
+    if mode == _UD:
+        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _UD, bad)
+    if mode == _RANDOM:
+        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _RANDOM, bad)
+    bad[:] = True
+    return O.size
+
+
+@njit(inline="always", error_model="numpy")
+def mulsub_rows(s, v, X, O, kmul, ksub, l0, mode, bad, pa, pb, prod):
+    """``O[i, c] = RND(X[i, c] − RND(s[i]·v[c]))`` for the (R, N) block ``X`` (any
+    strides; ``O`` C order, not aliasing ``X``): the products with key ``kmul`` and the
+    differences with key ``ksub``, both at index ``l0 + i·N + c``. The same values as
+    :func:`round_into` on the broadcast operands (``OP_MUL`` of the row scalars and ``v``
+    into a buffer, then ``OP_SUB``), which it replaces in the LU and triangular-solve
+    kernels' trailing updates: one fused pass per row without the broadcast copies; a
+    row with a declined element is redone through those two calls (``pa``, ``pb``,
+    ``prod``: scratch of N elements, ``bad``: of R)."""
+    R, N = O.shape
+    if _mulsub(s, v, X, O, kmul, ksub, l0, mode, bad) == 0:
+        return
+    for i in range(R):
+        if bad[i]:
+            pa[:N] = s[i]
+            pb[:N] = X[i]
+            round_into(OP_MUL, pa[:N], v, prod[:N], kmul, l0 + i * N, mode)
+            round_into(OP_SUB, pb[:N], prod[:N], O[i], ksub, l0 + i * N, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def cmul32(A, B, kp, ka, mode):  # pragma: no cover - compiled
+    """The complex product of interleaved binary32 pairs ``A`` and ``B`` ((2·S,) each,
+    (re, im) per element, same length) as :func:`numvar.instrument.cplx.mul_parts`
+    computes it: the products ``(ar·br, ai·bi, ar·bi, ai·br)`` with key ``kp`` at
+    ``q·S + e``, then ``ar·br − ai·bi`` at ``e`` and ``ar·bi + ai·br`` at ``S + e`` with
+    key ``ka`` (a difference rounded as such is the tensor path's sum with the negated
+    product: the same value). Returns the interleaved result (2·S,). One serial call
+    instead of five stacks, a negation and a join around two tensor calls."""
+    S = A.size // 2
+    ar = np.empty(S, np.float32)
+    ai = np.empty(S, np.float32)
+    br = np.empty(S, np.float32)
+    bi = np.empty(S, np.float32)
+    for e in range(S):
+        ar[e] = A[2 * e]
+        ai[e] = A[2 * e + 1]
+        br[e] = B[2 * e]
+        bi[e] = B[2 * e + 1]
+    p = np.empty(4 * S, np.float32)
+    round_into(OP_MUL, ar, br, p[0:S], kp, 0, mode)
+    round_into(OP_MUL, ai, bi, p[S:2 * S], kp, S, mode)
+    round_into(OP_MUL, ar, bi, p[2 * S:3 * S], kp, 2 * S, mode)
+    round_into(OP_MUL, ai, br, p[3 * S:4 * S], kp, 3 * S, mode)
+    re = np.empty(S, np.float32)
+    im = np.empty(S, np.float32)
+    round_sum_into(OP_SUB, p[0:S], p[S:2 * S], re, ka, 0, mode)
+    round_sum_into(OP_ADD, p[2 * S:3 * S], p[3 * S:4 * S], im, ka, S, mode)
+    out = np.empty(2 * S, np.float32)
+    for e in range(S):
+        out[2 * e] = re[e]
+        out[2 * e + 1] = im[e]
+    return out
+
+
 @njit(inline="always")
 def _block(src, s0, s1, s2, M2, r0, rows, j0, ncols, buf, held):
     """The values of rows r0..r0+rows-1 (row r = (r // M2, r % M2) over the two outer
