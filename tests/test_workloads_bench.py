@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,3 +75,20 @@ def test_bench_zoo_formats_table_judges_only_comparable_natives(monkeypatch):
     assert main["net_fp16"].endswith("| n/a (slow native, see formats) | "
                                      "n/a (slow native, see formats) |")
     assert main["net"].endswith("| ✓ | ✓ |") and main["mlp_f64"].endswith("| ✗ (> 11.5) | ✓ |")
+
+
+def test_bench_forward_prints_flop_and_native_times(monkeypatch, capsys):
+    """benchmarks/bench_forward.py: one line per entry, flop and native ms and their
+    ratio, all positive and consistent; an unknown entry is refused with the known ones."""
+    mod = _load_script(monkeypatch, "bench_forward")
+    monkeypatch.setattr("sys.argv", ["bench_forward.py", "linear_solve", "--repeats", "1"])
+    mod.main()
+    name, flop_ms, native_ms, ratio = capsys.readouterr().out.split()
+    assert name == "linear_solve"
+    flop_ms, native_ms, ratio = float(flop_ms), float(native_ms), float(ratio)
+    assert flop_ms > 0 and native_ms > 0
+    assert abs(ratio - flop_ms / native_ms) <= 0.05 * ratio + 0.1
+    monkeypatch.setattr("sys.argv", ["bench_forward.py", "no_such_model"])
+    with pytest.raises(SystemExit):
+        mod.main()
+    assert "known: " in capsys.readouterr().err
