@@ -98,6 +98,33 @@ def test_complex_mul_kernel_equals_the_tensor_implementation(mode, monkeypatch):
     assert same(torch.view_as_real(got), torch.view_as_real(want))
 
 
+@pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random", "down"])
+def test_polar_kernel_equals_the_tensor_implementation(mode, monkeypatch):
+    """``polar`` of binary32 tensors of one shape goes through ``pointwise.polar32``:
+    bit for bit the tensor implementation's values and stream position, on a transposed
+    (non-contiguous) angle, more elements than a rounding tile, magnitudes that leave
+    the binary32 range in the products, zeros, inf and NaN."""
+    g = torch.Generator().manual_seed(3)
+    r = torch.randn(40, 30, generator=g) * torch.exp2(
+        torch.randint(-130, 100, (40, 30), generator=g).float())
+    r[0, :3] = torch.tensor([0.0, float("inf"), float("nan")])
+    theta = (torch.randn(30, 40, generator=g) * 4).mT  # (40, 30), not contiguous
+    theta[1, :2] = torch.tensor([0.0, float("nan")])
+    calls = []
+    kernel = cplx.PW.polar32
+    monkeypatch.setattr(cplx.PW, "polar32", lambda *a: calls.append(1) or kernel(*a))
+    ctx = _ctx(4, mode)
+    got = cplx.polar(ctx, r, theta)
+    assert calls == [1]  # the kernel path is taken
+    after = ctx.stream.next_key()
+    monkeypatch.setattr(cplx, "USE_KERNELS", False)
+    ref_ctx = _ctx(4, mode)
+    want = cplx.polar(ref_ctx, r, theta)
+    assert ref_ctx.stream.next_key() == after
+    assert got.shape == want.shape == (40, 30) and got.dtype == torch.complex64
+    assert same(torch.view_as_real(got), torch.view_as_real(want))
+
+
 def test_complex_div_smith_accuracy():
     """Smith's algorithm (module docstring of cplx), ieee: each part within
     |q_part − exact| ≤ 8u·|q| (Higham §3.6: Smith's method has a normwise relative error

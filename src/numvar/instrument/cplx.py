@@ -133,9 +133,10 @@ def add(ctx: Ctx, a, b, *, negate: bool = False) -> torch.Tensor:
     return join(re, -bi if negate else bi)
 
 
-#: complex64 products of two tensors on the CPU at 24 bits take :func:`pointwise.cmul32`
-#: (one compiled call, same keys and bits) below :data:`kernels.PARALLEL_MIN_WORK` roundings;
-#: false: the tensor implementation (its reference in the tests)
+#: complex64 products of two tensors and ``polar`` of binary32 tensors on the CPU at 24
+#: bits take :func:`pointwise.cmul32` and :func:`pointwise.polar32` (one compiled call
+#: each, same keys and bits) below :data:`kernels.PARALLEL_MIN_WORK` roundings; false:
+#: the tensor implementation (their reference in the tests)
 USE_KERNELS = True
 
 
@@ -249,9 +250,19 @@ def bmm(ctx: Ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def polar(ctx: Ctx, r: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """``r·(cos θ + i sin θ)``: cos and sin rounded once from float64, then 2 products."""
+    """``r·(cos θ + i sin θ)``: cos and sin rounded once from float64, then 2 products
+    (binary32 operands of one shape on the CPU at 24 bits: :func:`pointwise.polar32`, one
+    compiled call with the same keys and bits)."""
     pd = torch.promote_types(r.dtype, theta.dtype)
     t64 = theta.to(torch.float64)
+    if (USE_KERNELS and r.dtype is torch.float32 and theta.dtype is torch.float32
+            and r.shape == theta.shape and 4 * r.numel() < PARALLEL_MIN_WORK
+            and LK.serves(ctx, r, theta)):
+        kr, km = ctx.stream.keys(2)
+        out = PW.polar32(LK.flat32(r), torch.cos(t64).contiguous().view(-1).numpy(),
+                         torch.sin(t64).contiguous().view(-1).numpy(), np.uint64(kr),
+                         np.uint64(km), ctx.code)
+        return torch.view_as_complex(torch.from_numpy(out).view(*r.shape, 2))
     cs = ctx.round(torch.stack((torch.cos(t64), torch.sin(t64))), pd)
     p = ctx.mul(r.to(pd).unsqueeze(0), cs)
     return join(p[0], p[1])

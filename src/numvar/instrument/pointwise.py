@@ -378,6 +378,30 @@ def cmul32(A, B, kp, ka, mode):  # pragma: no cover - compiled
     return out
 
 
+@njit(cache=True, error_model="numpy")
+def polar32(r, c, s, kr, km, mode):  # pragma: no cover - compiled
+    """``torch.polar(r, θ)`` of binary32 ``r`` (S,) from the float64 ``c = cos θ`` and
+    ``s = sin θ`` (S,) as :func:`numvar.instrument.cplx.polar` computes it: the stacked
+    ``(c, s)`` rounded to binary32 with key ``kr`` (``c`` at ``e``, ``s`` at ``S + e``, as
+    :func:`round32`), then ``(r·c, r·s)`` with key ``km`` at the same indices. Returns the
+    interleaved complex64 pairs (2·S,)."""
+    S = r.size
+    cs = np.empty(2 * S, np.float32)
+    for t in range((S + TILE - 1) // TILE):  # the tiles of _round_ser on the stacked (c, s)
+        j0 = t * TILE
+        j1 = min(S, j0 + TILE)
+        _roundtile(c[j0:j1], cs[j0:j1], kr, j0, mode)
+        _roundtile(s[j0:j1], cs[S + j0:S + j1], kr, S + j0, mode)
+    p = np.empty(2 * S, np.float32)
+    round_into(OP_MUL, r, cs[0:S], p[0:S], km, 0, mode)
+    round_into(OP_MUL, r, cs[S:2 * S], p[S:2 * S], km, S, mode)
+    out = np.empty(2 * S, np.float32)
+    for e in range(S):
+        out[2 * e] = p[e]
+        out[2 * e + 1] = p[S + e]
+    return out
+
+
 @njit(inline="always")
 def _block(src, s0, s1, s2, M2, r0, rows, j0, ncols, buf, held):
     """The values of rows r0..r0+rows-1 (row r = (r // M2, r % M2) over the two outer
