@@ -98,6 +98,31 @@ def _rnn_steps() -> tuple[str, float]:
     return "rnn_kernels", time.perf_counter() - t0
 
 
+def _short_paths() -> tuple[str, float]:
+    """The compiled short paths of linear algebra, FFTs and complex arithmetic
+    (``linalg_kernels.lu32``/``trsm32``, ``fft_kernels.radix2_32``, ``pointwise.cmul32``/
+    ``polar32``) and the pointwise tiles they share (~100 s cold on one core: each of
+    the two test workers compiled them before either had cached them), called once each
+    with the types their callers pass."""
+    import numpy as np
+
+    from numvar.instrument import fft_kernels as FK
+    from numvar.instrument import linalg_kernels as LK
+    from numvar.instrument import pointwise as PW
+
+    t0 = time.perf_counter()
+    f32 = np.ones(16, np.float32)
+    keys = np.ones((3, 4), np.uint64)  # rows of linalg_kernels.keys' (calls, steps) array
+    mode = 0
+    PW.cmul32(f32, f32, np.uint64(1), np.uint64(2), mode)
+    PW.polar32(f32, np.ones(16), np.ones(16), np.uint64(1), np.uint64(2), mode)
+    LK.lu32(f32.copy(), 1, 4, 4, np.zeros(4, np.int32), np.zeros(1, np.int32), *keys, mode)
+    LK.trsm32(f32.copy(), f32.copy(), 1, 4, 4, False, False, *keys, mode)
+    twr, twi = FK.stage_twiddles32(f32[:8], f32[:8], 2, 8)
+    FK.radix2_32(f32, f32, 2, 8, twr, twi, *keys[:, :3].copy(), mode)
+    return "short paths", time.perf_counter() - t0
+
+
 def _compile_leaf(module: str, name: str, sig: str) -> tuple[str, float]:
     import importlib
 
@@ -139,7 +164,8 @@ def _report(future, log) -> None:
 
 
 def warm(workers: int | None = None, log=print) -> float:
-    """Compile :data:`LEAVES` and run :data:`INDEPENDENT` and :func:`_rnn_steps`, then
+    """Compile :data:`LEAVES` and run :data:`INDEPENDENT`, :func:`_rnn_steps` and
+    :func:`_short_paths`, then
     :data:`ENTRIES`, over ``workers`` processes. Returns the wall time; logs one line per task and any leaf
     an entry compiled again."""
     workers = workers or os.cpu_count() or 1
@@ -152,6 +178,7 @@ def warm(workers: int | None = None, log=print) -> float:
         first = [pool.submit(_compile_leaf, *leaf) for leaf in LEAVES[:3]]
         first += [pool.submit(_run_entry, *args) for args in INDEPENDENT]
         first.append(pool.submit(_rnn_steps))
+        first.append(pool.submit(_short_paths))
         first += [pool.submit(_compile_leaf, *leaf) for leaf in LEAVES[3:]]
         for f in first:
             _report(f, log)

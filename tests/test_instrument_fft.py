@@ -70,6 +70,21 @@ def test_complex_mul_matches_reference(mode, prec, dt):
         assert out.imag.reshape(-1)[e].item() == sr.add(p[2], p[3], ks, n + e)
 
 
+def _same_as_tensor_implementation(fn, mode, shape, monkeypatch):
+    """``fn(ctx)`` (a complex64 result) with ``cplx``'s compiled kernels and with its
+    tensor implementation (``cplx.USE_KERNELS`` off): the same bits, shape and dtype, and
+    the stream at the same position afterwards."""
+    ctx = _ctx(9, mode)
+    got = fn(ctx)
+    after = ctx.stream.next_key()
+    monkeypatch.setattr(cplx, "USE_KERNELS", False)
+    ref_ctx = _ctx(9, mode)
+    want = fn(ref_ctx)
+    assert ref_ctx.stream.next_key() == after
+    assert got.shape == want.shape == shape and got.dtype == torch.complex64
+    assert same(torch.view_as_real(got), torch.view_as_real(want))
+
+
 @pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random", "up"])
 def test_complex_mul_kernel_equals_the_tensor_implementation(mode, monkeypatch):
     """complex64 · complex64 on the CPU at 24 bits goes through ``pointwise.cmul32`` (one
@@ -87,15 +102,8 @@ def test_complex_mul_kernel_equals_the_tensor_implementation(mode, monkeypatch):
     z = torch.view_as_complex(parts[0].contiguous()).reshape(3, 500)
     w = torch.view_as_complex(parts[1, :500].contiguous()).conj()  # broadcast over rows
     assert cplx._mul_kernel(_ctx(9, mode), z, w) is not None  # the kernel path is taken
-    ctx = _ctx(9, mode)
-    got = cplx.mul(ctx, z, w)
-    after = ctx.stream.next_key()
-    monkeypatch.setattr(cplx, "USE_KERNELS", False)
-    ref_ctx = _ctx(9, mode)
-    want = cplx.mul(ref_ctx, z, w)
-    assert ref_ctx.stream.next_key() == after
-    assert got.shape == want.shape == (3, 500) and got.dtype == torch.complex64
-    assert same(torch.view_as_real(got), torch.view_as_real(want))
+    _same_as_tensor_implementation(lambda ctx: cplx.mul(ctx, z, w), mode, (3, 500),
+                                   monkeypatch)
 
 
 @pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random", "down"])
@@ -113,16 +121,9 @@ def test_polar_kernel_equals_the_tensor_implementation(mode, monkeypatch):
     calls = []
     kernel = cplx.PW.polar32
     monkeypatch.setattr(cplx.PW, "polar32", lambda *a: calls.append(1) or kernel(*a))
-    ctx = _ctx(4, mode)
-    got = cplx.polar(ctx, r, theta)
-    assert calls == [1]  # the kernel path is taken
-    after = ctx.stream.next_key()
-    monkeypatch.setattr(cplx, "USE_KERNELS", False)
-    ref_ctx = _ctx(4, mode)
-    want = cplx.polar(ref_ctx, r, theta)
-    assert ref_ctx.stream.next_key() == after
-    assert got.shape == want.shape == (40, 30) and got.dtype == torch.complex64
-    assert same(torch.view_as_real(got), torch.view_as_real(want))
+    _same_as_tensor_implementation(lambda ctx: cplx.polar(ctx, r, theta), mode, (40, 30),
+                                   monkeypatch)
+    assert calls == [1]  # the kernel path was taken (the reference run does not call it)
 
 
 def test_complex_div_smith_accuracy():
