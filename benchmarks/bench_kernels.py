@@ -86,9 +86,13 @@ def independent(body: list[str]) -> list[str]:
     """The loop's vector instructions with every dependency between them cut: loads,
     broadcasts from memory and stores left out (load and store ports, which the ceiling
     leaves out), a memory operand folded into an arithmetic instruction read from a
-    register instead, sources are constant registers zmm0–zmm7,
-    destinations rotate over zmm8–zmm31 and k1–k4, masks dropped. Same instructions, same
-    pipes: timed, they run at the vector ports' throughput for this mix on this host."""
+    register instead, sources are constant registers 0–7, destinations rotate over the
+    registers above them (zmm8–zmm31 with AVX-512, ymm8–ymm15 with AVX2) and k1–k4,
+    masks dropped. Same instructions, same pipes: timed, they run at the vector ports'
+    throughput for this mix on this host."""
+    from bench_pipes import registers
+
+    count = registers()[1]
     out, r, k = [], 0, 0
     for x in body:
         if not re.search(r"%[xyz]mm", x) or _STORE.match(x) or _LOAD_ONLY.match(x):
@@ -96,15 +100,17 @@ def independent(body: list[str]) -> list[str]:
         mnem, rest = re.split(r"\s+", x.strip(), maxsplit=1)
         ops = _operands(re.sub(r"\s*\{%k\d\}", "", rest.strip()))
         *src, dst = ops
+        widest = max((m.group(1) for o in ops if (m := re.match(r"%([xyz])mm\d+$", o))),
+                     default="z", key="xyz".index)
         src = [("$" + o) if o.startswith("$") else  # "$$": a literal $ in inline asm
                f"%{m.group(1)}mm{int(m.group(2)) % 8}"
                if (m := re.match(r"%([xyz])mm(\d+)$", o)) else
-               "%zmm0" if "(" in o else o
+               f"%{widest}mm0" if "(" in o else o
                for o in src]
         if dst.startswith("%k"):
             dst, k = f"%k{1 + k % 4}", k + 1
         elif m := re.match(r"%([xyz])mm\d+$", dst):
-            dst, r = f"%{m.group(1)}mm{8 + r % 24}", r + 1
+            dst, r = f"%{m.group(1)}mm{8 + r % (count - 8)}", r + 1
         else:  # a general-purpose register: not a vector-port result
             continue
         out.append(f"{mnem} {', '.join(src + [dst])}")
@@ -114,7 +120,8 @@ def independent(body: list[str]) -> list[str]:
 def port_bound_cycles(body: list[str], passes: int = 6) -> float:
     """Measured cycles per pass of the loop's vector instructions with their dependencies
     cut (:func:`independent`), ``passes`` copies per iteration: the port-bound ceiling of
-    this host, whatever its pipes and micro-op counts (Intel splits a vpmullq into 3)."""
+    this host, whatever its pipes and micro-op counts (Intel splits a vpmullq into 3;
+    AVX2 has none and builds it from three vpmuludq)."""
     from bench_pipes import _seconds_per_iteration, clock_hz
 
     lines = independent(body) * passes
@@ -135,24 +142,51 @@ def _cpu_timed(fn) -> float:
     return time.thread_time() - t
 
 
-_PURE_LOAD = re.compile(r"^\s*v(movup[sd]|movdqu64|movdqa64|movap[sd])\s+-?\w*\(")
-_REG_MOVE = re.compile(r"^\s*vmov(dqa64|dqu64|apd|aps|upd|ups)\s+%zmm\d+,\s*%zmm\d+\s*$")
+_PURE_LOAD = re.compile(r"^\s*v(movup[sd]|movdqu64|movdqa64|movdq[au]|movap[sd])\s+-?\w*\(")
+_REG_MOVE = re.compile(r"^\s*vmov(dqa64|dqu64|dqa|dqu|apd|aps|upd|ups)\s+%[yz]mm\d+,\s*"
+                       r"%[yz]mm\d+\s*$")
 _STORE = re.compile(r"^\s*v\w+\s+%[xyz]mm\d+,\s*-?\w*\(")
 #: loads and broadcasts from memory: load ports only, on Zen 4 and on Intel cores alike
 _LOAD_ONLY = re.compile(r"^\s*v(mov\w+|p?broadcast\w+)\s+-?\w*\(")
 
 
-def _is_sr32_loop(text: str) -> bool:
-    return "$35" in text and "vaddpd" in text
+#: the term hash's 64-bit multiply: one instruction with AVX-512, three ``vpmuludq``
+#: (32×32→64 halves) and shifts with AVX2
+_HASH_MUL = re.compile(r"\bvpmul(lq|udq)\b")
+#: the loop index step: ``addq $STEP, %REG`` where ``%REG`` indexes float64 elements
+_STEP = re.compile(r"^\s*addq\s+\$(\d+),\s*%(\w+)\s*$")
 
 
-def loop_uops(asm: str, is_loop=_is_sr32_loop) -> tuple[int, list[str]]:
-    """Vector micro-ops per iteration of the SR k-loop in ``asm`` (the shortest loop with
-    the term hash's ``vpmullq`` on zmm registers for which ``is_loop`` holds; default: the
-    binary32 separate loop, with the add's ``>> 35`` and the TwoSum ``vaddpd``): every
+def terms_per_iteration(body: list[str]) -> int:
+    """Terms (float64 lanes) one pass of the loop ``body`` computes: the step of the index
+    register its memory operands scale by 8 (``(%base,%index,8)``), else one vector of
+    the widest register it uses (8 lanes of zmm, 4 of ymm)."""
+    text = "\n".join(body)
+    for x in body:
+        m = _STEP.match(x)
+        if m and re.search(rf",%{m.group(2)},8\)", text):
+            return int(m.group(1))
+    return 8 if "zmm" in text else 4
+
+
+def _updates_memory(body: list[str]) -> bool:
+    """Whether the loop stores a vector to an address it also loads from: the k >= 1 loop
+    of a clean row (``acc[j] = RND(acc[j] + RND(a_k·b_kj))``); the k = 0 loop only
+    writes the accumulator."""
+    stores = {m.group(1) for x in body if (m := re.match(r"^\s*v\w+\s+%[xyz]mm\d+,\s*(.+)$",
+                                                          x.strip())) and "(" in m.group(1)}
+    return any(addr in x for addr in stores for x in body
+               if not re.match(r"^\s*v\w+\s+%[xyz]mm\d+,\s*" + re.escape(addr), x.strip()))
+
+
+def loop_uops(asm: str) -> tuple[int, list[str]]:
+    """Vector micro-ops per iteration of the k >= 1 loop in ``asm`` (the machine code of
+    one SR clean loop, :func:`clean_loop_asm`): the shortest loop on vector registers with
+    the term hash's 64-bit multiply (``vpmullq`` with AVX-512, ``vpmuludq`` halves with
+    AVX2) that updates the accumulator in memory (:func:`_updates_memory`). Counted: every
     instruction on an xmm/ymm/zmm register except pure loads and stores (load/store
-    ports, not the two vector ports); a load folded into an arithmetic instruction
-    counts once."""
+    ports, not the vector ports); a load folded into an arithmetic instruction counts
+    once. Per iteration, which is :func:`terms_per_iteration` terms."""
     lines = asm.splitlines()
     labels = {m.group(1): i for i, ln in enumerate(lines)
               if (m := re.match(r"^(\.LBB\S+):", ln))}
@@ -164,7 +198,7 @@ def loop_uops(asm: str, is_loop=_is_sr32_loop) -> tuple[int, list[str]]:
         body = [x for x in lines[labels[m.group(1)]:i + 1]
                 if x.startswith("\t") and not x.strip().startswith((".", "#"))]
         text = "\n".join(body)
-        if "vpmullq" in text and "zmm" in text and is_loop(text):
+        if _HASH_MUL.search(text) and re.search("[yz]mm", text) and _updates_memory(body):
             if best is None or len(body) < len(best):
                 best = body
     if best is None:
@@ -176,25 +210,32 @@ def loop_uops(asm: str, is_loop=_is_sr32_loop) -> tuple[int, list[str]]:
 
 def clean_loop_asm(kernel=KN._clean32, dtype=np.float32, *extra) -> str:
     """Machine code of a clean-row kernel (``_clean32``, ``_cleanfma32`` with ``extra``
-    = (24,), ``_clean64``) compiled afresh (a cached dispatcher holds none), SR mode."""
-    fn = njit(kernel.py_func)
+    = (24,): its ``t``, ``_clean64``) in SR mode alone, compiled afresh (a cached
+    dispatcher holds none): the kernel inlined into a caller that passes the mode (and
+    ``t``) as constants, so that its other modes' loops are folded away and the code
+    holds SR's k = 0 and k >= 1 loops only, which :func:`loop_uops` tells apart without
+    looking for any one instruction (AVX-512 and AVX2 spell the same loop differently).
+    The kernel itself holds every mode's loops in one function; its SR loop is the same
+    code up to register allocation (AVX2, Zen 3: binary32 fma 75 instructions there, 76
+    here; binary64 141 there, 144 here)."""
+    inner = njit(inline="always")(kernel.py_func)
+    sr = KN._SR
+    t = extra[0] if extra else 0
+
+    if extra:
+        @njit
+        def only_sr(acc, jg, arow, bmat, ukey, base, j0, n):  # pragma: no cover
+            inner(acc, jg, arow, bmat, ukey, base, j0, n, sr, t)
+    else:
+        @njit
+        def only_sr(acc, jg, arow, bmat, ukey, base, j0, n):  # pragma: no cover
+            inner(acc, jg, arow, bmat, ukey, base, j0, n, sr)
     n = 64
     acc = np.empty(n)
     jg = np.arange(n, dtype=np.uint64) * np.uint64(KN._G)
-    fn(acc, jg, np.ones(8, dtype), np.ones((8, n), np.float64), np.uint64(1),
-       np.uint64(0), 0, n, KN._SR, *extra)
-    return fn.inspect_asm(fn.signatures[0])
-
-
-def _is_fma32_loop(text: str) -> bool:  # the fma loop: TwoSum, no add rounding's >> 35
-    return "vcvttpd2qq" in text
-
-
-def _is_sr64_loop(text: str) -> bool:
-    """The binary64 SR k >= 1 loop: TwoProduct by FMA, two SR thresholds (r >> 11 to
-    float64: product and sum; the k = 0 loop has one)."""
-    return text.count("vcvtqq2pd") >= 2 and ("vfmsub" in text or "vfmadd" in text
-                                             or "vfnmadd" in text)
+    only_sr(acc, jg, np.ones(8, dtype), np.ones((8, n), np.float64), np.uint64(1),
+            np.uint64(0), 0, n)
+    return only_sr.inspect_asm(only_sr.signatures[0])
 
 
 def rate(dtype, shape, repeats: int, mode: int, contraction: str = "separate",
@@ -262,33 +303,39 @@ def main(argv=None) -> None:
     if args.narrow:
         narrow_table(args.repeats)
         return
-    from bench_pipes import clock_hz
+    from bench_pipes import clock_hz, vector_isa
 
+    isa = vector_isa()  # exits with a message on a host without AVX2 or AVX-512
     f = clock_hz()
     print(f"clock {f / 1e9:.2f} GHz (dependent integer adds, benchmarks/bench_pipes.py); "
-          f"float64 add latency {add_latency(f):.1f} cycles")
+          f"float64 add latency {add_latency(f):.1f} cycles; vector instructions: {isa}")
     model, ports = {}, {}
-    for label, asm, is_loop in (
-            ("binary32 sr", lambda: clean_loop_asm(), _is_sr32_loop),
-            ("binary32 fma-sr", lambda: clean_loop_asm(KN._cleanfma32, np.float32, 24),
-             _is_fma32_loop),
-            ("binary64 sr", lambda: clean_loop_asm(KN._clean64, np.float64), _is_sr64_loop)):
+    for label, asm in (
+            ("binary32 sr", lambda: clean_loop_asm()),
+            ("binary32 fma-sr", lambda: clean_loop_asm(KN._cleanfma32, np.float32, 24)),
+            ("binary64 sr", lambda: clean_loop_asm(KN._clean64, np.float64))):
         try:
-            uops, body = loop_uops(asm(), is_loop)
+            uops, body = loop_uops(asm())
         except (RuntimeError, AttributeError) as exc:  # no such loop on this host/version
             print(f"{label} clean loop: not found ({exc})")
             continue
+        terms = terms_per_iteration(body)
+        per8 = uops * 8 / terms
         moves = sum(1 for x in body if _REG_MOVE.match(x))
-        model[label] = 2 * f * 8 / uops
-        cycles = port_bound_cycles(body)
+        cycles = port_bound_cycles(body) * 8 / terms
         ports[label] = f * 8 / cycles
+        if isa == "avx512":  # the module's model: two 512-bit ports (Zen 4)
+            model[label] = 2 * f * 8 / per8
+            derived = (f"model of one micro-op each, two per cycle: 2 x clock x 8 / "
+                       f"{per8:g} = {model[label] / 1e9:.2f} G terms/s")
+        else:
+            derived = "no port model for AVX2 (the measured ceiling stands alone)"
         fmas = sorted({x.split()[0] for x in body
                        if x.split()[0].startswith(("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"))})
-        print(f"{label} clean loop: {len(body)} instructions, {uops} vector instructions per "
-              f"8 terms ({moves} register-to-register moves); ports measured: {cycles:.2f} "
-              f"cycles per 8 terms with the dependencies cut, ceiling "
-              f"{ports[label] / 1e9:.2f} G terms/s; model of one micro-op each, two per "
-              f"cycle: 2 x clock x 8 / {uops} = {model[label] / 1e9:.2f} G terms/s"
+        print(f"{label} clean loop: {len(body)} instructions, {terms} terms per pass, "
+              f"{per8:g} vector instructions per 8 terms ({moves} register-to-register "
+              f"moves per pass); ports measured: {cycles:.2f} cycles per 8 terms with the "
+              f"dependencies cut, ceiling {ports[label] / 1e9:.2f} G terms/s; {derived}"
               + (f"; FMA: {', '.join(fmas) or 'NONE (not a hardware FMA)'}"
                  if label == "binary64 sr" else ""))
     rows = [("binary32 sr separate (clean rows)", np.float32, "separate", True, "binary32 sr"),
@@ -302,8 +349,8 @@ def main(argv=None) -> None:
             r = rate(dt, args.shape, args.repeats, KN._SR, con, clean)
         except TypeError:  # a kernel without that option on this version
             continue
-        frac = (f"{100 * r / ports[ceil]:10.1f}% {100 * r / model[ceil]:9.1f}%"
-                if ceil in ports else f"{'-':>11s} {'-':>10s}")
+        frac = (f"{100 * r / ports[ceil]:10.1f}%" if ceil in ports else f"{'-':>11s}")
+        frac += f" {100 * r / model[ceil]:9.1f}%" if ceil in model else f" {'-':>10s}"
         print(f"{name:38s} {r / 1e9:10.3f} {frac} (of {ceil})", flush=True)
 
 

@@ -92,3 +92,87 @@ def test_bench_forward_prints_flop_and_native_times(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         mod.main()
     assert "known: " in capsys.readouterr().err
+
+
+# ------------------------------------------- bench_kernels / bench_pipes: AVX2 and AVX-512
+#: the binary32 sr k >= 1 loop as numba compiles it for AVX2 (AMD Zen 3): 4 terms per
+#: pass, the accumulator loaded from and stored to (%r14,%rdi,8), abridged
+_AVX2_K1 = """.LBB0_51:
+\tvpaddq\t(%r12,%rdi,8), %ymm6, %ymm9
+\tvmulpd\t(%rsi,%rdi,8), %ymm5, %ymm8
+\tvmovupd\t(%r14,%rdi,8), %ymm7
+\tvpsrlq\t$32, %ymm9, %ymm10
+\tvpmuludq\t%ymm1, %ymm10, %ymm10
+\tvpbroadcastq\t(%rdx), %ymm10
+\tvaddpd\t%ymm7, %ymm8, %ymm11
+\tvblendvpd\t%ymm7, %ymm8, %ymm10, %ymm7
+\tvmovupd\t%ymm7, (%r14,%rdi,8)
+\taddq\t$4, %rdi
+\tcmpq\t%rdi, %rbx
+\tjne\t.LBB0_51
+"""
+#: the k = 0 loop before it: writes the accumulator without reading it
+_AVX2_K0 = """.LBB0_40:
+\tvpaddq\t(%r12,%rdi,8), %ymm6, %ymm9
+\tvpmuludq\t%ymm1, %ymm9, %ymm10
+\tvmulpd\t(%rsi,%rdi,8), %ymm5, %ymm8
+\tvmovupd\t%ymm8, (%r14,%rdi,8)
+\taddq\t$4, %rdi
+\tcmpq\t%rdi, %rbx
+\tjne\t.LBB0_40
+"""
+
+
+def _bench_kernels(monkeypatch, isa: str = "avx2"):
+    pipes = _load_script(monkeypatch, "bench_pipes")
+    monkeypatch.setattr(pipes, "vector_isa", lambda: isa)
+    return _load_script(monkeypatch, "bench_kernels"), pipes
+
+
+def test_bench_kernels_picks_the_accumulating_loop_on_avx2(monkeypatch):
+    bk, _ = _bench_kernels(monkeypatch)
+    uops, body = bk.loop_uops(_AVX2_K0 + _AVX2_K1)
+    assert body[-1].strip() == "jne\t.LBB0_51"  # the k >= 1 loop, not the shorter k = 0 one
+    # vector instructions less the pure load (vmovupd from memory) and the store; the
+    # broadcast from memory is counted by loop_uops (bench_pipes.independent drops it)
+    assert uops == 7
+    assert bk.terms_per_iteration(body) == 4
+    assert bk._updates_memory(body)
+    assert not bk._updates_memory(_AVX2_K0.splitlines()[1:])
+    # no index step found: one vector of the widest register
+    assert bk.terms_per_iteration(["\tvaddpd\t%zmm1, %zmm2, %zmm3"]) == 8
+
+
+def test_bench_kernels_independent_instructions_fit_the_hosts_registers(monkeypatch):
+    bk, _ = _bench_kernels(monkeypatch)
+    out = bk.independent(_AVX2_K1.splitlines()[1:])
+    # loads, broadcasts and the store dropped; memory operands read from ymm0; sources in
+    # ymm0-7; destinations rotate over ymm8-15 (16 registers with AVX2)
+    assert out == ["vpaddq %ymm0, %ymm6, %ymm8", "vmulpd %ymm0, %ymm5, %ymm9",
+                   "vpsrlq $$32, %ymm1, %ymm10", "vpmuludq %ymm1, %ymm2, %ymm11",
+                   "vaddpd %ymm7, %ymm0, %ymm12", "vblendvpd %ymm7, %ymm0, %ymm2, %ymm13"]
+    body = [f"\tvaddpd\t%ymm1, %ymm2, %ymm{i}" for i in range(10)]
+    assert [x.split()[-1] for x in bk.independent(body)] == [
+        f"%ymm{8 + i % 8}" for i in range(10)]
+    bk512, _ = _bench_kernels(monkeypatch, "avx512")
+    assert [x.split()[-1] for x in bk512.independent(body)] == [
+        f"%ymm{8 + i}" for i in range(10)]  # 24 destinations with AVX-512
+
+
+def test_bench_pipes_refuses_hosts_without_avx2(monkeypatch):
+    import platform
+
+    pipes = _load_script(monkeypatch, "bench_pipes")
+    features = {"avx2": True, "avx512f": True, "avx512dq": True}
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(pipes.llvm, "get_host_cpu_features", lambda: features)
+    assert pipes.vector_isa() == "avx512" and pipes.registers() == ("zmm", 32)
+    features["avx512dq"] = False  # no vpmullq
+    assert pipes.vector_isa() == "avx2" and pipes.registers() == ("ymm", 16)
+    assert pipes.kinds()[0] is pipes.KINDS_AVX2
+    features["avx2"] = False
+    with pytest.raises(SystemExit, match="need AVX2 or AVX-512"):
+        pipes.vector_isa()
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    with pytest.raises(SystemExit, match="this host is aarch64"):
+        pipes.vector_isa()

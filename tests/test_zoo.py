@@ -114,6 +114,33 @@ def test_ieee_check_fails_on_rounding_beyond_reordering():
     assert not chk.ok and chk.k_max >= 9
 
 
+def test_step_reference_takes_the_optimizer_step_in_float64_from_given_gradients():
+    """sgd (momentum, first step): p - lr·g exactly; adamw (first step, bias-corrected
+    moments m̂ = g, v̂ = g²): p·(1 - lr·wd) - lr·g/(|g| + ε), to float64 rounding; a
+    parameter without a gradient keeps its value. The gradients are made up (not the
+    model's), so the step can only have come from them."""
+    built = _built("sine_mlp")
+    p0 = {f"param.{n}": p.detach().double() for n, p in built.model.named_parameters()}
+    gen = torch.Generator().manual_seed(3)
+    grads = {f"grad.{n[6:]}": torch.randn(p.shape, generator=gen, dtype=torch.float64)
+             * 10.0 ** torch.randint(-12, 0, p.shape, generator=gen)
+             for n, p in p0.items()}
+    dropped = next(iter(grads))
+    del grads[dropped]
+    sgd = zoo.step_reference(built, "sgd", grads)
+    adamw = zoo.step_reference(built, "adamw_fused", grads)
+    assert sgd.keys() == adamw.keys() == p0.keys()
+    for k, p in p0.items():
+        assert sgd[k].dtype == adamw[k].dtype == torch.float64
+        g = grads.get("grad." + k[6:])
+        if g is None:
+            assert torch.equal(sgd[k], p) and torch.equal(adamw[k], p)
+            continue
+        assert torch.equal(sgd[k], p - 0.01 * g)
+        expect = p * (1 - 1e-3 * 1e-2) - 1e-3 * g / (g.abs() + 1e-8)
+        torch.testing.assert_close(adamw[k], expect, rtol=1e-13, atol=1e-16)
+
+
 def test_builds_are_deterministic():
     a, b = zoo.build("vit", "test"), zoo.build("vit", "test")
     assert zoo.bitwise_equal(dict(a.model.state_dict()), dict(b.model.state_dict())) == []

@@ -112,6 +112,25 @@ micro-ops per 8 terms, ceiling ``2 × clock × 8 / 34`` = 1.74 G terms/s at 3.69
 the binary64 sr loop (:func:`_clean64_loops`: two :func:`_rn64_step` roundings of ~25
 micro-ops each, TwoProduct by one ``vfmsub213pd`` plus a multiply, TwoSum, the sum's
 range check) has 68, ceiling 0.87 G terms/s.
+
+AVX2 hosts (no AVX-512; measured on an AMD Zen 3, 2026-12-03)
+-------------------------------------------------------------
+The same loops compile to 256-bit vectors: 4 float64 lanes per pass, 16 registers, no
+``vpmullq`` (the hash's 64-bit multiply becomes three ``vpmuludq`` of 32-bit halves, a
+shift and two adds: 6 instructions for 1), no ``vpternlogq`` and no mask registers (a
+select is a ``vblendvpd``). The binary32 sr loop has 30 vector instructions per pass of
+4 terms, 60 per 8 terms against 20 with AVX-512; the "fma" sr loop 65 per pass (its
+float64→int64 decision has no vector instruction either: four scalar ``vcvttsd2si``
+and the shuffles around them, and the 16 registers spill), 130 per 8 terms; binary64 sr
+125 per pass. Zen 3 has four 256-bit vector pipes, so no two-port model applies:
+``bench_kernels.py`` measures the ceiling (the loop's instructions with their
+dependencies cut) instead, 13.6–15.7 cycles per 8 terms for binary32 sr (1.46–1.77 G
+terms/s at 2.9–3.0 GHz; the measurement moves on a shared host), 28.2–32.8 for fma
+(0.73–0.86 G terms/s), 53 for binary64 (0.45 G terms/s); the kernels reach 0.74–0.85,
+0.32–0.40 and 0.17 G terms/s (46–58 %, 43–46 %, 38 %: the binary32 loop's dependency
+chain, as on Zen 4, plus the spills of the other two; ``docs/speed.md``). ``contraction="fma"`` is therefore half as fast as ``"separate"`` on such a host,
+where on Zen 4 it is faster. The rounding semantics, and so the bits, do not depend on
+the host's vectors.
 """
 
 from __future__ import annotations
