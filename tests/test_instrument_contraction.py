@@ -53,6 +53,48 @@ def _operands(dt, seed):
     return a.astype(dt), b.astype(dt)
 
 
+@numba.njit
+def _decisions(q, thr):  # pragma: no cover - compiled
+    """Both spellings of the fma loop's SR decision (``kernels._below_trunc``), lane by
+    lane: the int64 compare (AVX-512 hosts) and the float64 one (AVX2 hosts)."""
+    as_int = np.empty(q.size, np.bool_)
+    as_float = np.empty(q.size, np.bool_)
+    exact = np.empty(q.size, np.bool_)
+    for i in range(q.size):
+        as_int[i] = np.int64(q[i]) < np.int64(thr[i])
+        as_float[i] = KN._u53_f64(q[i]) + 1.0 <= thr[i]
+        exact[i] = KN._u53_f64(q[i]) == np.float64(q[i])
+    return as_int, as_float, exact
+
+
+def test_fma_sr_decision_is_the_same_in_int64_and_in_float64():
+    """q < trunc(thr) for q = r >> 11 below 2**53 and thr in int64's range: the int64
+    compare, the float64 compare q + 1 <= thr and Python's integers agree on the edges
+    (thr at, just below and just above q + 1; negative, zero, fractions; beyond 2**53,
+    where the clean loop's thr can reach 2**53 + 2**23) and on random draws; the float64
+    value of q is exact."""
+    import math
+
+    rng = np.random.default_rng(5)
+    qs = [0, 1, 2, 3, 2**52 - 1, 2**52, 2**52 + 1, 2**53 - 2, 2**53 - 1]
+    qs += [int(x) >> 11 for x in rng.integers(0, 2**63, 64, dtype=np.int64)] + [
+        int(x) for x in rng.integers(0, 2**53, 64, dtype=np.int64)]
+    q, thr = [], []
+    for v in qs:
+        for t in (v + 1, v + 1.5, v + 0.5, v, v + 2, v - 1, -0.5, -1.0, -3.7, 0.0, 0.25,
+                  2.0**53, 2.0**53 + 2.0**23, 2.0**62):
+            q.append(v)
+            thr.append(float(t))
+    q = np.array(q, np.uint64)
+    thr = np.array(thr)
+    as_int, as_float, exact = _decisions(q, thr)
+    expect = np.array([int(a) < math.trunc(t) for a, t in zip(q.tolist(), thr.tolist())])
+    assert exact.all()
+    np.testing.assert_array_equal(as_int, expect)
+    np.testing.assert_array_equal(as_float, expect)
+    assert expect.any() and not expect.all()
+
+
 @pytest.mark.parametrize("dt,ts", [(np.float32, (24, 11, 8)), (np.float64, (53, 30))])
 def test_fma_contract_matches_exact_reference(dt, ts):
     for seed in (0, 1):

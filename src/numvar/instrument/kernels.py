@@ -120,15 +120,18 @@ The same loops compile to 256-bit vectors: 4 float64 lanes per pass, 16 register
 shift and two adds: 6 instructions for 1), no ``vpternlogq`` and no mask registers (a
 select is a ``vblendvpd``). The binary32 sr loop has 30 vector instructions per pass of
 4 terms, 60 per 8 terms against 20 with AVX-512; the "fma" sr loop 65 per pass (its
-float64→int64 decision has no vector instruction either: four scalar ``vcvttsd2si``
-and the shuffles around them, and the 16 registers spill), 130 per 8 terms; binary64 sr
-125 per pass. Zen 3 has four 256-bit vector pipes, so no two-port model applies:
+float64→int64 decision had no vector instruction either: four scalar ``vcvttsd2si``
+and the shuffles around them; it is now made in float64 on such hosts,
+:func:`_below_trunc`, and the loop's constants are reloaded each pass from memory, as
+16 registers do not hold them), 130 per 8 terms; binary64 sr 125 per pass. Zen 3 has four 256-bit vector pipes, so no two-port model applies:
 ``bench_kernels.py`` measures the ceiling (the loop's instructions with their
 dependencies cut) instead, 13.6–15.7 cycles per 8 terms for binary32 sr (1.46–1.77 G
 terms/s at 2.9–3.0 GHz; the measurement moves on a shared host), 28.2–32.8 for fma
 (0.73–0.86 G terms/s), 53 for binary64 (0.45 G terms/s); the kernels reach 0.74–0.85,
 0.32–0.40 and 0.17 G terms/s (46–58 %, 43–46 %, 38 %: the binary32 loop's dependency
-chain, as on Zen 4, plus the spills of the other two; ``docs/speed.md``). ``contraction="fma"`` is therefore half as fast as ``"separate"`` on such a host,
+chain, as on Zen 4, plus the spills of the other two; ``docs/speed.md``). The fma
+loop's decision in float64 instead of four scalar conversions: 1.22–1.27× on the bare
+loop, same bits (``benchmarks/bench_fma_decision.py``). ``contraction="fma"`` is therefore half as fast as ``"separate"`` on such a host,
 where on Zen 4 it is faster. The rounding semantics, and so the bits, do not depend on
 the host's vectors.
 """
@@ -480,6 +483,50 @@ _S76 = np.uint64(2122 << 52)  # minus a biased exponent e: the bits of 2**(76-e)
 _U11 = np.uint64(11)
 
 
+def _vector_int64_conversion() -> bool:
+    """Whether numba's target CPU converts float64 vectors to int64 in one instruction
+    (AVX-512DQ's ``vcvttpd2qq``). AVX2 has no such instruction: LLVM converts lane by lane
+    (four scalar ``vcvttsd2si`` and the shuffles around them per 256-bit vector)."""
+    cpu = numba.config.CPU_FEATURES
+    if cpu:  # NUMBA_CPU_FEATURES set: what numba compiles for
+        return "+avx512dq" in cpu.split(",")
+    try:
+        import llvmlite.binding as llvm
+
+        return bool(llvm.get_host_cpu_features().get("avx512dq"))
+    except Exception:  # pragma: no cover - depends on llvmlite
+        return True
+
+
+#: :func:`_fma_sr_step` decides in int64 where the CPU converts vectors to int64, else in
+#: float64 (the same decision; a compile-time constant of the kernels, and numba's cache is
+#: kept per CPU)
+VECTOR_INT64 = _vector_int64_conversion()
+_MAGIC52 = np.uint64(0x4330000000000000)  # the float64 pattern of 2**52
+_TWO52 = 2.0 ** 52
+
+
+@njit(inline="always")
+def _u53_f64(q):
+    """An integer ``q < 2**53`` as float64, exactly, with no int64 conversion: 2·(q >> 1) +
+    (q & 1), each part below 2**52 placed in 2**52's significand and 2**52 taken off."""
+    hi = _bits_f64((q >> _ONE) | _MAGIC52) - _TWO52
+    lo = _bits_f64((q & _ONE) | _MAGIC52) - _TWO52
+    return (hi + hi) + lo
+
+
+@njit(inline="always")
+def _below_trunc(q, thr):
+    """``q < trunc(thr)`` for ``q = r >> 11`` (below 2**53) and a float64 ``thr`` in
+    int64's range: as ``int64(q) < int64(thr)`` where that is one vector instruction
+    (:data:`VECTOR_INT64`), else as ``q + 1 <= thr`` in float64. The same for every such
+    thr: q + 1 is an integer (exact in float64, at most 2**53), so q < trunc(thr) ⟺
+    q + 1 <= trunc(thr) ⟺ q + 1 <= thr for thr >= 0, and both are false for thr < 0."""
+    if VECTOR_INT64:
+        return np.int64(q) < np.int64(thr)
+    return _u53_f64(q) + 1.0 <= thr
+
+
 @njit(inline="always")
 def _fma_sr_step(s, e, r, mode):
     """SR or random rounding to binary32 (24 bits) of the exact sum ``s + e`` (TwoSum
@@ -492,7 +539,7 @@ def _fma_sr_step(s, e, r, mode):
     iff ``float(r >> 11) + 1 <= (s'/u)·2**53``. Here ``thr = s'·2**(76-E)`` is that
     right-hand side, exact (a power-of-two scaling, no underflow for the clean rows'
     multiples of 2**-149), and ``q + 1 <= thr`` for the integer ``q = r >> 11`` is
-    ``q < trunc(thr)``: one integer compare. An exact sum (``e == 0``) gives
+    ``q < trunc(thr)`` (:func:`_below_trunc`). An exact sum (``e == 0``) gives
     ``thr = low29(H)·2**24``, the ``separate`` loops' add-and-truncate decision. ``random``
     rounds up on the top bit unless exact. ``ok`` is False outside binary32's normal range
     (zero kept) and where ``s`` lies on the grid with the exact value below it (``thr <
@@ -506,7 +553,7 @@ def _fma_sr_step(s, e, r, mode):
     low = ab & _LOW29
     if mode == _SR:
         thr = ((_bits_f64(ab) - A) + L) * _bits_f64(_S76 - (ab & _EXPBITS))
-        up = np.int64(r >> _U11) < np.int64(thr)
+        up = _below_trunc(r >> _U11, thr)
         ok = ok & (thr >= 0.0)
     else:
         up = ((r >> _U63) == _ONE) & ((low != np.uint64(0)) | (e != 0.0))
