@@ -119,21 +119,21 @@ The same loops compile to 256-bit vectors: 4 float64 lanes per pass, 16 register
 ``vpmullq`` (the hash's 64-bit multiply becomes three ``vpmuludq`` of 32-bit halves, a
 shift and two adds: 6 instructions for 1), no ``vpternlogq`` and no mask registers (a
 select is a ``vblendvpd``). The binary32 sr loop has 30 vector instructions per pass of
-4 terms, 60 per 8 terms against 20 with AVX-512; the "fma" sr loop 65 per pass (its
-float64→int64 decision had no vector instruction either: four scalar ``vcvttsd2si``
-and the shuffles around them; it is now made in float64 on such hosts,
-:func:`_below_trunc`, and the loop's constants are reloaded each pass from memory, as
-16 registers do not hold them), 130 per 8 terms; binary64 sr 125 per pass. Zen 3 has four 256-bit vector pipes, so no two-port model applies:
-``bench_kernels.py`` measures the ceiling (the loop's instructions with their
-dependencies cut) instead, 13.6–15.7 cycles per 8 terms for binary32 sr (1.46–1.77 G
-terms/s at 2.9–3.0 GHz; the measurement moves on a shared host), 28.2–32.8 for fma
-(0.73–0.86 G terms/s), 53 for binary64 (0.45 G terms/s); the kernels reach 0.74–0.85,
-0.32–0.40 and 0.17 G terms/s (46–58 %, 43–46 %, 38 %: the binary32 loop's dependency
-chain, as on Zen 4, plus the spills of the other two; ``docs/speed.md``). The fma
-loop's decision in float64 instead of four scalar conversions: 1.22–1.27× on the bare
-loop, same bits (``benchmarks/bench_fma_decision.py``). ``contraction="fma"`` is therefore half as fast as ``"separate"`` on such a host,
-where on Zen 4 it is faster. The rounding semantics, and so the bits, do not depend on
-the host's vectors.
+4 terms, 60 per 8 terms against 20 with AVX-512; the "fma" sr loop 65 per pass, 130 per
+8 terms (its float64→int64 decision has no vector instruction there: it was four scalar
+``vcvttsd2si`` and the shuffles around them, and is now made in float64,
+:func:`_below_trunc`; the loop's constants are reloaded from memory each pass, as 16
+registers do not hold them); binary64 sr 125 per pass. Zen 3 has four 256-bit vector
+pipes, so no two-port model applies: ``bench_kernels.py`` measures the ceiling (the
+loop's instructions with their dependencies cut) instead, 13.6–15.7 cycles per 8 terms
+for binary32 sr (1.46–1.77 G terms/s at 2.9–3.0 GHz; the measurement moves on a shared
+host), 28.2–32.8 for fma (0.73–0.86 G terms/s), 53 for binary64 (0.45 G terms/s). The
+kernels reach 0.70–0.85 G terms/s for binary32 sr (41–58 %: the loop's dependency chain,
+as on Zen 4), 0.32–0.40 for fma with the int64 decision and 0.41 with the float64 one
+(1.22–1.27× on the bare loop, same bits: ``benchmarks/bench_fma_decision.py``), 0.17–0.19
+for binary64 (38–68 % of a ceiling measured at 53–83 cycles). So ``contraction="fma"``
+runs at about 0.5–0.6× the speed of ``"separate"`` on such a host, where on Zen 4 it is
+faster. The rounding semantics, and so the bits, do not depend on the host's vectors.
 """
 
 from __future__ import annotations

@@ -695,8 +695,9 @@ def step_reference(built: Built, regime: str, res: dict[str, torch.Tensor]
                    ) -> dict[str, torch.Tensor]:
     """The parameters after ``regime``'s optimizer step (a training regime of :func:`run`)
     taken in float64, on numvar's code path, from ``built``'s initial parameters and the
-    gradients of the run ``res`` (``{"param.<name>": tensor}``; a parameter without a
-    gradient keeps its value, as the optimizer leaves it)."""
+    gradients of the run ``res`` (its ``grad.<name>`` entries), as ``{"param.<name>":
+    tensor}``; a parameter without a gradient keeps its value, as the optimizer leaves
+    it."""
     from ..instrument.codepath import codepath
 
     model = built.to(torch.float64).model
