@@ -170,8 +170,8 @@ def kinds() -> tuple[dict[str, str], list[tuple[str, str]]]:
     return (KINDS, PAIRS) if vector_isa() == "avx512" else (KINDS_AVX2, PAIRS_AVX2)
 
 
-def _lines(kind: str, regs, table: dict[str, str] | None = None) -> list[str]:
-    return [(table or KINDS)[kind].format(r=r, k=1 + r % 4) for r in regs]
+def _lines(kind: str, regs, table: dict[str, str]) -> list[str]:
+    return [table[kind].format(r=r, k=1 + r % 4) for r in regs]
 
 
 def main(argv=None) -> None:

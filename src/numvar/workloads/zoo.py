@@ -729,10 +729,8 @@ def ieee_check(built: Built, regime: str, **fuzzy_kwargs) -> IeeeCheck:
     u = UNIT_ROUNDOFF[built.dtype]
     # parameters after a step: against the float64 step from each run's own gradients
     # (IeeeCheck: the optimizer's elementwise map is no sum to reorder)
-    ref_ieee = ref_native = {}
-    if regime not in FORWARD_REGIMES:
-        ref_ieee = step_reference(built, regime, ieee)
-        ref_native = step_reference(built, regime, native)
+    training = regime not in FORWARD_REGIMES
+    ref_ieee = step_reference(built, regime, ieee) if training else {}
     if built.dtype == torch.float64:
         ref = native
         f32 = built.to(torch.float32)
@@ -741,6 +739,7 @@ def ieee_check(built: Built, regime: str, **fuzzy_kwargs) -> IeeeCheck:
         err_native = {k: amp * u for k in ref}
     else:
         ref = reference_run(built, regime)
+        ref_native = step_reference(built, regime, native) if training else {}
         err_native = {k: _rel_error(native[k], ref_native.get(k, ref[k])) for k in ref}
     k_max = max(cc.k_max, cc.reduce_max, 1)
     err_ieee = {k: _rel_error(ieee[k], ref_ieee.get(k, ref[k])) if k in ieee else math.inf
