@@ -52,6 +52,21 @@ LEAVES: list[tuple[str, str, str]] = [
     ("numvar.rounding.kernels", "_wide_block",
      "int64, float64[::1], float64[::1], float64[::1], uint64, int64, int64"),
 ]
+#: the elementwise tiles of numvar.instrument.pointwise that the recurrent steps, the
+#: short paths, the normalisations and the FFTs all call (op, a, b, o, key, l0, mode),
+#: compiled first so that no two tasks compile them side by side (measured: the
+#: recurrent steps and the short paths each compiled _tile, _tile_lo, _slow and
+#: _roundtile, 28 s each). ``_redo`` calls (and so compiles and caches) ``_tile``,
+#: ``_tile_lo`` and ``_slow``: one task for the four, none of them compiled twice
+_TILE = "int64, float32[::1], float32[::1], float32[::1], uint64, int64, int64"
+SHARED: list[tuple[str, str, str]] = [
+    ("numvar.instrument.pointwise", "_redo", _TILE + ", int64"),
+    ("numvar.instrument.pointwise", "_roundtile",
+     "float64[::1], float32[::1], uint64, int64, int64"),
+]
+#: what the tasks after :data:`SHARED` must find in the cache
+_SHARED_CHECKED = SHARED + [("numvar.instrument.pointwise", name, _TILE)
+                            for name in ("_tile", "_tile_lo", "_slow")]
 
 
 def _contract(dtype: str, t: int, mode: str = "sr", rows: int = 2) -> None:
@@ -64,8 +79,9 @@ def _contract(dtype: str, t: int, mode: str = "sr", rows: int = 2) -> None:
     KN.contract(a, np.ones((1, 3, 4), dtype), 1, K.mode_code(mode), t)
 
 
-#: entry points with no cached leaf of their own (run beside the leaves): the scalar
-#: contraction kernel (directed modes, virtual precision) for binary32 and binary64
+#: entry points with no cached leaf of their own (run beside the leaves, one after the
+#: other in one task): the scalar contraction kernel (directed modes, virtual precision)
+#: for binary32 and binary64
 INDEPENDENT = [("float32", 24, "up"), ("float64", 53, "up")]
 #: entry points run once the leaves are cached: the binary32 and binary64 fast kernels, and
 #: the narrow-product kernels (32 rows, 4 columns)
@@ -137,17 +153,28 @@ def _compile_leaf(module: str, name: str, sig: str) -> tuple[str, float]:
     return name, time.perf_counter() - t0
 
 
-def _run_entry(*args) -> tuple[str, float, list[str]]:
+def _timed_contract(*calls) -> tuple[str, float]:
+    """:func:`_contract` on each argument tuple of ``calls``, one after the other (the
+    scalar kernels of :data:`INDEPENDENT` share the rounding core's compiled functions:
+    the second finds them cached, where side by side both compiled them)."""
+    t0 = time.perf_counter()
+    for args in calls:
+        _contract(*args)
+    return "contract" + " ".join(map(repr, calls)), time.perf_counter() - t0
+
+
+def _checked(task, table, *args) -> tuple[str, float, list[str]]:
+    """``task(*args)``, and the leaves of ``table`` it compiled again (a signature in
+    this file that no longer matches the caller's)."""
     import importlib
 
     leaves = {name: getattr(importlib.import_module(module), name)
-              for module, name, _ in LEAVES}
+              for module, name, _ in table}
     before = {name: sum(leaf.stats.cache_misses.values()) for name, leaf in leaves.items()}
-    t0 = time.perf_counter()
-    _contract(*args)
+    name, dt = task(*args)
     again = [name for name, leaf in leaves.items()
              if sum(leaf.stats.cache_misses.values()) > before[name]]
-    return "contract" + repr(args), time.perf_counter() - t0, again
+    return name, dt, again
 
 
 def _report(future, log) -> None:
@@ -164,25 +191,26 @@ def _report(future, log) -> None:
 
 
 def warm(workers: int | None = None, log=print) -> float:
-    """Compile :data:`LEAVES` and run :data:`INDEPENDENT`, :func:`_rnn_steps` and
-    :func:`_short_paths`, then
-    :data:`ENTRIES`, over ``workers`` processes. Returns the wall time; logs one line per task and any leaf
-    an entry compiled again."""
+    """Compile :data:`SHARED` and :data:`LEAVES` and run :data:`INDEPENDENT`,
+    :func:`_rnn_steps` and :func:`_short_paths`, then :data:`ENTRIES`, over ``workers``
+    processes. Returns the wall time; logs one line per task and any leaf a task
+    compiled again."""
     workers = workers or os.cpu_count() or 1
     t0 = time.perf_counter()
     import multiprocessing as mp
 
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        # longest first: three leaves, the independent entries and the recurrent steps,
-        # the other leaves
-        first = [pool.submit(_compile_leaf, *leaf) for leaf in LEAVES[:3]]
-        first += [pool.submit(_run_entry, *args) for args in INDEPENDENT]
-        first.append(pool.submit(_rnn_steps))
-        first.append(pool.submit(_short_paths))
+        # the shared tiles (short), then longest first: three leaves, the independent
+        # entries, the recurrent steps and the short paths, the other leaves
+        first = [pool.submit(_compile_leaf, *leaf) for leaf in SHARED + LEAVES[:3]]
+        first.append(pool.submit(_checked, _timed_contract, _SHARED_CHECKED, *INDEPENDENT))
+        first.append(pool.submit(_checked, _rnn_steps, _SHARED_CHECKED))
+        first.append(pool.submit(_checked, _short_paths, _SHARED_CHECKED))
         first += [pool.submit(_compile_leaf, *leaf) for leaf in LEAVES[3:]]
         for f in first:
             _report(f, log)
-        for f in [pool.submit(_run_entry, *args) for args in ENTRIES]:  # the leaves' callers
+        for f in [pool.submit(_checked, _timed_contract, LEAVES, args)
+                  for args in ENTRIES]:  # the leaves' callers
             _report(f, log)
     return time.perf_counter() - t0
 

@@ -540,3 +540,31 @@ def test_reduce_over_trailing_dims_equals_the_scan_path(monkeypatch):
                     ctx = Ctx(mode, "flop", None, R.Stream(5))
                     res.append(flop.reduce(x, dims, ctx, keepdim=True, mul=mul))
                 assert _same(res[0], res[1]), (mode, shape, dims, mul)
+
+
+def test_round_into_with_a_constant_op_compiles_the_tiles_for_any_op():
+    """A constant op or mode is a literal type in numba; passed on as it is, numba
+    compiles each non-inlined tile function once more per value (a cold-compile cost:
+    four ``_tile`` copies, 55 s, measured). ``round_into`` hands its tiles runtime int64s:
+    a caller compiled here with constants finds (or compiles) only non-literal copies, and
+    computes the same values as the tiles called with the op as a runtime value."""
+    @njit
+    def mul_then_add(a, b, o1, o2):
+        PW.round_into(RK.OP_MUL, a, b, o1, np.uint64(7), 0, 0)
+        PW.round_into(RK.OP_ADD, a, b, o2, np.uint64(9), 0, 0)
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(300).astype(np.float32)
+    b = rng.standard_normal(300).astype(np.float32)
+    o1, o2 = np.empty_like(a), np.empty_like(a)
+    mul_then_add(a, b, o1, o2)
+    for fn in (PW._tile, PW._tile_lo, PW._redo, PW._slow):
+        literal = [sig for sig in fn.signatures
+                   if any(isinstance(t, numba.types.Literal) for t in sig)]
+        assert literal == [], f"{fn.__name__} compiled for literal arguments: {literal}"
+    assert PW._tile.signatures, "the caller did not reach the tile kernel"
+    r1, r2 = np.empty_like(a), np.empty_like(a)
+    PW._slow(np.int64(RK.OP_MUL), a, b, r1, np.uint64(7), 0, 0)
+    PW._slow(np.int64(RK.OP_ADD), a, b, r2, np.uint64(9), 0, 0)
+    assert np.array_equal(o1.view(np.uint32), r1.view(np.uint32))
+    assert np.array_equal(o2.view(np.uint32), r2.view(np.uint32))

@@ -247,6 +247,11 @@ LO_SWITCH = 16
 
 @njit(inline="always", error_model="numpy")
 def _round_tiles(op, a, b, o, ukey, l0, mode, lo):
+    # a constant op (round_into(K.OP_MUL, ...)) or mode is a literal type: passed on as
+    # it is, numba would compile _tile, _tile_lo and _redo once more for each value
+    # (measured: four _tile compiles, 55 s, in one process) where one copy serves all
+    op = np.int64(op)
+    mode = np.int64(mode)
     n = o.size
     lo = lo and (op == OP_ADD or op == OP_SUB) and mode <= _RANDOM
     for t0 in range(0, n, ROUND_TILE):
