@@ -18,6 +18,14 @@ from numvar.instrument import FuzzyConfig, fuzzy
 from numvar.instrument import kernels as KN
 from numvar.rounding import kernels as RK
 
+
+@numba.njit
+def _cleanfma32_row(acc, jg, arow, b64, ukey, base, n, mode, t):
+    """``KN._cleanfma32`` as ``_contract_fast32`` calls it: column offset the constant 0
+    (a literal type; from Python, 0 would be an int64 and compile the loop once more)."""
+    KN._cleanfma32(acc, jg, arow, b64, ukey, base, 0, n, mode, t)
+
+
 MODES = ("ieee", "sr", "ud", "random")
 
 
@@ -132,9 +140,9 @@ def test_fma_clean_loop_hands_over_sums_just_below_a_grid_point():
         code = RK.mode_code(m)
         acc = np.empty(3)
         # b widened to float64, as contract passes it (the same values; the same
-        # signature, so the compiled loop is the cached one)
-        KN._cleanfma32(acc, jg, a[0, 0], b[0].astype(np.float64), np.uint64(9), np.uint64(0),
-                       0, 3, code, 24)
+        # signature, column offset the literal 0, so the compiled loop is the cached one)
+        _cleanfma32_row(acc, jg, a[0, 0], b[0].astype(np.float64), np.uint64(9),
+                        np.uint64(0), 3, code, 24)
         assert np.isnan(acc[0]) and not np.isnan(acc[1:]).any(), m
         want = KN.contract_reference(a, b, 9, code, 24, contraction="fma")
         assert _same(acc[1:].astype(np.float32), want[0, 0, 1:]), m

@@ -54,6 +54,20 @@ def test_inline_hash_is_the_rounding_core_hash():
 from numba import njit  # noqa: E402
 
 
+# The clean-row loops called as _contract_fast32 calls them: column offset the constant 0
+# (a literal type). Called from Python, 0 would be an int64 and numba would compile each
+# loop once more (50-80 s cold each, measured in CI's test phase); these wrappers compile
+# in a moment and find the loops in the cache the warm-up filled.
+@njit
+def _clean32_row(acc, jg, arow, b64, ukey, base, n, mode):
+    KN._clean32(acc, jg, arow, b64, ukey, base, 0, n, mode)
+
+
+@njit
+def _cleant32_row(acc, jg, arow, b64, ukey, base, n, mode, t):
+    KN._cleant32(acc, jg, arow, b64, ukey, base, 0, n, mode, t)
+
+
 @njit
 def _inline_bits(k, j):
     return KN._bits(k, j)
@@ -334,7 +348,7 @@ def _clean32_direct(a, b, key, code):
     jg = (np.arange(N, dtype=np.uint64) * np.uint64(RK.GAMMA))
     b64 = b[0].astype(np.float64)
     for i in range(M):
-        KN._clean32(acc[i], jg, a[0, i], b64, np.uint64(key), np.uint64(i * Kd), 0, N, code)
+        _clean32_row(acc[i], jg, a[0, i], b64, np.uint64(key), np.uint64(i * Kd), N, code)
     return acc
 
 
@@ -430,7 +444,8 @@ def test_virtual_precision_loops_keep_zeros_on_the_fast_path():
     b = b.astype(np.float64)  # as contract passes it
     for m in MODES:
         for i in range(6):
-            KN._cleant32(acc, jg, a[i], b, np.uint64(3), np.uint64(i * 9), 0, 16, RK.mode_code(m), 8)
+            _cleant32_row(acc, jg, a[i], b, np.uint64(3), np.uint64(i * 9), 16, RK.mode_code(m),
+                          8)
             assert not np.isnan(acc).any(), (m, i)
 
 

@@ -697,7 +697,9 @@ def _cleant32(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):  # pragma: no co
 def _column32(arow, bmat, ukey, base, j, mode, t, fma=False):  # pragma: no cover - compiled
     """One output element on the full path (numvar.rounding's scalar functions): the
     reference's loop, for the lanes a fast path gives up on (``fma``: one rounding per
-    multiply-add, see the module docstring)."""
+    multiply-add, see the module docstring). Callers pass ``t`` and ``fma`` as runtime
+    values (``np.int64(24)``, ``np.bool_(False)`` for constants): a literal would compile
+    one more copy per value."""
     uj = np.uint64(j)
     acc = np.float32(0.0)
     for k in range(arow.size):
@@ -1011,13 +1013,13 @@ def _contract_fast32(a, b, b64, clean, out, key, mode, t, fma=False,
                     o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t, fma)
         elif fma:
             for jj in range(n):
-                o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t, True)
+                o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t, fma)
         elif t == 24:
             bad = np.empty(n, dtype=np.bool_)
             _tile32(o[j0:j1], arow, b[bb], ukey, base, N, j0, mode, 24, bad)
         else:
             for jj in range(n):
-                o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t)
+                o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t, fma)
 
 
 # ------------------------------------------------------------ narrow products (few columns)
@@ -1189,7 +1191,8 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
                     if v == v:
                         o[j] = np.float32(v)
                     else:
-                        o[j] = _column32(arows[i], b[bb], ukey, base, j, mode, 24, False)
+                        o[j] = _column32(arows[i], b[bb], ukey, base, j, mode,
+                                         np.int64(24), np.bool_(False))
             else:
                 bad = np.empty(N, dtype=np.bool_)
                 # j0 as int64, not the literal 0: the signature _contract_fast32 compiles
@@ -1516,7 +1519,7 @@ def _contract_narrow64(a, b, clean, out, key, mode):  # pragma: no cover
                     v = acc[j, lane]
                     o[j] = v if v == v else _column64(arows[i], bmat, ukey, base, j, mode)
             else:
-                _row64(o, arows[i], bmat, ukey, base, np.int64(0), N, False, mode)
+                _row64(o, arows[i], bmat, ukey, base, np.int64(0), N, clean[row], mode)
 
 
 @njit(inline="always")

@@ -74,7 +74,7 @@ def _statistics(x, eps, keys, mode, mean, rstd):
     h = np.empty(M)
     for m in range(M):
         h[m] = 1.0 / np.sqrt(np.float64(ve[m]))
-    PW._roundtile(h, rstd, np.uint64(keys[9]), 0, mode)
+    PW._roundtile(h, rstd, np.uint64(keys[9]), np.int64(0), mode)  # int64: one copy
 
 
 @njit(cache=True, error_model="numpy")
@@ -147,7 +147,7 @@ def batch_norm_eval32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, 
     ve = np.empty(C, np.float32)
     PW.round_into(K.OP_ADD, rvar, col, ve, np.uint64(keys[0]), 0, mode)
     sd = np.empty(C, np.float32)
-    PW._sqrttile(ve, sd, np.uint64(keys[1]), 0, mode)
+    PW._sqrttile(ve, sd, np.uint64(keys[1]), np.int64(0), mode)
     col[:] = 1.0
     rc = np.empty(C, np.float32)
     PW.round_into(K.OP_DIV, col, sd, rc, np.uint64(keys[2]), 0, mode)
@@ -228,7 +228,7 @@ def softmax_tail32(e64, keys, mode, out):  # pragma: no cover - compiled
     RND(e / sum)`` (key 2, element r·L + l); out (R·L,) float32."""
     R, L = e64.shape
     e = np.empty(R * L, np.float32)
-    PW._roundtile(e64.reshape(R * L), e, np.uint64(keys[0]), 0, mode)
+    PW._roundtile(e64.reshape(R * L), e, np.uint64(keys[0]), np.int64(0), mode)
     s = np.empty(R, np.float32)
     SK._rows(e.reshape(R, L), s, np.uint64(keys[1]), mode)
     full = np.empty(R * L, np.float32)

@@ -888,10 +888,15 @@ def _scalar32_at(op, tp, x, left, outp, n, key, mode):  # pragma: no cover - com
     xv[0] = np.float32(x)
     t = carray(_f32_at(tp), n)
     out = carray(_f32_at(outp), n)
+    # runtime int64s, not constants (literal types): the signature the other callers
+    # compile, one copy of _binary32_ser instead of one per constant pattern
+    zero, one = np.int64(0), np.int64(1)
     if left:
-        _binary32_ser(op, t, (0, 0, 1), xv, (0, 0, 0), out, 1, 1, n, np.uint64(key), mode)
+        _binary32_ser(op, t, (zero, zero, one), xv, (zero, zero, zero), out, one, one, n,
+                      np.uint64(key), mode)
     else:
-        _binary32_ser(op, xv, (0, 0, 0), t, (0, 0, 1), out, 1, 1, n, np.uint64(key), mode)
+        _binary32_ser(op, xv, (zero, zero, zero), t, (zero, zero, one), out, one, one, n,
+                      np.uint64(key), mode)
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:

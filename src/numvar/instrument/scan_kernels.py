@@ -78,7 +78,8 @@ def _rows(x, out, key, mode):
     rows, pointwise's row blocks for many: the same bits)."""
     M, Kd = x.shape
     if M < PW.ROW_M_MIN:
-        rowscan32(x, out.reshape(M, 1), key, mode, False, False)
+        # runtime bools, as flop.reduce passes them (constants would compile a copy)
+        rowscan32(x, out.reshape(M, 1), key, mode, np.bool_(False), np.bool_(False))
     else:
         R = max(1, min(PW.RBLOCK, PW.RBLOCK_ELEMS // Kd))
         PW._rowsum_ser(x, out, R, key, K.OP_ADD, mode)
