@@ -84,8 +84,17 @@ def layer_norm32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd):  # pr
     docstring. ``w``, ``b``: (K,) float32 (read only when ``has_w`` / ``has_b``)."""
     M, Kd = x.shape
     _statistics(x, eps, keys, mode, mean, rstd)
-    _normalize_affine(x.reshape(M * Kd), mean, rstd, w, b, has_w, has_b, keys, 10, mode,
-                      out.reshape(M * Kd), M, 1, Kd, 1, 0, 0, 0, 0, 1)
+    z, o = _zero_one()
+    _normalize_affine(x.reshape(M * Kd), mean, rstd, w, b, has_w, has_b, keys,
+                      np.int64(10), mode, out.reshape(M * Kd), M, o, Kd, o, z, z, z, z, o)
+
+
+@njit(inline="always")
+def _zero_one():
+    """0 and 1 as runtime int64s for :func:`_normalize_affine`'s offsets and strides:
+    constants would be literal types, one compiled copy per caller's pattern (measured:
+    three copies in a test run) where one serves all."""
+    return np.int64(0), np.int64(1)
 
 
 @njit(inline="always")
@@ -153,8 +162,9 @@ def batch_norm_eval32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, 
     PW.round_into(K.OP_DIV, col, sd, rc, np.uint64(keys[2]), 0, mode)
     inv = np.empty(C, np.float32)
     PW.round_into(K.OP_MUL, rc, col, inv, np.uint64(keys[3]), 0, mode)
-    _normalize_affine(x, rmean, inv, w, b, has_w, has_b, keys, 4, mode, out, N, C, S,
-                      0, 1, 0, 0, 1, 0)
+    z, o = _zero_one()
+    _normalize_affine(x, rmean, inv, w, b, has_w, has_b, keys, np.int64(4), mode, out, N,
+                      C, S, z, o, z, z, o, z)
 
 
 @njit(cache=True, error_model="numpy")
@@ -168,8 +178,9 @@ def batch_norm_train32(xs, x, w, b, has_w, has_b, eps, keys, mode, out, mean, rs
     and ``rstd`` (C,); then :func:`_normalize_affine` per channel (keys 10…, element l
     of x). ``N`` is 1 (the caller's rule: see :func:`_batch_norm_train`)."""
     _statistics(xs, eps, keys, mode, mean, rstd)
-    _normalize_affine(x, mean, rstd, w, b, has_w, has_b, keys, 10, mode, out, N, C, S,
-                      0, 1, 0, 0, 1, 0)
+    z, o = _zero_one()
+    _normalize_affine(x, mean, rstd, w, b, has_w, has_b, keys, np.int64(10), mode, out, N,
+                      C, S, z, o, z, z, o, z)
 
 
 @njit(cache=True, error_model="numpy")
