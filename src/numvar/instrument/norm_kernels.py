@@ -84,17 +84,9 @@ def layer_norm32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd):  # pr
     docstring. ``w``, ``b``: (K,) float32 (read only when ``has_w`` / ``has_b``)."""
     M, Kd = x.shape
     _statistics(x, eps, keys, mode, mean, rstd)
-    z, o = _zero_one()
+    z, o = np.int64(0), np.int64(1)  # not literals: one compiled _normalize_affine
     _normalize_affine(x.reshape(M * Kd), mean, rstd, w, b, has_w, has_b, keys,
                       np.int64(10), mode, out.reshape(M * Kd), M, o, Kd, o, z, z, z, z, o)
-
-
-@njit(inline="always")
-def _zero_one():
-    """0 and 1 as runtime int64s for :func:`_normalize_affine`'s offsets and strides:
-    constants would be literal types, one compiled copy per caller's pattern (measured:
-    three copies in a test run) where one serves all."""
-    return np.int64(0), np.int64(1)
 
 
 @njit(inline="always")
@@ -121,7 +113,9 @@ def _normalize_affine(xf, mean, inv, w, b, has_w, has_b, keys, k0, mode, out, d0
     present), keys ``keys[k0]``, ``keys[k0 + 1]``, then one per affine step, element l of
     the C-order (d0, d1, d2) arrays: the statistics read with strides (s0, s1, s2), the
     affine parameters with (a0, a1, a2). Whole-array passes, operands broadcast into one
-    full buffer: one round_into call per step (one per row made short rows slow)."""
+    full buffer: one round_into call per step (one per row made short rows slow).
+    Callers pass ``k0`` and the strides as runtime int64s: constants would be literal
+    types, one compiled copy per caller's pattern (three in a test run) where one serves."""
     n = out.size
     full = np.empty(n, np.float32)
     _spread(full, mean, d0, d1, d2, s0, s1, s2)
@@ -162,7 +156,7 @@ def batch_norm_eval32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, 
     PW.round_into(K.OP_DIV, col, sd, rc, np.uint64(keys[2]), 0, mode)
     inv = np.empty(C, np.float32)
     PW.round_into(K.OP_MUL, rc, col, inv, np.uint64(keys[3]), 0, mode)
-    z, o = _zero_one()
+    z, o = np.int64(0), np.int64(1)  # not literals: one compiled _normalize_affine
     _normalize_affine(x, rmean, inv, w, b, has_w, has_b, keys, np.int64(4), mode, out, N,
                       C, S, z, o, z, z, o, z)
 
@@ -178,7 +172,7 @@ def batch_norm_train32(xs, x, w, b, has_w, has_b, eps, keys, mode, out, mean, rs
     and ``rstd`` (C,); then :func:`_normalize_affine` per channel (keys 10…, element l
     of x). ``N`` is 1 (the caller's rule: see :func:`_batch_norm_train`)."""
     _statistics(xs, eps, keys, mode, mean, rstd)
-    z, o = _zero_one()
+    z, o = np.int64(0), np.int64(1)  # not literals: one compiled _normalize_affine
     _normalize_affine(x, mean, rstd, w, b, has_w, has_b, keys, np.int64(10), mode, out, N,
                       C, S, z, o, z, z, o, z)
 
