@@ -4,9 +4,10 @@
 
 For the binary32 SR clean-row loop of :mod:`numvar.instrument.kernels` it prints
 
-* the vector instructions per 8 terms of the loop, counted in the machine code numba
-  generated on this host (``inspect_asm`` of ``_clean32``: the innermost k >= 1 loop of
-  the SR branch, the one with the add's ``>> 35`` shift and the TwoSum ``vaddpd``);
+* the vector instructions per 8 terms of one k >= 1 step, counted in the machine code
+  numba generated on this host (``inspect_asm`` of ``_clean32``'s SR branch: the
+  term-bits loop, ``kernels._term_bits_row``, and the accumulating loop with the TwoSum
+  ``vaddpd``, :func:`step_loops`; their counts and ceilings per 8 terms add up);
 * the core clock, measured by a chain of dependent integer adds (one cycle each on every
   x86-64 core: ``bench_pipes.clock_hz``), and the float64 add latency that implies (3
   cycles on AMD Zen 4, 4 on Intel Skylake-X, 2 on Intel Golden Cove);
@@ -169,43 +170,90 @@ def terms_per_iteration(body: list[str]) -> int:
     return 8 if "zmm" in text else 4
 
 
+def _memory_operands(x: str) -> tuple[list[str], list[str]]:
+    """(read, written) memory operands of one AT&T instruction: a vector store writes its
+    last operand; every other memory operand is read."""
+    parts = x.strip().split(None, 1)
+    if len(parts) < 2:
+        return [], []
+    ops = _operands(parts[1])
+    mem = [o for o in ops if "(" in o]
+    if _STORE.match(x) and ops and "(" in ops[-1]:
+        return mem[:-1], [ops[-1]]
+    return mem, []
+
+
 def _updates_memory(body: list[str]) -> bool:
-    """Whether the loop stores a vector to an address it also loads from: the k >= 1 loop
-    of a clean row (``acc[j] = RND(acc[j] + RND(a_k·b_kj))``); the k = 0 loop only
-    writes the accumulator."""
-    stores = {m.group(1) for x in body if (m := re.match(r"^\s*v\w+\s+%[xyz]mm\d+,\s*(.+)$",
-                                                          x.strip())) and "(" in m.group(1)}
-    return any(addr in x for addr in stores for x in body
-               if not re.match(r"^\s*v\w+\s+%[xyz]mm\d+,\s*" + re.escape(addr), x.strip()))
+    """Whether the loop stores a vector to an address (the same operand, offset included)
+    it also loads from: the k >= 1 loop of a clean row (``acc[j] = RND(acc[j] +
+    RND(a_k·b_kj))``); the k = 0 loop and the term-bits loop only write theirs."""
+    read, written = set(), set()
+    for x in body:
+        r, w = _memory_operands(x)
+        read.update(r)
+        written.update(w)
+    return bool(read & written)
 
 
-def loop_uops(asm: str) -> tuple[int, list[str]]:
-    """Vector micro-ops per iteration of the k >= 1 loop in ``asm`` (the machine code of
-    one SR clean loop, :func:`clean_loop_asm`): the shortest loop on vector registers with
-    the term hash's 64-bit multiply (``vpmullq`` with AVX-512, ``vpmuludq`` halves with
-    AVX2) that updates the accumulator in memory (:func:`_updates_memory`). Counted: every
-    instruction on an xmm/ymm/zmm register except pure loads and stores (load/store
-    ports, not the vector ports); a load folded into an arithmetic instruction counts
-    once. Per iteration, which is :func:`terms_per_iteration` terms."""
+_INNER_LABEL = re.compile(r"^\.LBB\S+:")
+_F64_ARITH = re.compile(r"^\s*v(add|sub|mul|div)pd\b")
+
+
+def _innermost_loops(asm: str) -> list[list[str]]:
+    """The bodies of the innermost loops on vector registers in ``asm``: the instructions
+    from a label to the conditional jump back to it, with no other label between."""
     lines = asm.splitlines()
     labels = {m.group(1): i for i, ln in enumerate(lines)
               if (m := re.match(r"^(\.LBB\S+):", ln))}
-    best = None
+    out = []
     for i, ln in enumerate(lines):
         m = re.match(r"\s+j\w+\s+(\.LBB\S+)$", ln)
         if not m or m.group(1) not in labels or labels[m.group(1)] > i:
             continue
+        if any(_INNER_LABEL.match(x) for x in lines[labels[m.group(1)] + 1:i]):
+            continue
         body = [x for x in lines[labels[m.group(1)]:i + 1]
                 if x.startswith("\t") and not x.strip().startswith((".", "#"))]
-        text = "\n".join(body)
-        if _HASH_MUL.search(text) and re.search("[yz]mm", text) and _updates_memory(body):
-            if best is None or len(body) < len(best):
-                best = body
-    if best is None:
+        if re.search("[yz]mm", "\n".join(body)):
+            out.append(body)
+    return out
+
+
+def step_loops(asm: str) -> list[list[str]]:
+    """The loops one k >= 1 step of a clean row runs, in the machine code of one SR clean
+    loop (:func:`clean_loop_asm`): the accumulating loop (the innermost vector loop with a
+    float64 add that stores to an address it loads from, :func:`_updates_memory`) and,
+    where the term hash is not in it, the term-bits loop before it
+    (``kernels._term_bits_row``: the hash's 64-bit multiply, ``vpmullq`` with AVX-512,
+    ``vpmuludq`` halves with AVX2, and no float64 arithmetic). Of each kind the main
+    vectorised body: the most terms per pass (:func:`terms_per_iteration`), then the
+    shortest (not a remainder loop)."""
+    loops = _innermost_loops(asm)
+
+    def main_body(cands):
+        return min(cands, key=lambda b: (-terms_per_iteration(b), len(b))) if cands else None
+
+    step = main_body([b for b in loops if _updates_memory(b)
+                      and any(_F64_ARITH.match(x) for x in b)])
+    if step is None:
         raise RuntimeError("SR clean loop not found in the generated code")
-    vec = [x for x in best if re.search(r"%[xyz]mm", x)
-           and not _PURE_LOAD.match(x) and not _STORE.match(x)]
-    return len(vec), best
+    if _HASH_MUL.search("\n".join(step)):
+        return [step]
+    bits = main_body([b for b in loops if _HASH_MUL.search("\n".join(b))
+                      and not any(_F64_ARITH.match(x) for x in b)
+                      and not _updates_memory(b)])
+    if bits is None:
+        raise RuntimeError("the term-bits loop not found in the generated code")
+    return [bits, step]
+
+
+def loop_uops(body: list[str]) -> int:
+    """Vector micro-ops per pass of the loop ``body`` (one of :func:`step_loops`): every
+    instruction on an xmm/ymm/zmm register except pure loads and stores (load/store
+    ports, not the vector ports); a load folded into an arithmetic instruction counts
+    once. A pass computes :func:`terms_per_iteration` terms."""
+    return len([x for x in body if re.search(r"%[xyz]mm", x)
+                and not _PURE_LOAD.match(x) and not _STORE.match(x)])
 
 
 def clean_loop_asm(kernel=KN._clean32, dtype=np.float32, *extra) -> str:
@@ -213,7 +261,7 @@ def clean_loop_asm(kernel=KN._clean32, dtype=np.float32, *extra) -> str:
     = (24,): its ``t``, ``_clean64``) in SR mode alone, compiled afresh (a cached
     dispatcher holds none): the kernel inlined into a caller that passes the mode (and
     ``t``) as constants, so that its other modes' loops are folded away and the code
-    holds SR's k = 0 and k >= 1 loops only, which :func:`loop_uops` tells apart without
+    holds SR's k = 0 and k >= 1 loops only, which :func:`step_loops` tells apart without
     looking for any one instruction (AVX-512 and AVX2 spell the same loop differently).
     The kernel itself holds every mode's loops in one function; its SR loop is the same
     code up to register allocation (AVX2, Zen 3: binary32 fma 75 instructions there, 76
@@ -315,14 +363,17 @@ def main(argv=None) -> None:
             ("binary32 fma-sr", lambda: clean_loop_asm(KN._cleanfma32, np.float32, 24)),
             ("binary64 sr", lambda: clean_loop_asm(KN._clean64, np.float64))):
         try:
-            uops, body = loop_uops(asm())
+            bodies = step_loops(asm())
         except (RuntimeError, AttributeError) as exc:  # no such loop on this host/version
             print(f"{label} clean loop: not found ({exc})")
             continue
-        terms = terms_per_iteration(body)
-        per8 = uops * 8 / terms
-        moves = sum(1 for x in body if _REG_MOVE.match(x))
-        cycles = port_bound_cycles(body) * 8 / terms
+        # per 8 terms, summed over the step's loops (the term bits' and the accumulating)
+        per8 = sum(loop_uops(b) * 8 / terms_per_iteration(b) for b in bodies)
+        cycles = sum(port_bound_cycles(b) * 8 / terms_per_iteration(b) for b in bodies)
+        moves = sum(1 for b in bodies for x in b if _REG_MOVE.match(x))
+        body = [x for b in bodies for x in b]
+        shape = " + ".join(f"{len(b)} instructions, {terms_per_iteration(b)} terms per pass"
+                           for b in bodies)
         ports[label] = f * 8 / cycles
         if isa == "avx512":  # the module's model: two 512-bit ports (Zen 4)
             model[label] = 2 * f * 8 / per8
@@ -332,7 +383,7 @@ def main(argv=None) -> None:
             derived = "no port model for AVX2 (the measured ceiling stands alone)"
         fmas = sorted({x.split()[0] for x in body
                        if x.split()[0].startswith(("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"))})
-        print(f"{label} clean loop: {len(body)} instructions, {terms} terms per pass, "
+        print(f"{label} clean loop{'s' if len(bodies) > 1 else ''}: {shape}; "
               f"{per8:g} vector instructions per 8 terms ({moves} register-to-register "
               f"moves per pass); ports measured: {cycles:.2f} cycles per 8 terms with the "
               f"dependencies cut, ceiling {ports[label] / 1e9:.2f} G terms/s; {derived}"

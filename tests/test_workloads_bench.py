@@ -129,18 +129,72 @@ def _bench_kernels(monkeypatch, isa: str = "avx2"):
     return _load_script(monkeypatch, "bench_kernels"), pipes
 
 
+#: the split form (``kernels._term_bits_row``): the term-bits loop, unrolled to 8 terms
+#: per pass (abridged), its stores at offsets of one base, then the accumulating loop
+#: reading them, without the hash
+_AVX2_BITS = """.LBB0_31:
+\tvpaddq\t(%r14,%rax,8), %ymm6, %ymm7
+\tvpaddq\t32(%r14,%rax,8), %ymm6, %ymm8
+\tvpbroadcastq\t(%rdi), %ymm15
+\tvpmuludq\t%ymm15, %ymm7, %ymm4
+\tvpmuludq\t%ymm15, %ymm8, %ymm5
+\tvmovdqu\t%ymm4, (%rdx,%rax,8)
+\tvmovdqu\t%ymm5, 32(%rdx,%rax,8)
+\taddq\t$8, %rax
+\tcmpq\t%rax, %r11
+\tjne\t.LBB0_31
+"""
+#: its remainder loop: 4 terms per pass
+_AVX2_BITS_REST = """.LBB0_35:
+\tvpaddq\t(%r14,%rax,8), %ymm5, %ymm1
+\tvpmuludq\t%ymm6, %ymm1, %ymm7
+\tvmovdqu\t%ymm7, (%rdx,%rax,8)
+\taddq\t$4, %rax
+\tcmpq\t%rax, %r13
+\tjne\t.LBB0_35
+"""
+_AVX2_STEP = """.LBB0_47:
+\tvmulpd\t(%rax,%r11,8), %ymm5, %ymm6
+\tvpxor\t(%rdx,%r11,8), %ymm11, %ymm7
+\tvmovupd\t(%rbp,%r11,8), %ymm1
+\tvaddpd\t%ymm6, %ymm1, %ymm8
+\tvbroadcastsd\t(%r12), %ymm8
+\tvblendvpd\t%ymm1, %ymm6, %ymm8, %ymm1
+\tvmovupd\t%ymm1, (%rbp,%r11,8)
+\taddq\t$4, %r11
+\tcmpq\t%r11, %r13
+\tjne\t.LBB0_47
+"""
+
+
 def test_bench_kernels_picks_the_accumulating_loop_on_avx2(monkeypatch):
     bk, _ = _bench_kernels(monkeypatch)
-    uops, body = bk.loop_uops(_AVX2_K0 + _AVX2_K1)
+    [body] = bk.step_loops(_AVX2_K0 + _AVX2_K1)
     assert body[-1].strip() == "jne\t.LBB0_51"  # the k >= 1 loop, not the shorter k = 0 one
     # vector instructions less the pure load (vmovupd from memory) and the store; the
     # broadcast from memory is counted by loop_uops (bench_pipes.independent drops it)
-    assert uops == 7
+    assert bk.loop_uops(body) == 7
     assert bk.terms_per_iteration(body) == 4
     assert bk._updates_memory(body)
     assert not bk._updates_memory(_AVX2_K0.splitlines()[1:])
     # no index step found: one vector of the widest register
     assert bk.terms_per_iteration(["\tvaddpd\t%zmm1, %zmm2, %zmm3"]) == 8
+
+
+def test_bench_kernels_counts_both_loops_of_a_split_step(monkeypatch):
+    """With the term bits in a loop of their own, a k >= 1 step is that loop (its main,
+    unrolled body, not the remainder) and the accumulating loop after it; stores at
+    offsets of one base (``32(%rdx,...)``) are not mistaken for loads of ``(%rdx,...)``."""
+    bk, _ = _bench_kernels(monkeypatch)
+    asm = _AVX2_K0 + _AVX2_BITS + _AVX2_BITS_REST + _AVX2_STEP
+    bits, step = bk.step_loops(asm)
+    assert bits[-1].strip() == "jne\t.LBB0_31" and step[-1].strip() == "jne\t.LBB0_47"
+    assert not bk._updates_memory(bits[1:]) and bk._updates_memory(step[1:])
+    assert bk.terms_per_iteration(bits) == 8 and bk.terms_per_iteration(step) == 4
+    assert bk.loop_uops(bits) == 5 and bk.loop_uops(step) == 5
+    # an outer loop around them is not a step loop
+    outer = ".LBB0_30:\n" + asm + "\tjne\t.LBB0_30\n"
+    assert [b[-1] for b in bk.step_loops(outer)] == [bits[-1], step[-1]]
 
 
 def test_bench_kernels_independent_instructions_fit_the_hosts_registers(monkeypatch):
