@@ -51,6 +51,11 @@ LEAVES: list[tuple[str, str, str]] = [
     ("numvar.instrument.kernels", "_narrow64", _NARROW),
     ("numvar.rounding.kernels", "_wide_block",
      "int64, float64[::1], float64[::1], float64[::1], uint64, int64, int64"),
+    # the binary64 row tile, which both binary64 entries call (side by side, each compiled
+    # it: 27 s apiece)
+    ("numvar.instrument.kernels", "_row64",
+     "float64[::1], float64[::1], float64[:, ::1], uint64, uint64, int64, int64, boolean, "
+     "int64"),
 ]
 #: the elementwise tiles of numvar.instrument.pointwise that the recurrent steps, the
 #: short paths, the normalisations and the FFTs all call (op, a, b, o, key, l0, mode),
@@ -83,9 +88,12 @@ def _contract(dtype: str, t: int, mode: str = "sr", rows: int = 2) -> None:
 #: other in one task): the scalar contraction kernel (directed modes, virtual precision)
 #: for binary32 and binary64
 INDEPENDENT = [("float32", 24, "up"), ("float64", 53, "up")]
-#: entry points run once the leaves are cached: the binary32 and binary64 fast kernels, and
-#: the narrow-product kernels (32 rows, 4 columns)
-ENTRIES = [("float32", 24), ("float64", 53), ("float32", 24, "sr", 32), ("float64", 53, "sr", 32)]
+#: entry points run once the leaves are cached, per dtype: the fast kernel and the
+#: narrow-product kernel (32 rows, 4 columns)
+ENTRIES = {"float32": [("float32", 24), ("float32", 24, "sr", 32)],
+           "float64": [("float64", 53), ("float64", 53, "sr", 32)]}
+#: the granularities of ``numvar run``'s own warm-up (numvar.runner.warmup) run here
+RUNNER_GRANULARITIES = ("flop", "op")
 
 
 def _rnn_steps() -> tuple[str, float]:
@@ -139,6 +147,27 @@ def _short_paths() -> tuple[str, float]:
     return "short paths", time.perf_counter() - t0
 
 
+def _entries_and_runner_model(dtype: str) -> tuple[str, float]:
+    """The :data:`ENTRIES` of ``dtype``, then ``numvar run``'s warm-up model in that dtype
+    (:func:`numvar.runner.warmup.warm_kernels`, sr, at each of
+    :data:`RUNNER_GRANULARITIES`): the dense, convolution, pointwise, normalisation and
+    recurrent kernels that most tests reach. Why here: every ``numvar run`` of the
+    documentation's examples ran that warm-up (137 s of compile at flop, one core, after
+    this file's other tasks) until one had finished and recorded it, two or three of
+    them side by side on a cold CI cache; and the two dtypes' models share few kernels,
+    so they run in two processes side by side."""
+    from numvar.runner import warmup as RW
+
+    t0 = time.perf_counter()
+    _timed_contract(*ENTRIES[dtype])
+    t1 = time.perf_counter()
+    for granularity in RUNNER_GRANULARITIES:
+        RW.warm_kernels("sr", granularity, dtypes=(dtype,))
+    t2 = time.perf_counter()
+    return (f"{dtype} entries {t1 - t0:.1f} s, numvar run's warm-up model {t2 - t1:.1f} s",
+            t2 - t0)
+
+
 def _compile_leaf(module: str, name: str, sig: str) -> tuple[str, float]:
     import importlib
 
@@ -177,24 +206,28 @@ def _checked(task, table, *args) -> tuple[str, float, list[str]]:
     return name, dt, again
 
 
-def _report(future, log) -> None:
+def _report(future, log) -> bool:
+    """Log a task's time (or its failure) and any leaf it compiled again; whether it
+    finished."""
     try:
         name, dt, *again = future.result()
     except Exception as e:  # a stale table entry must not stop the tests
         log(f"  warning: a warm-up task failed ({type(e).__name__}: {e}); the tests "
             f"compile what it would have")
-        return
+        return False
     log(f"  {name:<32} {dt:6.1f} s")
     for leaf in again[0] if again else ():
         log(f"  warning: {name} compiled {leaf} again: its signature in tests/_warmup.py "
             f"no longer matches its caller")
+    return True
 
 
 def warm(workers: int | None = None, log=print) -> float:
     """Compile :data:`SHARED` and :data:`LEAVES` and run :data:`INDEPENDENT`,
-    :func:`_rnn_steps` and :func:`_short_paths`, then :data:`ENTRIES`, over ``workers``
-    processes. Returns the wall time; logs one line per task and any leaf a task
-    compiled again."""
+    :func:`_rnn_steps` and :func:`_short_paths`, then :data:`ENTRIES` and ``numvar run``'s
+    warm-up model (:func:`_entries_and_runner_model`), over ``workers`` processes, and
+    record that warm-up as done (``numvar run`` then skips it). Returns the wall time;
+    logs one line per task and any leaf a task compiled again."""
     workers = workers or os.cpu_count() or 1
     t0 = time.perf_counter()
     import multiprocessing as mp
@@ -209,9 +242,15 @@ def warm(workers: int | None = None, log=print) -> float:
         first += [pool.submit(_compile_leaf, *leaf) for leaf in LEAVES[3:]]
         for f in first:
             _report(f, log)
-        for f in [pool.submit(_checked, _timed_contract, LEAVES, args)
-                  for args in ENTRIES]:  # the leaves' callers
-            _report(f, log)
+        # the leaves' callers, then numvar run's warm-up model, one process per dtype
+        done = [_report(f, log) for f in [
+            pool.submit(_checked, _entries_and_runner_model, LEAVES, dtype)
+            for dtype in ENTRIES]]
+    if all(done):  # later `numvar run`s (the documentation's examples) skip their warm-up
+        from numvar.runner import warmup as RW
+
+        for granularity in RUNNER_GRANULARITIES:
+            RW.remember(granularity)
     return time.perf_counter() - t0
 
 

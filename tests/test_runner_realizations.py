@@ -218,6 +218,21 @@ def test_std_of_identical_realizations_is_exactly_zero():
     assert np.allclose(centred_moments(v)[1], np.std(v, axis=0, ddof=1), rtol=1e-9)
 
 
+def test_warm_kernels_runs_the_model_in_each_dtype_asked(monkeypatch):
+    """``warm_kernels(dtypes=...)`` runs the warm-up model in those dtypes only, in order,
+    under the mode and granularity asked (the test suite's warm-up runs one dtype per
+    process, tests/_warmup.py), and both by default."""
+    from numvar.runner import warmup as RW
+
+    calls = []
+    monkeypatch.setattr(RW, "_warm_model", lambda *a: calls.append(a))
+    RW.warm_kernels("ud", "op", dtypes=("float64",))
+    assert calls == [("float64", "ud", "op")]
+    calls.clear()
+    RW.warm_kernels()
+    assert calls == [("float32", "sr", "flop"), ("float64", "sr", "flop")]
+
+
 def test_compilation_runs_first_and_is_timed_apart(tmp_path, monkeypatch):
     """Defect 6 / issue 15 §3: the warm-up runs before the reference and says so; each
     realization reports numba's compile time apart, and its time excludes it; an ETA

@@ -75,9 +75,12 @@ class CompileTimer:
             self._saved = None
 
 
-def warm_kernels(mode: str = "sr", granularity: str = "flop") -> float:
-    """Run the warm-up model under ``fuzzy(mode, granularity)``; returns the seconds
-    numba spent compiling or loading kernels (near 0 once cached)."""
+def warm_kernels(mode: str = "sr", granularity: str = "flop",
+                 dtypes: tuple[str, ...] = ("float32", "float64")) -> float:
+    """Run the warm-up model under ``fuzzy(mode, granularity)`` in each of ``dtypes``;
+    returns the seconds numba spent compiling or loading kernels (near 0 once cached).
+    (The test suite's warm-up, ``tests/_warmup.py``, runs the two dtypes in two processes
+    side by side.)"""
     import logging
 
     quiet = logging.getLogger("numvar.instrument")  # its notes are about this toy model
@@ -85,7 +88,7 @@ def warm_kernels(mode: str = "sr", granularity: str = "flop") -> float:
     quiet.setLevel(logging.ERROR)
     try:
         with CompileTimer() as timer:
-            for dtype in ("float32", "float64"):
+            for dtype in dtypes:
                 _warm_model(dtype, mode, granularity)
     finally:
         quiet.setLevel(level)
