@@ -477,7 +477,12 @@ def _term_bits_row(rb, hk, jg, n, mode):
     its ports: the module docstring). Measured on a Zen 3 (AVX2, one thread, one row tile
     of K = 288 by 512 columns through the bare loops, best of 5): binary32 sr 1.05 → 1.34
     G terms/s, fma 0.59 → 0.64, binary64 0.224 → 0.239; the same bits.
-    ``benchmarks/bench_kernels.py`` prints what :func:`contract` reaches."""
+    ``benchmarks/bench_kernels.py`` prints what :func:`contract` reaches.
+
+    The narrow loops (:func:`_narrow_loops`) draw a (k, column) step's bits for their
+    NARROW_ROWS row lanes the same way, with the roles swapped: ``hk`` the column's
+    ``j·γ`` and ``jg`` the lanes' line hashes (the Weyl sum is the same): 1.08–1.16×
+    on Zen 3 (docs/speed.md, "Products with few columns")."""
     if mode != _IEEE:
         for jj in range(n):
             rb[jj] = _mix(hk + jg[jj])
@@ -1087,6 +1092,7 @@ def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode, wide):
     (:func:`_narrow32`); true: binary64 at 53 bits, those of :func:`_clean64_loops`, NaN
     where a sum left the step's range (:func:`_narrow64`)."""
     N = acc.shape[0]
+    rb = np.empty(NARROW_ROWS, np.uint64)
     for kk in range(kc):
         k = k0 + kk
         gk = np.uint64(k) * _G
@@ -1095,24 +1101,24 @@ def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode, wide):
         ak = at[kk]
         for j in range(N):
             bkj = bmat[k, j]
-            gj = np.uint64(j) * _G
             row = acc[j]
+            # the terms' bits in a loop of their own, as in the clean loops
+            _term_bits_row(rb, np.uint64(j) * _G, hk, NARROW_ROWS, mode)
             if wide and k == 0:  # binary64: _clean64_loops' steps
                 for lane in range(NARROW_ROWS):
-                    row[lane] = _product64(ak[lane], bkj, _mix(hk[lane] + gj), mode)
+                    row[lane] = _product64(ak[lane], bkj, rb[lane], mode)
             elif wide:
                 for lane in range(NARROW_ROWS):
-                    r = _mix(hk[lane] + gj)
+                    r = rb[lane]
                     row[lane] = _sum64_step(row[lane], _product64(ak[lane], bkj, r, mode), r,
                                             mode)
             elif k == 0:
                 for lane in range(NARROW_ROWS):
-                    row[lane] = _round_term(ak[lane] * bkj, _mix(hk[lane] + gj), mode, 24,
-                                            False)
+                    row[lane] = _round_term(ak[lane] * bkj, rb[lane], mode, 24, False)
             else:
                 for lane in range(NARROW_ROWS):
-                    row[lane] = _clean_step(row[lane], ak[lane] * bkj, _mix(hk[lane] + gj),
-                                            mode, 24, False, _UD_MIN)
+                    row[lane] = _clean_step(row[lane], ak[lane] * bkj, rb[lane], mode, 24,
+                                            False, _UD_MIN)
 
 
 @njit(cache=True)
