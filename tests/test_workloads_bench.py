@@ -230,3 +230,21 @@ def test_bench_pipes_refuses_hosts_without_avx2(monkeypatch):
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     with pytest.raises(SystemExit, match="this host is aarch64"):
         pipes.vector_isa()
+
+
+def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, capsys):
+    """benchmarks/bench_elementwise.py: one row per loop (three tiles, two _mulsub
+    shapes), positive rates, and the split variants give the shipped loops' bits."""
+    mod = _load_script(monkeypatch, "bench_elementwise")
+    n = torch.get_num_threads()
+    try:
+        mod.main(["--repeats", "1"])
+    finally:
+        torch.set_num_threads(n)
+    rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines()
+            if ln.startswith("| _")]
+    assert [r[0][2:] for r in rows] == ["_tile product", "_tile sum", "_tile quotient",
+                                        "_mulsub", "_mulsub"]
+    for r in rows:
+        assert float(r[2]) > 0 and float(r[3]) > 0
+        assert r[7].rstrip(" |") == ("—" if r[0] == "| _tile quotient" else "yes")
