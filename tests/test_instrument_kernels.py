@@ -277,6 +277,44 @@ def test_narrow_kernels_by_address_are_the_rounding_core_kernels():
                         assert _same(out.numpy(), want), (p, t, key, m, op)
 
 
+def test_narrow_kernels_compile_one_variant_whatever_the_key_or_the_caller():
+    """The rounding core's narrow kernels keep one compiled variant per array type: k_binary
+    and k_round pass the stream key on as uint64 whatever int they get (numba types a
+    Python int as int64 below 2**63 and uint64 above, and compiled ``_k_binary_narrow``
+    once per type: 27 s cold), and the bfloat16/float16 rounding by address passes
+    ``has_lo`` as a plain bool (a literal False compiled ``_k_round_narrow`` and
+    ``_round_block`` a second time). After calls with keys on both sides of 2**63 through
+    every entry point, no signature of theirs has an int64 key or a literal argument, and
+    both entry points still write the same values."""
+    x = np.linspace(-3, 3, 40, dtype=np.float32)
+    y = np.linspace(0.5, 2, 40, dtype=np.float32)
+    h = np.linspace(-1, 1, 40)
+    code = RK.mode_code("sr")
+    for key in (77, (1 << 64) - 5):
+        want = np.empty(40, np.float32)
+        RK.k_binary(RK.OP_ADD, x, y, want, 8, -126, 127, code, 8, key)
+        out = torch.empty(40)
+        PW.binary_narrow_tensor(RK.OP_ADD, torch.from_numpy(x), torch.from_numpy(y), out, 8,
+                                -126, 127, code, 8, key)
+        assert _same(out.numpy(), want)
+        RK.k_round(h, h[:0], want, False, 8, -126, 127, code, 8, key)
+        PW.round_narrow_tensor(torch.from_numpy(h), out, 8, -126, 127, code, 8, key)
+        assert _same(out.numpy(), want)
+        # the by-address kernel compiled afresh here (its cached copy would not show which
+        # types it passes on): its call of _k_round_narrow registers those types
+        fresh = njit(PW._round_narrow_at.py_func)
+        out2 = np.empty(40, np.float32)
+        fresh(h.ctypes.data, True, out2.ctypes.data, 40, 8, -126, 127, code, 8,
+              PW.signed_key(key))
+        assert _same(out2, want)
+    for kernel, key_at in ((RK._k_binary_narrow, 9), (RK._k_round_narrow, 9),
+                           (RK._round_block, 10)):
+        assert kernel.signatures or kernel is RK._round_block  # (compiled inside a cached
+        for sig in kernel.signatures:                            # caller: not registered)
+            assert sig[key_at] == numba.types.uint64, (kernel, sig)
+            assert not any(isinstance(a, numba.types.Literal) for a in sig), (kernel, sig)
+
+
 class _key_stream(R.Stream):
     """A stream whose next key is the given one."""
 

@@ -667,12 +667,15 @@ def _round_narrow_at(hp, wide, op, n, p, emin, emax, mode, t, key):  # pragma: n
     float32 at ``hp`` into the ``n`` float32 at ``op``."""
     out = carray(_f32_at(op), n)
     ukey = np.uint64(key)
+    no_lo = np.bool_(False)  # a plain bool: a literal False compiled _k_round_narrow (and
+    # _round_block) a second time beside the rounding core's k_round variant (has_lo is
+    # read outside their vectorised loop: one copy serves both)
     if wide:
         h64 = carray(_f64_at(hp), n)
-        K._k_round_narrow(h64, h64, out, False, p, emin, emax, mode, t, ukey)
+        K._k_round_narrow(h64, h64, out, no_lo, p, emin, emax, mode, t, ukey)
     else:
         h32 = carray(_f32_at(hp), n)
-        K._k_round_narrow(h32, h32, out, False, p, emin, emax, mode, t, ukey)
+        K._k_round_narrow(h32, h32, out, no_lo, p, emin, emax, mode, t, ukey)
 
 
 @njit(cache=True, error_model="numpy")

@@ -995,7 +995,9 @@ def k_round(hi, lo, out, has_lo, p, emin, emax, mode, t, key):
     """Round hi (+ lo) elementwise into out (1-D arrays). hi, lo: float32 or float64 (the
     same dtype; lo is not read unless has_lo). out: float64 for p == 53; float32 for
     p <= 24, or, for bfloat16 (p 8, emin -126) and float16 (p 11, emin -14), the uint16
-    view of the target tensor (its bit patterns are written directly, :func:`bits16`)."""
+    view of the target tensor (its bit patterns are written directly, :func:`bits16`).
+    ``key`` as for :func:`k_binary`."""
+    key = np.uint64(key)
     if p == 53:
         _k_round_wide(hi, lo, out, has_lo, mode, t, key)
     else:
@@ -1291,7 +1293,10 @@ def _k_binary_narrow(op, a, b, out, p, emin, emax, mode, t, key):
 
 
 def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
-    """out = a (op) b elementwise, rounded (1-D arrays; float32 for p <= 24)."""
+    """out = a (op) b elementwise, rounded (1-D arrays; float32 for p <= 24). ``key``: the
+    stream key, any int in [0, 2**64) (passed on as uint64: numba types a Python int as
+    int64 below 2**63 and uint64 above, and compiled each kernel once per type)."""
+    key = np.uint64(key)
     if p == 53:
         _k_binary_wide(op, a, b, out, mode, t, key)
     else:
