@@ -235,12 +235,15 @@ def test_bench_pipes_refuses_hosts_without_avx2(monkeypatch):
 def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, capsys):
     """benchmarks/bench_elementwise.py: one row per loop (three tiles, two _mulsub
     shapes), positive rates, and the split variants give the shipped loops' bits."""
+    import numba
+
     mod = _load_script(monkeypatch, "bench_elementwise")
-    n = torch.get_num_threads()
+    n, nn = torch.get_num_threads(), numba.get_num_threads()
     try:
         mod.main(["--repeats", "1"])
     finally:
         torch.set_num_threads(n)
+        numba.set_num_threads(nn)
     rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines()
             if ln.startswith("| _")]
     assert [r[0][2:] for r in rows] == ["_tile product", "_tile sum", "_tile quotient",
