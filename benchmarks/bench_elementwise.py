@@ -73,15 +73,9 @@ def _mulsub_split(s, v, X, O, kmul, ksub, l0, bad, rm, rs):  # pragma: no cover 
             rs[c] = _bits(ksub, r)
         nb = 0
         for c in range(N):
-            p, okp = _fast32(sf * np.float64(v[c]), rm[c], SR)
-            xx = np.float64(x[c])
-            y = -np.float64(p)
-            t = xx + y
-            bv = t - xx
-            e = (xx - (t - bv)) + (y - bv)
-            q, oks = _fast32(t, rs[c], SR)
+            q, ok = P.mulsub_term(sf, v[c], x[c], rm[c], rs[c], SR)
             o[c] = q
-            nb += 0 if (okp and oks and (e == 0.0 or not (abs(t) < np.inf))) else 1
+            nb += 0 if ok else 1
         bad[i] = nb != 0
         nbad += nb
     return nbad

@@ -284,6 +284,24 @@ def round_sum_into(op, a, b, o, ukey, l0, mode):
 
 
 @njit(inline="always", error_model="numpy")
+def mulsub_term(sf, vc, xc, rmul, rsub, mode):
+    """``RND(xc − RND(sf·vc))`` on the fast path with the product's bits ``rmul`` and the
+    difference's ``rsub`` (``sf`` float64, ``vc`` and ``xc`` binary32): (value, ok), ok
+    False where the fast path declines (either rounding, or an inexact finite float64
+    difference). One element of :func:`_mulsubloop`."""
+    p, okp = _fast32(sf * np.float64(vc), rmul, mode)
+    xx = np.float64(xc)
+    y = -np.float64(p)
+    t = xx + y
+    bv = t - xx
+    e = (xx - (t - bv)) + (y - bv)
+    q, oks = _fast32(t, rsub, mode)
+    # bitwise, not `and`/`or`: short-circuits returned from an inlined helper are branches
+    # that kept the loop from vectorising as well (0.25 -> 0.17 G terms/s, measured)
+    return q, okp & oks & ((e == 0.0) | (not (abs(t) < np.inf)))
+
+
+@njit(inline="always", error_model="numpy")
 def _mulsubloop(s, v, X, O, kmul, ksub, l0, mode, bad):
     """:func:`mulsub_rows`' loop with the mode a constant (it vectorises over columns)."""
     R, N = O.shape
@@ -296,15 +314,9 @@ def _mulsubloop(s, v, X, O, kmul, ksub, l0, mode, bad):
         nb = 0
         for c in range(N):
             r = np.uint64(li + c)
-            p, okp = _fast32(sf * np.float64(v[c]), _bits(kmul, r), mode)
-            xx = np.float64(x[c])
-            y = -np.float64(p)
-            t = xx + y
-            bv = t - xx
-            e = (xx - (t - bv)) + (y - bv)
-            q, oks = _fast32(t, _bits(ksub, r), mode)
+            q, ok = mulsub_term(sf, v[c], x[c], _bits(kmul, r), _bits(ksub, r), mode)
             o[c] = q
-            nb += 0 if (okp and oks and (e == 0.0 or not (abs(t) < np.inf))) else 1
+            nb += 0 if ok else 1
         bad[i] = nb != 0
         nbad += nb
     return nbad
