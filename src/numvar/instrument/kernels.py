@@ -274,18 +274,20 @@ def _fast32(x, r, mode):
     b = _f64_bits(x)
     be = (b >> _U52) & _EXPMASK
     special = be == _EXPMASK  # inf or NaN
-    ok = ((be >= _EMIN32 and be <= _EMAX32) or x == 0.0 or special) and mode <= _RANDOM
+    # flags combined bitwise: `and`/`or` are branches in numba's IR, which LLVM did not
+    # always fold back into selects in the vectorised loops (ud tiles 1.2x slower)
+    ok = (((be >= _EMIN32) & (be <= _EMAX32)) | (x == 0.0) | special) & (mode <= _RANDOM)
     top = (r >> _U63) == np.uint64(1)
     if mode == _SR:
         v = np.float32(_bits_f64((b + ((~r) >> _U35)) & _NLOW29))
     elif mode == _RANDOM:
-        up = (b & _LOW29) != np.uint64(0) and top
+        up = ((b & _LOW29) != np.uint64(0)) & top
         v = np.float32(_bits_f64((b & _NLOW29) + (_ULP32 if up else np.uint64(0))))
     elif mode == _UD:
-        ok = ok and be != _EMIN32
+        ok = ok & (be != _EMIN32)
         y = np.float64(np.float32(x))
         yb = _f64_bits(y)
-        fin = y != 0.0 and abs(y) < np.inf
+        fin = (y != 0.0) & (abs(y) < np.inf)
         yb = (yb + _ULP32 if top else yb - _ULP32) if fin else yb
         v = np.float32(_bits_f64(yb))
     else:

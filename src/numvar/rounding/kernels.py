@@ -1190,13 +1190,15 @@ def lo32_fast(h, lo, r, mode):
     sign = hb & _SIGN
     ab = hb ^ sign
     be = ab >> _U52
-    ok = be >= _EMIN32B and be <= _EMAX32B and mode <= MODE_RANDOM  # else round_f32
+    # flags combined bitwise throughout: `and`/`or` are branches in numba's IR, which LLVM
+    # did not always fold back into selects in the vectorised loops that inline this
+    ok = (be >= _EMIN32B) & (be <= _EMAX32B) & (mode <= MODE_RANDOM)  # else round_f32
     if mode == MODE_UD:
-        ok = ok and be != _EMIN32B
+        ok = ok & (be != _EMIN32B)
     H = _bits_f64(ab)
     L = -lo if sign != _U0 else lo
     Ab = ab & _NLOW29
-    below = Ab == ab and L < 0.0  # H on the grid, the exact value below it
+    below = (Ab == ab) & (L < 0.0)  # H on the grid, the exact value below it
     Ab = Ab - _ULP32B if below else Ab  # A' (the predecessor of A)
     A = _bits_f64(Ab)
     eb = Ab & _EXPBITS
@@ -1206,25 +1208,24 @@ def lo32_fast(h, lo, r, mode):
     s = D + L
     bv = s - D
     ee = (D - (s - bv)) + (L - bv)
-    ok = ok and abs(L) <= half and not (below and be == _EMIN32B)
-    exact = s == 0.0 and ee == 0.0
+    ok = ok & (abs(L) <= half) & (not (below & (be == _EMIN32B)))
+    exact = (s == 0.0) & (ee == 0.0)
     top = (r >> _U63) == _U1
     if mode == MODE_SR:
-        up = (not exact) and np.float64(r >> _U11) + 1.0 <= (s * inv_u) * _TWO53
+        up = (not exact) & (np.float64(r >> _U11) + 1.0 <= (s * inv_u) * _TWO53)
     elif mode == MODE_RANDOM:
-        up = (not exact) and top
+        up = (not exact) & top
     else:
         s2 = 2.0 * s
         odd = ((Ab >> _U29) & _U1) == _U1
         u = _bits_f64(eb - _U23E)
-        up = s2 > u or (s2 == u and (ee > 0.0 or (ee == 0.0 and odd)))
+        up = (s2 > u) | ((s2 == u) & ((ee > 0.0) | ((ee == 0.0) & odd)))
     Rb = Ab + _ULP32B if up else Ab
     if mode == MODE_UD and Rb < _INF128:
         Rb = Rb + _ULP32B if top else Rb - _ULP32B
     v = np.float32(_bits_f64(Rb | sign))
-    if h == 0.0 and lo == 0.0:
-        return np.float32(h), True
-    return v, ok
+    zero = (h == 0.0) & (lo == 0.0)
+    return (np.float32(h) if zero else v), ok | zero
 
 
 @njit(inline="always", cache=True, error_model="numpy")
