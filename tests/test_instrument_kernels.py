@@ -290,6 +290,9 @@ def test_narrow_kernels_compile_one_variant_whatever_the_key_or_the_caller():
     y = np.linspace(0.5, 2, 40, dtype=np.float32)
     h = np.linspace(-1, 1, 40)
     code = RK.mode_code("sr")
+    # the by-address kernel compiled afresh here, once (its cached copy would not show
+    # which types it passes on): its call of _k_round_narrow registers those types
+    fresh = njit(PW._round_narrow_at.py_func)
     for key in (77, (1 << 64) - 5):
         want = np.empty(40, np.float32)
         RK.k_binary(RK.OP_ADD, x, y, want, 8, -126, 127, code, 8, key)
@@ -300,9 +303,6 @@ def test_narrow_kernels_compile_one_variant_whatever_the_key_or_the_caller():
         RK.k_round(h, h[:0], want, False, 8, -126, 127, code, 8, key)
         PW.round_narrow_tensor(torch.from_numpy(h), out, 8, -126, 127, code, 8, key)
         assert _same(out.numpy(), want)
-        # the by-address kernel compiled afresh here (its cached copy would not show which
-        # types it passes on): its call of _k_round_narrow registers those types
-        fresh = njit(PW._round_narrow_at.py_func)
         out2 = np.empty(40, np.float32)
         fresh(h.ctypes.data, True, out2.ctypes.data, 40, 8, -126, 127, code, 8,
               PW.signed_key(key))
