@@ -10,12 +10,15 @@ the last dim, rows with −inf, inf, NaN and a dominant value, with autograd. Gr
 2-, 3- and 4-D inputs, a zero running variance, non-finite inputs
 and statistics, under no_grad and with autograd (another aten op reaches the mode)."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from numvar.instrument import fuzzy
 from numvar.instrument import norm_kernels as NK
+from numvar.instrument import pointwise as PW
+from numvar.rounding import kernels as RK
 from _spy import count_calls  # noqa: E402
 
 LN = torch.ops.aten.native_layer_norm.default
@@ -45,13 +48,13 @@ def _same(a, b):
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-def _check(monkeypatch, mode, shape, nd, affine):
+def _check(monkeypatch, mode, shape, nd, affine, kernel="layer_norm_rows32"):
     x = _data(shape)
     nshape = list(shape[len(shape) - nd:])
     g = torch.Generator().manual_seed(1)
     w = torch.randn(nshape, generator=g) if affine in ("both", "weight") else None
     b = torch.randn(nshape, generator=g) if affine in ("both", "bias") else None
-    calls = count_calls(monkeypatch, NK, "layer_norm32")
+    calls = count_calls(monkeypatch, NK, kernel)
     fast, pos, rep = _run(True, monkeypatch, mode, x, nshape, w, b)
     assert calls, "the compiled kernel did not run"
     ref, pos_ref, rep_ref = _run(False, monkeypatch, mode, x, nshape, w, b)
@@ -63,9 +66,22 @@ def _check(monkeypatch, mode, shape, nd, affine):
     return fast[1]
 
 
-@pytest.mark.parametrize("mode", ["sr", "ud", "random", "down"])
-def test_kernel_matches_decomposition(monkeypatch, mode):
-    out, mean, rstd = _check(monkeypatch, mode, (3, 7, 8), 1, "both")  # 21 rows: row blocks
+def _parts(monkeypatch, parts: int) -> None:
+    """Force the row kernels' split into ``parts`` runs of rows where they allow one (at
+    least ``pointwise.ROW_M_MIN`` rows), whatever the thread count and size. (The tests
+    then count the calls of the parallel kernel: a kernel that a compiled one calls must
+    not be replaced by a counting wrapper while that one compiles.)"""
+    if parts > 1:
+        monkeypatch.setattr(NK, "row_parts", lambda rows, elems, work: parts
+                            if rows >= PW.ROW_M_MIN else 1)
+
+
+@pytest.mark.parametrize("mode,parts", [("sr", 1), ("ud", 1), ("random", 1), ("down", 1),
+                                        ("sr", 3), ("down", 2)])
+def test_kernel_matches_decomposition(monkeypatch, mode, parts):
+    _parts(monkeypatch, parts)
+    out, mean, rstd = _check(monkeypatch, mode, (3, 7, 8), 1, "both",  # 21 rows: row blocks
+                             "layer_norm_par32" if parts > 1 else "layer_norm_rows32")
     # the special rows came through: NaN where inf/NaN, rsqrt(eps) for the constant row
     assert torch.isnan(out.view(-1, 8)[:2]).all()
     assert torch.isfinite(out.view(-1, 8)[4:]).all()
@@ -95,7 +111,7 @@ def test_mean_and_rstd_against_float64():
 def test_declines_and_autograd(monkeypatch):
     """Non-contiguous input and float64 take the decomposition (no kernel call); with
     autograd the forward takes the kernel and the gradients equal the reference's."""
-    calls = count_calls(monkeypatch, NK, "layer_norm32")
+    calls = count_calls(monkeypatch, NK, "layer_norm_rows32")
     xt = torch.randn(8, 5).t()
     with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
         for _ in range(2):
@@ -223,10 +239,11 @@ def _softmax_data():
     return x
 
 
-@pytest.mark.parametrize("mode,which", [("sr", "softmax"), ("ud", "safe"), ("down", "safe"),
-                                        ("random", "sdpa"), ("sr", "safe"),
-                                        ("ieee", "safe_alive")])
-def test_softmax_matches_decomposition(monkeypatch, mode, which):
+@pytest.mark.parametrize("mode,which,parts", [
+    ("sr", "softmax", 1), ("ud", "safe", 1), ("down", "safe", 1), ("random", "sdpa", 1),
+    ("sr", "safe", 1), ("ieee", "safe_alive", 1), ("sr", "softmax", 3), ("ud", "safe", 2)])
+def test_softmax_matches_decomposition(monkeypatch, mode, which, parts):
+    _parts(monkeypatch, parts)
     x = _softmax_data()
     if which == "safe_alive":  # no dead row: the kernel's output returned as it is
         x[0, 0, :] = torch.arange(6.0)
@@ -246,7 +263,7 @@ def test_softmax_matches_decomposition(monkeypatch, mode, which):
             pos = fz.stream.counter
         return [o.detach() for o in outs] + ([t.grad] if grad else []), pos, fz.report().to_dict()
 
-    calls = count_calls(monkeypatch, NK, "softmax_tail32")
+    calls = count_calls(monkeypatch, NK, "softmax_par32" if parts > 1 else "softmax_tail32")
     fast, pos, rep = run(True)
     assert calls, "the compiled kernel did not run"
     ref, pos_ref, rep_ref = run(False)
@@ -292,3 +309,54 @@ def test_group_norm_matches_decomposition(monkeypatch, mode, shape, groups, bias
         for a, c in zip(o1, o2):
             _same(a, c)
     assert pos == pos_ref and rep == rep_ref
+
+
+@pytest.mark.parametrize("rows,k", [(21, 8), (40, 5), (16, 33)])
+def test_runs_of_rows_give_the_whole_calls_bits(rows, k):
+    """The parallel layer norm and softmax in 1, 2, 3 and 5 runs of rows against one call
+    on the whole, bit for bit, in every rounding mode (numba's thread count is whatever
+    the run has: the split, not the threads, is what could change a bit), rows holding
+    inf, NaN, a constant and all −inf."""
+    g = np.random.default_rng(rows)
+    x = (g.standard_normal((rows, k)) * 3).astype(np.float32)
+    x[0, 1], x[1, 0], x[2], x[3] = np.inf, np.nan, 0.25, -np.inf
+    w, b = (g.standard_normal(k).astype(np.float32) for _ in range(2))
+    keys = np.arange(1, 15, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    mx = x.max(1)
+    e64 = np.exp((x - mx[:, None]).astype(np.float64))
+    eps = np.float32(1e-5)
+
+    def run(mode, parts):
+        out, d, sm = (np.empty(rows * k, np.float32) for _ in range(3))
+        mean, rstd = np.empty(rows, np.float32), np.empty(rows, np.float32)
+        o2 = out.reshape(rows, k)
+        if parts:
+            NK.layer_norm_par32(x, w, b, True, True, eps, keys, mode, o2, mean, rstd, parts)
+            NK.softmax_par32(False, x, mx, e64[:0], keys, mode, d, parts)
+            NK.softmax_par32(True, x, mx, e64, keys[1:], mode, sm, parts)
+        else:
+            NK.layer_norm_rows32(x, w, b, True, True, eps, keys, mode, o2, mean, rstd, rows, 0)
+            NK.softmax_sub32(x, mx, keys[0], mode, d, 0)
+            NK.softmax_tail32(e64, keys[1:], mode, sm, rows, 0)
+        return [a.view(np.int32).copy() for a in (out, mean, rstd, d, sm)]
+
+    for mode in range(len(RK.MODE_NAMES)):
+        whole = run(mode, 0)
+        assert np.isnan(whole[0].view(np.float32)[k:k + 1]).all()  # the NaN row came through
+        for parts in (1, 2, 3, 5):
+            for a, c in zip(whole, run(mode, parts)):
+                assert np.array_equal(a, c), (RK.MODE_NAMES[mode], parts)
+
+
+def test_row_parts(monkeypatch):
+    """One run per thread where the work is worth it; one run with one thread, with fewer
+    than ROW_M_MIN rows or below kernels.PARALLEL_MIN_WORK terms' worth of time."""
+    from numvar.instrument import kernels as KN
+
+    monkeypatch.setattr(NK.numba, "get_num_threads", lambda: 2)
+    big = KN.PARALLEL_MIN_WORK // NK.LAYER_NORM_WORK + 1
+    assert NK.row_parts(128, big, NK.LAYER_NORM_WORK) == 2
+    assert NK.row_parts(128, big - 2, NK.LAYER_NORM_WORK) == 1
+    assert NK.row_parts(PW.ROW_M_MIN - 1, 10 * big, NK.LAYER_NORM_WORK) == 1
+    monkeypatch.setattr(NK.numba, "get_num_threads", lambda: 1)
+    assert NK.row_parts(128, 10 * big, NK.SOFTMAX_WORK) == 1

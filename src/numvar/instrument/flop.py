@@ -484,7 +484,7 @@ def var(x, dim, correction, ctx: Ctx, *, keepdim=False):
         keys = ctx.stream_keys(6)
         out = np.empty(m, np.float32)
         SK.rowvar32(PW.array(x).reshape(m, n), keys, np.float32(n),
-                    np.float32(max(0, n - correction)), ctx.code, out)
+                    np.float32(max(0, n - correction)), ctx.code, out, m, 0)
         kshape = [1 if d in dims else x.shape[d] for d in range(x.dim())]
         res = torch.from_numpy(out)
         return res.reshape(kshape) if keepdim else res.reshape(

@@ -9,8 +9,9 @@ At flop granularity LayerNorm runs torch's decomposition with the mode re-entere
 ``var_mean`` (``prims.var``: six tensor steps, ``prims.sum``, ``prims.div``), ``+ eps``,
 ``rsqrt``, ``− mean``, ``· rstd``, ``· weight``, ``+ bias``: fourteen rounded sub-ops, each
 a dispatch, a handler and a kernel call (about 25 µs of Python each against a few µs of
-arithmetic on a transformer's activations: docs/speed.md). :func:`layer_norm32` runs the
-same steps in one compiled call. The stream keys the decomposition would draw are drawn
+arithmetic on a transformer's activations: docs/speed.md). :func:`layer_norm_rows32` runs
+the same steps in one compiled call, or :func:`layer_norm_par32` in runs of rows on
+numba's threads (the same bits). The stream keys the decomposition would draw are drawn
 beforehand in the same order and every step uses its key and its element indices (the
 rows x viewed as (M, K), K the normalised size, m·K + k for element (m, k)):
 
@@ -41,9 +42,10 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 import torch
-from numba import njit
+from numba import njit, prange
 
 from numvar.rounding import kernels as K
 
@@ -54,39 +56,67 @@ from .flop import flop_backend
 
 #: take the kernel (False: the decomposition, op by op: the slow reference)
 USE_KERNEL = True
+#: a binary32 layer norm's time per element at flop granularity, in SR contraction
+#: terms (measured, one thread, Zen 3: 24 ns per element of a 128 × 128 layer norm
+#: against 0.8 ns per term): the weight of its elements against
+#: ``kernels.PARALLEL_MIN_WORK`` (:func:`row_parts`)
+LAYER_NORM_WORK = 30
+#: the same for a softmax's two compiled steps (:func:`softmax_sub32`,
+#: :func:`softmax_tail32`; 13.6 ns per element of 256 rows of 64)
+SOFTMAX_WORK = 17
 
 
 @njit(inline="always")
-def _statistics(x, eps, keys, mode, mean, rstd):
+def _statistics(x, eps, keys, mode, mean, rstd, Mg, mg0):
     """``var_mean`` (biased) of the rows of x (M, K), then ``rstd = RND(rsqrt(RND(var +
-    eps)))``: keys 0–9 as in the module docstring; ``mean``, ``rstd`` (M,)."""
+    eps)))``: keys 0–9 as in the module docstring; ``mean``, ``rstd`` (M,). x is the rows
+    mg0 .. mg0 + M of a (Mg, K) whole (the whole: Mg = M, mg0 = 0), the element indices
+    those of the whole."""
     M, Kd = x.shape
     var = np.empty(M, np.float32)
-    SK.rowvar32(x, keys[0:6], np.float32(Kd), np.float32(Kd), mode, var)
+    SK.rowvar32(x, keys[0:6], np.float32(Kd), np.float32(Kd), mode, var, Mg, mg0)
     s = np.empty(M, np.float32)
-    SK._rows(x, s, np.uint64(keys[6]), mode)
+    SK._rows(x, s, np.uint64(keys[6]), mode, Mg, mg0)
     col = np.empty(M, np.float32)
     col[:] = np.float32(Kd)
-    PW.round_into(K.OP_DIV, s, col, mean, np.uint64(keys[7]), 0, mode)
+    PW.round_into(K.OP_DIV, s, col, mean, np.uint64(keys[7]), mg0, mode)
     col[:] = eps
     ve = np.empty(M, np.float32)
-    PW.round_into(K.OP_ADD, var, col, ve, np.uint64(keys[8]), 0, mode)
+    PW.round_into(K.OP_ADD, var, col, ve, np.uint64(keys[8]), mg0, mode)
     h = np.empty(M)
     for m in range(M):
         h[m] = 1.0 / np.sqrt(np.float64(ve[m]))
-    PW._roundtile(h, rstd, np.uint64(keys[9]), np.int64(0), mode)  # int64: one copy
+    PW._roundtile(h, rstd, np.uint64(keys[9]), mg0, mode)  # mg0 an int64: one copy
 
 
 @njit(cache=True, error_model="numpy")
-def layer_norm32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd):  # pragma: no cover
-    """LayerNorm of the rows of x (M, K) float32 C-contiguous, K ≥ 2, binary32 at 24 bits:
-    ``out`` (M, K), ``mean`` and ``rstd`` (M,), with the keys and indices of the module
-    docstring. ``w``, ``b``: (K,) float32 (read only when ``has_w`` / ``has_b``)."""
+def layer_norm_rows32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd, Mg,
+                      mg0):  # pragma: no cover - compiled
+    """LayerNorm of the rows of x (M, K) float32 C-contiguous, K ≥ 2, binary32 at 24 bits,
+    x the rows mg0 .. mg0 + M of a (Mg, K) whole (int64s; the whole: Mg = M, mg0 = 0):
+    ``out`` (M, K), ``mean`` and ``rstd`` (M,), with the keys and the whole's element
+    indices of the module docstring, so that a part of the rows gets the values the whole
+    gets for them. ``w``, ``b``: (K,) float32 (read only when ``has_w`` / ``has_b``)."""
     M, Kd = x.shape
-    _statistics(x, eps, keys, mode, mean, rstd)
+    _statistics(x, eps, keys, mode, mean, rstd, Mg, mg0)
     z, o = np.int64(0), np.int64(1)  # not literals: one compiled _normalize_affine
     _normalize_affine(x.reshape(M * Kd), mean, rstd, w, b, has_w, has_b, keys,
-                      np.int64(10), mode, out.reshape(M * Kd), M, o, Kd, o, z, z, z, z, o)
+                      np.int64(10), mode, out.reshape(M * Kd), M, o, Kd, o, z, z, z, z, o,
+                      mg0 * Kd)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def layer_norm_par32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd,
+                     parts):  # pragma: no cover - compiled
+    """:func:`layer_norm_rows32` of the whole x (M, K), M ≥ ``pointwise.ROW_M_MIN`` (the
+    row-block sums: a part's rows are summed as in the whole), in ``parts`` runs of rows
+    on numba's threads: the same bits as one call on the whole."""
+    M = x.shape[0]
+    for p in prange(parts):
+        m0 = p * M // parts
+        m1 = (p + 1) * M // parts
+        layer_norm_rows32(x[m0:m1], w, b, has_w, has_b, eps, keys, mode, out[m0:m1],
+                          mean[m0:m1], rstd[m0:m1], np.int64(M), np.int64(m0))
 
 
 @njit(inline="always")
@@ -108,10 +138,10 @@ def _spread(full, v, d0, d1, d2, s0, s1, s2):
 
 @njit(cache=True, error_model="numpy")
 def _normalize_affine(xf, mean, inv, w, b, has_w, has_b, keys, k0, mode, out, d0, d1, d2,
-                      s0, s1, s2, a0, a1, a2):  # pragma: no cover - compiled
+                      s0, s1, s2, a0, a1, a2, l0):  # pragma: no cover - compiled
     """``out = RND(RND(RND(RND(x − mean)·inv)·w) + b)`` (the weight and bias steps where
-    present), keys ``keys[k0]``, ``keys[k0 + 1]``, then one per affine step, element l of
-    the C-order (d0, d1, d2) arrays: the statistics read with strides (s0, s1, s2), the
+    present), keys ``keys[k0]``, ``keys[k0 + 1]``, then one per affine step, element l0 + l
+    of the C-order (d0, d1, d2) arrays: the statistics read with strides (s0, s1, s2), the
     affine parameters with (a0, a1, a2). Whole-array passes, operands broadcast into one
     full buffer: one round_into call per step (one per row made short rows slow).
     Callers pass ``k0`` and the strides as runtime int64s: constants would be literal
@@ -120,22 +150,22 @@ def _normalize_affine(xf, mean, inv, w, b, has_w, has_b, keys, k0, mode, out, d0
     full = np.empty(n, np.float32)
     _spread(full, mean, d0, d1, d2, s0, s1, s2)
     d = np.empty(n, np.float32)
-    PW.round_into(K.OP_SUB, xf, full, d, np.uint64(keys[k0]), 0, mode)
+    PW.round_into(K.OP_SUB, xf, full, d, np.uint64(keys[k0]), l0, mode)
     _spread(full, inv, d0, d1, d2, s0, s1, s2)
     last = has_w or has_b
     e = np.empty(n, np.float32) if last else out
-    PW.round_into(K.OP_MUL, d, full, e, np.uint64(keys[k0 + 1]), 0, mode)
+    PW.round_into(K.OP_MUL, d, full, e, np.uint64(keys[k0 + 1]), l0, mode)
     if not last:
         return
     k = k0 + 2
     if has_w:
         _spread(full, w, d0, d1, d2, a0, a1, a2)
-        PW.round_into(K.OP_MUL, e, full, d if has_b else out, np.uint64(keys[k]), 0, mode)
+        PW.round_into(K.OP_MUL, e, full, d if has_b else out, np.uint64(keys[k]), l0, mode)
         k += 1
         e, d = d, e
     if has_b:
         _spread(full, b, d0, d1, d2, a0, a1, a2)
-        PW.round_into(K.OP_ADD, e, full, out, np.uint64(keys[k]), 0, mode)
+        PW.round_into(K.OP_ADD, e, full, out, np.uint64(keys[k]), l0, mode)
 
 
 @njit(cache=True, error_model="numpy")
@@ -158,7 +188,7 @@ def batch_norm_eval32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, 
     PW.round_into(K.OP_MUL, rc, col, inv, np.uint64(keys[3]), 0, mode)
     z, o = np.int64(0), np.int64(1)  # not literals: one compiled _normalize_affine
     _normalize_affine(x, rmean, inv, w, b, has_w, has_b, keys, np.int64(4), mode, out, N,
-                      C, S, z, o, z, z, o, z)
+                      C, S, z, o, z, z, o, z, z)
 
 
 @njit(cache=True, error_model="numpy")
@@ -168,13 +198,13 @@ def batch_norm_train32(xs, x, w, b, has_w, has_b, eps, keys, mode, out, mean, rs
     x (C·S,) float32 in C order (InstanceNorm's: its input arrives as (1, N·C, *S)),
     binary32 at 24 bits: torch's decomposition is LayerNorm's steps with the statistics
     per channel (``var_mean`` over every dim but 1) and the affine parameters per
-    channel, so keys 0–9 as :func:`layer_norm32` on ``xs``, x as (C, S) rows, ``mean``
+    channel, so keys 0–9 as :func:`layer_norm_rows32` on ``xs``, x as (C, S) rows, ``mean``
     and ``rstd`` (C,); then :func:`_normalize_affine` per channel (keys 10…, element l
     of x). ``N`` is 1 (the caller's rule: see :func:`_batch_norm_train`)."""
-    _statistics(xs, eps, keys, mode, mean, rstd)
     z, o = np.int64(0), np.int64(1)  # not literals: one compiled _normalize_affine
+    _statistics(xs, eps, keys, mode, mean, rstd, np.int64(xs.shape[0]), z)
     _normalize_affine(x, mean, rstd, w, b, has_w, has_b, keys, np.int64(10), mode, out, N,
-                      C, S, z, o, z, z, o, z)
+                      C, S, z, o, z, z, o, z, z)
 
 
 @njit(cache=True, error_model="numpy")
@@ -182,7 +212,7 @@ def group_norm32(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
                  rstd):  # pragma: no cover - compiled
     """GroupNorm with a weight of x (N·C·HW,) float32 in C order, binary32 at 24 bits, as
     torch's CPU decomposition: the statistics of the N·G rows of (C/G)·HW elements as in
-    :func:`layer_norm32` (keys 0–9, ``mean`` and ``rstd`` (N·G,)), ``scale = RND(rstd ·
+    :func:`layer_norm_rows32` (keys 0–9, ``mean`` and ``rstd`` (N·G,)), ``scale = RND(rstd ·
     weight)`` (key 10) and ``shift = RND(−mean · scale)`` (key 11) on (N, C) (element
     n·C + c), ``shift = RND(shift + bias)`` (key 12, if a bias), then ``out = RND(RND(x ·
     scale) + shift)`` (the last two keys, element l)."""
@@ -190,7 +220,7 @@ def group_norm32(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
     Cg = C // G
     Kd = Cg * HW
     x2 = x.reshape(R, Kd)
-    _statistics(x2, eps, keys, mode, mean, rstd)
+    _statistics(x2, eps, keys, mode, mean, rstd, np.int64(R), np.int64(0))
     n = N * C
     a = np.empty(n, np.float32)
     c = np.empty(n, np.float32)
@@ -217,28 +247,49 @@ def group_norm32(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
 
 
 @njit(cache=True, error_model="numpy")
-def softmax_sub32(x, mx, key, mode, out):  # pragma: no cover - compiled
+def softmax_sub32(x, mx, key, mode, out, rg0):  # pragma: no cover - compiled
     """``out = RND(x − max)`` of the rows of x (R, L) float32 C-contiguous, ``mx`` (R,) the
-    row maxima, element r·L + l (softmax's first rounded step)."""
+    row maxima, x the rows rg0 .. rg0 + R of a whole (int64; the whole: 0), element
+    r·L + l of the whole (softmax's first rounded step)."""
     R, L = x.shape
     full = np.empty(R * L, np.float32)
     _spread(full, mx, R, 1, L, 1, 0, 0)
-    PW.round_into(K.OP_SUB, x.reshape(R * L), full, out, np.uint64(key), 0, mode)
+    PW.round_into(K.OP_SUB, x.reshape(R * L), full, out, np.uint64(key), rg0 * L, mode)
 
 
 @njit(cache=True, error_model="numpy")
-def softmax_tail32(e64, keys, mode, out):  # pragma: no cover - compiled
+def softmax_tail32(e64, keys, mode, out, Rg, rg0):  # pragma: no cover - compiled
     """Softmax's steps after torch's float64 exp ``e64`` (R, L), L ≥ 2: ``e = RND(e64)``
     (key 0, element r·L + l), the row sums of e (key 1, ``scan_kernels._rows``), ``out =
-    RND(e / sum)`` (key 2, element r·L + l); out (R·L,) float32."""
+    RND(e / sum)`` (key 2, element r·L + l); out (R·L,) float32. e64 is the rows rg0 ..
+    rg0 + R of an (Rg, L) whole (int64s; the whole: Rg = R, rg0 = 0), the element
+    indices those of the whole."""
     R, L = e64.shape
     e = np.empty(R * L, np.float32)
-    PW._roundtile(e64.reshape(R * L), e, np.uint64(keys[0]), np.int64(0), mode)
+    PW._roundtile(e64.reshape(R * L), e, np.uint64(keys[0]), rg0 * L, mode)
     s = np.empty(R, np.float32)
-    SK._rows(e.reshape(R, L), s, np.uint64(keys[1]), mode)
+    SK._rows(e.reshape(R, L), s, np.uint64(keys[1]), mode, Rg, rg0)
     full = np.empty(R * L, np.float32)
     _spread(full, s, R, 1, L, 1, 0, 0)
-    PW.round_into(K.OP_DIV, e, full, out, np.uint64(keys[2]), 0, mode)
+    PW.round_into(K.OP_DIV, e, full, out, np.uint64(keys[2]), rg0 * L, mode)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def softmax_par32(tail, x, mx, e64, keys, mode, out, parts):  # pragma: no cover - compiled
+    """:func:`softmax_sub32` (x (R, L), ``mx``, ``keys[0]``) or, with ``tail``,
+    :func:`softmax_tail32` (``e64`` (R, L), ``keys``), R ≥ ``pointwise.ROW_M_MIN``, in
+    ``parts`` runs of rows on numba's threads: the same bits as one call on the whole
+    (``out`` (R·L,))."""
+    R, L = e64.shape if tail else x.shape
+    for p in prange(parts):
+        r0 = p * R // parts
+        r1 = (p + 1) * R // parts
+        if tail:
+            softmax_tail32(e64[r0:r1], keys, mode, out[r0 * L:r1 * L], np.int64(R),
+                           np.int64(r0))
+        else:
+            softmax_sub32(x[r0:r1], mx[r0:r1], keys[0], mode, out[r0 * L:r1 * L],
+                          np.int64(r0))
 
 
 def keys_needed(weight, bias) -> int:
@@ -304,10 +355,29 @@ def native_layer_norm(ctx, args, kwargs, nkeys: int):
     empty = np.empty(0, np.float32)
     w = empty if weight is None else weight.detach().numpy().reshape(k)
     b = empty if bias is None else bias.detach().numpy().reshape(k)
-    layer_norm32(x.detach().numpy().reshape(m, k), w, b, weight is not None, bias is not None,
-                 np.float32(eps), keys, ctx.code, out.numpy().reshape(m, k),
-                 mean.numpy().reshape(m), rstd.numpy().reshape(m))
+    args = (x.detach().numpy().reshape(m, k), w, b, weight is not None, bias is not None,
+            np.float32(eps), keys, ctx.code, out.numpy().reshape(m, k),
+            mean.numpy().reshape(m), rstd.numpy().reshape(m))
+    parts = row_parts(m, x.numel(), LAYER_NORM_WORK)
+    if parts > 1:
+        layer_norm_par32(*args, parts)
+    else:
+        layer_norm_rows32(*args, m, 0)
     return out, mean, rstd
+
+
+def row_parts(rows: int, elems: int, work: int) -> int:
+    """Runs of rows a layer norm or a softmax of ``rows`` rows and ``elems`` elements is
+    split into (one per numba thread: :func:`layer_norm_par32`, :func:`softmax_par32`),
+    or 1 (one call on the calling thread): 1 with one thread, with fewer than
+    ``pointwise.ROW_M_MIN`` rows (their sums are one scan, not per-row blocks), or below
+    ``kernels.PARALLEL_MIN_WORK`` contraction terms' worth of time (``work`` per
+    element: :data:`LAYER_NORM_WORK`, :data:`SOFTMAX_WORK`). Results do not depend on
+    it."""
+    n = numba.get_num_threads()
+    if n < 2 or rows < PW.ROW_M_MIN or elems * work < KN.PARALLEL_MIN_WORK:
+        return 1
+    return min(n, rows)
 
 
 def _arguments(args, kwargs, names, defaults=None):
@@ -441,11 +511,19 @@ def _softmax_last(ctx, x, dim, nkeys, maxima: bool = False):
     mx = torch.amax(x2, -1)
     keys = ctx.stream_keys(4)
     d = torch.empty(x.shape, dtype=torch.float32)
-    softmax_sub32(x2.numpy(), mx.numpy(), keys[0], ctx.code, d.numpy().reshape(-1))
+    parts = row_parts(R, x.numel(), SOFTMAX_WORK)
+    xa, ma, da = x2.numpy(), mx.numpy(), d.numpy().reshape(-1)
+    if parts > 1:
+        softmax_par32(False, xa, ma, np.empty((0, L)), keys, ctx.code, da, parts)
+    else:
+        softmax_sub32(xa, ma, keys[0], ctx.code, da, 0)
     e64 = torch.exp(d.double())
     out = torch.empty(x.shape, dtype=torch.float32)
-    softmax_tail32(e64.numpy().reshape(R, L), keys[1:], ctx.code,
-                   out.numpy().reshape(-1))
+    ea, oa = e64.numpy().reshape(R, L), out.numpy().reshape(-1)
+    if parts > 1:
+        softmax_par32(True, xa, ma, ea, keys[1:], ctx.code, oa, parts)
+    else:
+        softmax_tail32(ea, keys[1:], ctx.code, oa, R, 0)
     return (out, mx) if maxima else out
 
 

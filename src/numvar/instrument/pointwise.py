@@ -753,27 +753,36 @@ ROW_M_MIN = 16
 
 @njit(inline="always", error_model="numpy")
 def _rowblock(x, out, b, R, ukey, op, mode):
-    """Rows b*R .. of x (M, K): transpose the block into (K, rows), then accumulate along
-    K in the (K, M) scan's order with its bits (element (k, m): bits64(key, k*M + m)),
-    each step one binary tile (acc op row, the same arithmetic as the scan's)."""
-    M, Kd = x.shape
+    """Rows b*R .. of x (M, K): :func:`_rowblock_at` on the whole of x."""
+    M = x.shape[0]
     m0 = b * R
-    rows = min(R, M - m0)
+    _rowblock_at(x, out, m0, min(R, M - m0), ukey, op, mode, M, 0)
+
+
+@njit(inline="always", error_model="numpy")
+def _rowblock_at(x, out, r0, rows, ukey, op, mode, Mg, mg0):
+    """Rows r0 .. r0 + rows of x (R, K), the rows mg0 .. mg0 + R of a (Mg, K) whole: transpose
+    the block into (K, rows), then accumulate along K in the whole's (K, Mg) scan order with
+    its bits (element (k, m) of the whole: bits64(key, k*Mg + m)), each step one binary
+    tile (acc op row, the same arithmetic as the scan's); ``out[r0 .. r0 + rows]``. A row's
+    value does not depend on the block it is computed in, nor on the part of the whole
+    that x is."""
+    Kd = x.shape[1]
     t = np.empty((Kd, rows), np.float32)
-    for r0 in range(0, rows, 16):  # 16 rows at a time: their cache lines stay in L1
-        r1 = min(rows, r0 + 16)
+    for q in range(0, rows, 16):  # 16 rows at a time: their cache lines stay in L1
+        q1 = min(rows, q + 16)
         for k in range(Kd):
-            for r in range(r0, r1):
-                t[k, r] = x[m0 + r, k]
+            for r in range(q, q1):
+                t[k, r] = x[r0 + r, k]
     prev = t[0].copy()
     cur = np.empty(rows, np.float32)
     for k in range(1, Kd):
-        q0 = k * M + m0
+        q0 = k * Mg + mg0 + r0
         bad = _tile(op, prev, t[k], cur, ukey, q0, mode)
         if bad:
             _redo(op, prev, t[k], cur, ukey, q0, mode, bad)
         prev, cur = cur, prev
-    out[m0:m0 + rows] = prev
+    out[r0:r0 + rows] = prev
 
 
 @njit(parallel=True, cache=True, error_model="numpy")

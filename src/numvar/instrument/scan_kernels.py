@@ -73,42 +73,50 @@ def rowscan32(x, out, key, mode, use_mul, cumulative):  # pragma: no cover - com
 
 # --------------------------------------------------------------- two-pass variance
 @njit(inline="always")
-def _rows(x, out, key, mode):
-    """Row sums of x (M, K), K ≥ 2, in flop.reduce's order and bits (rowscan32 for a few
-    rows, pointwise's row blocks for many: the same bits)."""
+def _rows(x, out, key, mode, Mg, mg0):
+    """Row sums of x (M, K), K ≥ 2, the rows mg0 .. mg0 + M of a (Mg, K) whole, in
+    flop.reduce's order and bits on the whole (element (k, m) of the whole: k·Mg + m):
+    rowscan32 for a whole of few rows (then x is the whole), pointwise's row blocks for
+    many (the same bits; a row's value does not depend on its block, so a part of the
+    rows is computed as in the whole)."""
     M, Kd = x.shape
-    if M < PW.ROW_M_MIN:
+    if Mg < PW.ROW_M_MIN:
         # runtime bools, as flop.reduce passes them (constants would compile a copy)
         rowscan32(x, out.reshape(M, 1), key, mode, np.bool_(False), np.bool_(False))
     else:
+        K.wide_vectors()
         R = max(1, min(PW.RBLOCK, PW.RBLOCK_ELEMS // Kd))
-        PW._rowsum_ser(x, out, R, key, K.OP_ADD, mode)
+        ukey = np.uint64(key)
+        for r0 in range(0, M, R):
+            PW._rowblock_at(x, out, r0, min(R, M - r0), ukey, K.OP_ADD, mode, Mg, mg0)
 
 
 @njit(cache=True, error_model="numpy")
-def rowvar32(x, keys, n_mean, n_var, mode, out):  # pragma: no cover - compiled
+def rowvar32(x, keys, n_mean, n_var, mode, out, Mg, mg0):  # pragma: no cover - compiled
     """``flop.var`` of each row of x (M, K) float32 C-contiguous, K ≥ 2, binary32 at 24
-    bits, into ``out`` (M,): the six stream keys of its six tensor steps, in order, and
-    their element indices: row sums (key 0, element (k, m) ``k·M + m``); ``mu = RND(s /
-    n_mean)`` (key 1, element m); ``d = RND(x − mu)`` (key 2, element ``m·K + k``);
-    ``RND(d·d)`` (key 3, same); their row sums (key 4); ``RND(s2 / n_var)`` (key 5)."""
+    bits, into ``out`` (M,), x the rows mg0 .. mg0 + M of a (Mg, K) whole (the whole
+    itself: Mg = M, mg0 = 0; a part gives the whole's values for its rows): the six
+    stream keys of its six tensor steps, in order, and their element indices in the
+    whole: row sums (key 0, element (k, m) ``k·Mg + m``); ``mu = RND(s / n_mean)`` (key
+    1, element m); ``d = RND(x − mu)`` (key 2, element ``m·K + k``); ``RND(d·d)`` (key 3,
+    same); their row sums (key 4); ``RND(s2 / n_var)`` (key 5)."""
     M, Kd = x.shape
     s = np.empty(M, np.float32)
-    _rows(x, s, keys[0], mode)
+    _rows(x, s, keys[0], mode, Mg, mg0)
     nb = np.empty(M, np.float32)
     nb[:] = n_mean
     mu = np.empty(M, np.float32)
-    PW.round_into(K.OP_DIV, s, nb, mu, np.uint64(keys[1]), 0, mode)
+    PW.round_into(K.OP_DIV, s, nb, mu, np.uint64(keys[1]), mg0, mode)
     # whole-array passes (element m·K + k of the C-order arrays): one round_into call per
     # step, not one per row (short rows made the per-call set-up dominate)
     mub = np.empty((M, Kd), np.float32)
     for m in range(M):
         mub[m, :] = mu[m]
     d = np.empty(M * Kd, np.float32)
-    PW.round_into(K.OP_SUB, x.reshape(M * Kd), mub.reshape(M * Kd), d, np.uint64(keys[2]), 0,
-                  mode)
+    PW.round_into(K.OP_SUB, x.reshape(M * Kd), mub.reshape(M * Kd), d, np.uint64(keys[2]),
+                  mg0 * Kd, mode)
     sq = np.empty((M, Kd), np.float32)
-    PW.round_into(K.OP_MUL, d, d, sq.reshape(M * Kd), np.uint64(keys[3]), 0, mode)
-    _rows(sq, s, keys[4], mode)
+    PW.round_into(K.OP_MUL, d, d, sq.reshape(M * Kd), np.uint64(keys[3]), mg0 * Kd, mode)
+    _rows(sq, s, keys[4], mode, Mg, mg0)
     nb[:] = n_var
-    PW.round_into(K.OP_DIV, s, nb, out, np.uint64(keys[5]), 0, mode)
+    PW.round_into(K.OP_DIV, s, nb, out, np.uint64(keys[5]), mg0, mode)
