@@ -251,3 +251,26 @@ def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, ca
     for r in rows:
         assert float(r[2]) > 0 and float(r[3]) > 0
         assert r[7].rstrip(" |") == ("—" if r[0] == "| _tile quotient" else "yes")
+
+
+def test_bench_opcnn_records_the_float64_reruns_and_the_elementwise_roundings(monkeypatch):
+    """benchmarks/bench_opcnn.py's recording of one op SR forward: the addmm among the
+    ops whose float64 result is rounded, with its elements; the add and the scaling by a
+    Python number among the elementwise roundings, per operation, with theirs; and the
+    elementwise kernels' cost above torch's ops is a time, not negative."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    mod = _load_script(monkeypatch, "bench_opcnn")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return (self.lin(x) + x[:, :3]) * 0.5
+
+    with torch.no_grad():
+        funcs, elems, pointwise = mod.recorded_once(Model(), (torch.randn(5, 4),))
+    assert torch.ops.aten.addmm.default in funcs and elems == 15
+    assert pointwise == {mod.PW.OP_ADD: 15, mod.PW.OP_MUL: 15}
+    assert mod.elementwise_cost(pointwise, 1) >= 0.0
