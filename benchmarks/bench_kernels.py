@@ -305,12 +305,15 @@ def rate(dtype, shape, repeats: int, mode: int, contraction: str = "separate",
 def narrow_table(repeats: int) -> None:
     """sr rates of products with few columns through the narrow kernels and with
     ``KN.NARROW_KERNEL`` off (the column-vectorised kernels), timed alternately: binary32
-    (``_contract_narrow32``) and binary64 (``_contract_narrow64``; a one-column head as
+    (``_contract_narrow32``; where ``contract`` does not take it, "(not taken)": up to
+    ``NARROW_N_AVX2`` columns on hosts without 512-bit vectors) and binary64 (``_contract_narrow64``; a one-column head as
     ``sine_mlp_f64``'s last layer, 256 x 128 x 1, included)."""
     print(f"{'dtype':>8s} {'M x K x N':>18s} {'narrow G terms/s':>17s} {'columns G terms/s':>18s} "
           f"{'ratio':>6s}")
     shapes = {np.float32: ((512, 4608, 8), (512, 2304, 4), (256, 2304, 12), (256, 2304, 16),
-                           (64, 576, 10), (40, 576, 8), (256, 2304, 24), (256, 128, 1)),
+                           (64, 576, 10), (40, 576, 8), (256, 2304, 24), (256, 128, 1),
+                           (128, 128, 32), (128, 128, 64), (128, 128, 128), (512, 512, 64),
+                           (48, 576, 32)),
               np.float64: ((256, 128, 1), (512, 576, 4), (256, 576, 16), (256, 576, 24))}
     for dtype, dshapes in shapes.items():
         for m, k, n in dshapes:
@@ -320,7 +323,9 @@ def narrow_table(repeats: int) -> None:
                     KN.NARROW_KERNEL = flag
                     best[flag] = max(best[flag], rate(dtype, (m, k, n), 5, KN._SR))
             KN.NARROW_KERNEL = True
-            used = "" if n <= KN.NARROW_N and m >= KN.NARROW_ROWS // 2 else "  (not taken)"
+            taken = (KN._narrow32_serves((1, m, n), m * k * n, False) if dtype == np.float32
+                     else n <= KN.NARROW_N and m >= KN.NARROW_ROWS // 2)
+            used = "" if taken else "  (not taken)"
             print(f"{np.dtype(dtype).name:>8s} {f'{m} x {k} x {n}':>18s} {best[True] / 1e9:17.2f} "
                   f"{best[False] / 1e9:18.2f} {best[True] / best[False]:6.2f}{used}")
 

@@ -663,6 +663,43 @@ def test_narrow64_products_match_reference(monkeypatch):
         assert _same(KN.contract(a3, b3, 3, code, 53), ref[None]), m
 
 
+def test_narrow_kernel_serves_a_few_dozen_columns_without_512_bit_vectors(monkeypatch):
+    """Without 512-bit vectors (forced here on any host), binary32 products of up to
+    NARROW_N_AVX2 columns with whole blocks of rows take ``_contract_narrow32``: the
+    reference's bits in every mode, with a partial row block, rows that are not clean
+    and lanes the loops give up on. Not taken: half a block of rows, all-exact products,
+    fewer blocks than threads on a parallel product, 512-bit vectors."""
+    monkeypatch.setattr(KN, "VECTORS_512", False)
+    # as many threads as row blocks or fewer (the rule asks numba; the run is whatever)
+    monkeypatch.setattr(KN.numba, "get_num_threads", lambda: 1)
+    calls = _count_calls(monkeypatch, "_contract_narrow32", 4)
+    rng = np.random.default_rng(29)
+    a = rng.standard_normal((1, 130, 37))
+    a[0, 10:20] *= np.exp2(40.0 * rng.choice([-1, 0, 1], (10, 37), p=[0.1, 0.8, 0.1]))
+    a[0, 3] = rng.standard_normal(37) * 1e-38  # not clean
+    a[0, 100, 5] = np.inf
+    a = a.astype(np.float32)
+    for n in (KN.NARROW_N + 1, 40, KN.NARROW_N_AVX2):
+        b = rng.standard_normal((1, 37, n)).astype(np.float32)
+        for m in MODES:
+            code = RK.mode_code(m)
+            ref = KN.contract_reference(a, b, 98, code, 24)
+            assert _same(KN.contract(a, b, 98, code, 24), ref), (m, n)
+    assert calls == [(1, 130, n) for n in (KN.NARROW_N + 1, 40, KN.NARROW_N_AVX2)
+                     for _ in MODES]
+    serves = KN._narrow32_serves
+    assert serves((1, 64, KN.NARROW_N_AVX2), 1 << 30, False)
+    assert not serves((1, 48, 32), 1, False)  # half a block: the column kernel
+    assert not serves((1, 64, KN.NARROW_N_AVX2 + 1), 1, False)
+    assert not serves((1, 128, 32), 1, True)  # all exact: the copy without product roundings
+    monkeypatch.setattr(KN.numba, "get_num_threads", lambda: 4)
+    assert serves((1, 128, 32), KN.PARALLEL_MIN_WORK - 1, False)  # one thread runs it
+    assert not serves((1, 128, 32), KN.PARALLEL_MIN_WORK, False)  # 2 blocks for 4 threads
+    assert serves((2, 128, 32), KN.PARALLEL_MIN_WORK, False)
+    monkeypatch.setattr(KN, "VECTORS_512", True)
+    assert not serves((2, 128, 32), 1, False) and serves((1, 32, KN.NARROW_N), 1, False)
+
+
 def test_narrow_and_wide_kernels_agree():
     """The narrow kernels against the column-vectorised ones (``NARROW_KERNEL`` off) on
     larger products, binary32 and binary64, every mode: bit for bit."""

@@ -525,13 +525,19 @@ def _vector_int64_conversion() -> bool:
     """Whether numba's target CPU converts float64 vectors to int64 in one instruction
     (AVX-512DQ's ``vcvttpd2qq``). AVX2 has no such instruction: LLVM converts lane by lane
     (four scalar ``vcvttsd2si`` and the shuffles around them per 256-bit vector)."""
+    return _cpu_feature("avx512dq")
+
+
+def _cpu_feature(name: str) -> bool:
+    """Whether numba's target CPU has the LLVM feature ``name`` (``NUMBA_CPU_FEATURES``
+    where set, else the host's)."""
     cpu = numba.config.CPU_FEATURES
     if cpu:  # NUMBA_CPU_FEATURES set: what numba compiles for
-        return "+avx512dq" in cpu.split(",")
+        return f"+{name}" in cpu.split(",")
     try:
         import llvmlite.binding as llvm
 
-        return bool(llvm.get_host_cpu_features().get("avx512dq"))
+        return bool(llvm.get_host_cpu_features().get(name))
     except Exception:  # pragma: no cover - depends on llvmlite
         return True
 
@@ -540,6 +546,8 @@ def _vector_int64_conversion() -> bool:
 #: float64 (the same decision; a compile-time constant of the kernels, and numba's cache is
 #: kept per CPU)
 VECTOR_INT64 = _vector_int64_conversion()
+#: 512-bit vectors (AVX-512F): which products take the narrow kernel (:data:`NARROW_N_AVX2`)
+VECTORS_512 = _cpu_feature("avx512f")
 _MAGIC52 = np.uint64(0x4330000000000000)  # the float64 pattern of 2**52
 _TWO52 = 2.0 ** 52
 
@@ -1069,6 +1077,16 @@ def _contract_fast32(a, b, b64, clean, out, key, mode, t, fma=False,
 #: ResNet-18's last convolutions on a 2 × 64² batch, 0.88 G terms/s against 1.9 for wide
 #: products; ``benchmarks/bench_kernels.py --narrow``).
 NARROW_N = 16
+#: on CPUs without 512-bit vectors (:data:`VECTORS_512` false), binary32 products of up to
+#: this many columns take :func:`_contract_narrow32` too, when they have whole blocks of
+#: rows (M ≥ NARROW_ROWS), enough blocks for every thread, and are not all-exact products
+#: (those take the column kernel's copy without product roundings). The column kernel's
+#: 4-lane float64 vectors (AVX2) serve a few dozen columns poorly; measured 2026-12-04 on
+#: AMD Zen 3, one thread, M = 64–512, K = 64–576: N = 24, 32, 48, 64, 96, 128 ran 1.38,
+#: 1.37, 1.26, 1.22, 1.14, 1.11× faster narrow (1.19–1.34 against 0.86–1.20 G terms/s),
+#: the same bits; with 32 rows (half a block) 0.85× (``benchmarks/bench_kernels.py
+#: --narrow``). On AVX-512 the column kernel's 8 lanes keep NARROW_N.
+NARROW_N_AVX2 = 128
 #: rows of a block of :func:`_contract_narrow32`: the vector lanes of its loops (a constant,
 #: so that the loops over them have a fixed trip count and no remainder)
 NARROW_ROWS = 64
@@ -1190,7 +1208,7 @@ def _narrow_block(arows, bmat, ukey, row0, i0, i1, mode, wide):
 @njit(parallel=True, cache=True)
 def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
     """:func:`_contract_fast32` at 24 bits, ``"separate"``, for products with few columns
-    (N <= :data:`NARROW_N`): one task per block of NARROW_ROWS rows of one batch. The
+    (:func:`_narrow32_serves`): one task per block of NARROW_ROWS rows of one batch. The
     block's rows are the lanes of :func:`_narrow32` (``a`` transposed NARROW_KC k-steps at
     a time; a last, partial block repeats its last row in the missing lanes, whose values
     are dropped, or, of at most :data:`NARROW_TAIL` rows, is computed row by row as a row
@@ -1217,7 +1235,8 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
                 _tile32(out[bo, i], arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24,
                         bad)
             continue
-        # (N <= NARROW_N is one column tile: tiled64's layout is the plain (K, N) one)
+        # (N <= NARROW_N_AVX2 < 256 <= clean_tile(K) is one column tile: tiled64's layout
+        # is the plain (K, N) one)
         acc = _narrow_block(arows, b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N), ukey,
                             bo * M, i0, i1, mode, False)
         for lane in range(i1 - i0):
@@ -1801,8 +1820,8 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
             b64 = np.empty(b.size)  # tiled64's layout
             clean, pab = launch(a.size + b.size, _prepare32, a, b, b64, BO, t)
             exact = EXACT_PRODUCTS and not fma and t == 24 and mode != _UD and pab <= t
-            if (NARROW_KERNEL and not fma and t == 24 and out.shape[2] <= NARROW_N
-                    and out.shape[1] >= NARROW_ROWS // 2):
+            if NARROW_KERNEL and not fma and t == 24 and _narrow32_serves(out.shape, work,
+                                                                         exact):
                 launch(work, _contract_narrow32, a, b, b64, clean, out, np.uint64(key), mode)
             else:
                 launch(work, _contract_fast32, a, b, b64, clean, out, np.uint64(key), mode, t,
@@ -1816,6 +1835,20 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
             launch(work, _contract_kernel, a, b, out, np.uint64(key), mode, t,
                    a.dtype == np.float32, fma)
     return out
+
+
+def _narrow32_serves(shape, work: int, exact: bool) -> bool:
+    """Whether :func:`contract` computes a binary32 product of output ``shape`` (BO, M, N)
+    with :func:`_contract_narrow32`: N ≤ :data:`NARROW_N` and half a block of rows; or,
+    without 512-bit vectors, N ≤ :data:`NARROW_N_AVX2`, whole blocks of rows, not all
+    products exact, and a block for every thread where the product runs on several.
+    Either kernel gives the same bits."""
+    BO, M, N = shape
+    if N <= NARROW_N:
+        return M >= NARROW_ROWS // 2
+    return (not VECTORS_512 and N <= NARROW_N_AVX2 and M >= NARROW_ROWS and not exact
+            and (work < PARALLEL_MIN_WORK
+                 or BO * (M // NARROW_ROWS) >= numba.get_num_threads()))
 
 
 def scan(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
