@@ -305,9 +305,10 @@ def rate(dtype, shape, repeats: int, mode: int, contraction: str = "separate",
 def narrow_table(repeats: int) -> None:
     """sr rates of products with few columns through the narrow kernels and with
     ``KN.NARROW_KERNEL`` off (the column-vectorised kernels), timed alternately: binary32
-    (``_contract_narrow32``; where ``contract`` does not take it, "(not taken)": up to
-    ``NARROW_N_AVX2`` columns on hosts without 512-bit vectors) and binary64 (``_contract_narrow64``; a one-column head as
-    ``sine_mlp_f64``'s last layer, 256 x 128 x 1, included)."""
+    (``_contract_narrow32``, up to ``NARROW_N_AVX2`` columns on hosts without 512-bit
+    vectors; "(not taken)" where ``contract`` does not take it) and binary64
+    (``_contract_narrow64``; a one-column head as ``sine_mlp_f64``'s last layer,
+    256 x 128 x 1, included)."""
     print(f"{'dtype':>8s} {'M x K x N':>18s} {'narrow G terms/s':>17s} {'columns G terms/s':>18s} "
           f"{'ratio':>6s}")
     shapes = {np.float32: ((512, 4608, 8), (512, 2304, 4), (256, 2304, 12), (256, 2304, 16),

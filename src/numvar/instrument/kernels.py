@@ -34,8 +34,9 @@ front ("clean" rows, the usual case) run vectorised loops with no range checks a
 512-bit vectors where the CPU has them; other rows run loops that check every term (at
 24 bits) or the scalar full path (below). Lanes a fast loop cannot round exactly are
 redone on the scalar full path. Products with few columns (at most :data:`NARROW_N`, at
-least 32 rows, 24 bits, ``"separate"``) run the same steps vectorised across rows
-instead (:func:`_contract_narrow32`). Every path gives the same bits (tests compare each
+least 32 rows; without 512-bit vectors also up to :data:`NARROW_N_AVX2` with whole blocks
+of rows: :func:`_narrow32_serves`; 24 bits, ``"separate"``) run the same steps
+vectorised across rows instead (:func:`_contract_narrow32`). Every path gives the same bits (tests compare each
 with :func:`contract_reference`).
 
 Speed (binary64, 53 bits, sr / ieee / ud / random, ``"separate"``): clean rows (every
