@@ -1,5 +1,6 @@
-"""The elementwise rounding loops of flop granularity: their rates, and the term bits
-drawn in a loop of their own (measured, not kept).
+"""The elementwise rounding loops of flop granularity: their rates, the term bits drawn
+in a loop of their own (measured, not kept), and each hash from its index (the form
+before the Weyl value became an induction).
 
 Every elementwise rounding at flop granularity (``pointwise.round_into``'s tiles, and the
 FFT and LU kernels built on them) draws one full ``bits64`` hash per rounding; the fused
@@ -7,12 +8,20 @@ LU / triangular-solve update ``pointwise.mulsub_rows`` draws two per term. This 
 times, one thread, best of ``--repeats`` rounds of 50 calls (20 for ``_mulsub``):
 
 - the SR loops as numvar compiles them (``_tile`` product, sum, quotient on 1 024
-  elements; ``_mulsub`` on 64 × 64 and 16 × 1 024), in G roundings (terms) per second,
-  and the same arithmetic in plain PyTorch (``torch.mul``/``add``/``div`` into an
-  ``out=``; for ``_mulsub`` ``torch.addcmul(x, s, v, value=-1)``) with the ratio;
+  elements; ``_roundtile``, float64 to binary32, on 1 024; ``_mulsub`` on 64 × 64 and
+  16 × 1 024), in G roundings (terms) per second, and the same arithmetic in plain
+  PyTorch (``torch.mul``/``add``/``div`` into an ``out=``; for the rounding a float64 to
+  float32 ``copy_``; for ``_mulsub`` ``torch.addcmul(x, s, v, value=-1)``) with the
+  ratio;
 - the same loops with the hashes drawn first into a buffer, the rounding loop reading
   them (what made the contraction kernel 1.2× faster: docs/speed.md), its rate ÷ the
-  shipped loop's, and whether the bits agree.
+  shipped loop's, and whether the bits agree;
+- the same loops with each element's hash from its index, ``bits64(key, l0 + j)`` (the
+  form before the Weyl value became an induction stepped by γ, ``kernels._weyl``): its
+  rate, the shipped loop's speed-up over it, and whether the bits agree.
+
+The variants of a row are timed interleaved (one round of each, ``--repeats`` times), so
+that a shared host's slow spells fall on all of them.
 
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_elementwise.py [--repeats 300]
 """
@@ -56,6 +65,93 @@ def _tile_split(op, a, b, o, ukey, l0, rb):  # pragma: no cover - compiled
     return nbad
 
 
+@njit(inline="always", error_model="numpy")
+def _mul_indexed(a, b, o, ukey, l0):
+    """``pointwise._mulloop`` in SR with each hash from its element's index (one 64-bit
+    index product per element), as the tiles were before the Weyl value became an
+    induction (``kernels._weyl``); :func:`_add_indexed` and :func:`_div_indexed` alike."""
+    nbad = 0
+    for jj in range(o.size):
+        v, ok = _fast32(np.float64(a[jj]) * np.float64(b[jj]), _bits(ukey, np.uint64(l0 + jj)),
+                        SR)
+        o[jj] = v
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(inline="always", error_model="numpy")
+def _add_indexed(a, b, o, ukey, l0):
+    nbad = 0
+    for jj in range(o.size):
+        s, e = P._sum_at(a, b, jj, False)
+        v, ok = _fast32(s, _bits(ukey, np.uint64(l0 + jj)), SR)
+        o[jj] = v
+        nbad += 0 if (ok and (e == 0.0 or not (abs(s) < np.inf))) else 1
+    return nbad
+
+
+@njit(inline="always", error_model="numpy")
+def _div_indexed(a, b, o, ukey, l0):
+    nbad = 0
+    for jj in range(o.size):
+        x = np.float64(a[jj])
+        y = np.float64(b[jj])
+        q = x / y
+        ph, pl = K.two_prod(q, y)
+        e = ((x - ph) - pl) / y
+        fin = q != 0.0 and abs(q) < np.inf and abs(x) < np.inf and abs(y) < np.inf
+        v, ok = P._lo32(q, e if fin else 0.0, _bits(ukey, np.uint64(l0 + jj)), SR)
+        o[jj] = v
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(error_model="numpy")
+def _round_indexed(h, o, ukey, l0):  # pragma: no cover - compiled
+    """``pointwise._roundloop`` (float64 to binary32, op granularity's one rounding per
+    op) in SR with each hash from its element's index."""
+    K.wide_vectors()
+    nbad = 0
+    for jj in range(o.size):
+        v, ok = _fast32(h[jj], _bits(ukey, np.uint64(l0 + jj)), SR)
+        o[jj] = v
+        nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(error_model="numpy")
+def _tile_indexed(op, a, b, o, ukey, l0):  # pragma: no cover - compiled
+    """The indexed loops specialised by operation, as ``pointwise._tile`` is."""
+    K.wide_vectors()
+    if op == K.OP_MUL:
+        return _mul_indexed(a, b, o, ukey, l0)
+    if op == K.OP_ADD:
+        return _add_indexed(a, b, o, ukey, l0)
+    return _div_indexed(a, b, o, ukey, l0)
+
+
+@njit(error_model="numpy")
+def _mulsub_indexed(s, v, X, O, kmul, ksub, l0, bad):  # pragma: no cover - compiled
+    """``pointwise._mulsubloop`` in SR with both hashes from the element's index."""
+    K.wide_vectors()
+    R, N = O.shape
+    nbad = 0
+    for i in range(R):
+        sf = np.float64(s[i])
+        x = X[i]
+        o = O[i]
+        li = l0 + i * N
+        nb = 0
+        for c in range(N):
+            r = np.uint64(li + c)
+            q, ok = P.mulsub_term(sf, v[c], x[c], _bits(kmul, r), _bits(ksub, r), SR)
+            o[c] = q
+            nb += 0 if ok else 1
+        bad[i] = nb != 0
+        nbad += nb
+    return nbad
+
+
 @njit(error_model="numpy")
 def _mulsub_split(s, v, X, O, kmul, ksub, l0, bad, rm, rs):  # pragma: no cover - compiled
     """``pointwise._mulsubloop`` in SR with each row's hashes in a loop of their own."""
@@ -81,15 +177,23 @@ def _mulsub_split(s, v, X, O, kmul, ksub, l0, bad, rm, rs):  # pragma: no cover 
     return nbad
 
 
-def _best(fn, repeats: int, inner: int) -> float:
-    fn()
-    best = float("inf")
+def _best(fns: dict, repeats: int, inner: int) -> dict:
+    """Best time per call of each of ``fns``, interleaved: ``repeats`` rounds of ``inner``
+    calls of each in turn."""
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        best = min(best, (time.perf_counter() - t) / inner)
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            best[k] = min(best[k], (time.perf_counter() - t) / inner)
     return best
+
+
+def _same(x, y) -> str:
+    return "yes" if np.array_equal(x.view(np.uint32), y.view(np.uint32)) else "**no**"
 
 
 def main(argv=None) -> None:
@@ -101,8 +205,9 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(0)
     key = np.uint64(5)
     print("| loop (sr, binary32) | size | numvar G/s | torch G/s | numvar ÷ torch time "
-          "| split G/s | split ÷ shipped time | same bits |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+          "| split G/s | split ÷ shipped time | same bits | indexed G/s "
+          "| shipped speed-up | same bits |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|")
     n = 1024
     a = rng.standard_normal(n).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
@@ -110,35 +215,51 @@ def main(argv=None) -> None:
     rb = np.empty(n, np.uint64)
     for name, op, tf in (("_tile product", K.OP_MUL, torch.mul), ("_tile sum", K.OP_ADD, torch.add),
                          ("_tile quotient", K.OP_DIV, torch.div)):
-        o1, o2 = np.empty_like(a), np.empty_like(a)
-        t1 = _best(lambda: P._tile(op, a, b, o1, key, 7, SR), args.repeats, 50)
-        tt = _best(lambda: tf(ta, tb, out=tout), args.repeats, 50)
-        if op == K.OP_DIV:  # no split variant of the quotient loop
-            split, same = "—", "—"
-            ratio = "—"
+        o1, o2, o3 = np.empty_like(a), np.empty_like(a), np.empty_like(a)
+        fns = {"shipped": lambda: P._tile(op, a, b, o1, key, 7, SR),
+               "torch": lambda: tf(ta, tb, out=tout),
+               "indexed": lambda: _tile_indexed(op, a, b, o3, key, 7)}
+        if op != K.OP_DIV:  # no split variant of the quotient loop
+            fns["split"] = lambda: _tile_split(op, a, b, o2, key, 7, rb)
+        t = _best(fns, args.repeats, 50)
+        t1 = t["shipped"]
+        if op == K.OP_DIV:
+            split = ratio = same = "—"
         else:
-            t2 = _best(lambda: _tile_split(op, a, b, o2, key, 7, rb), args.repeats, 50)
-            split, ratio = f"{n / t2 / 1e9:.3f}", f"{t2 / t1:.2f}"
-            same = "yes" if np.array_equal(o1.view(np.uint32), o2.view(np.uint32)) else "**no**"
-        print(f"| {name} | {n} | {n / t1 / 1e9:.3f} | {n / tt / 1e9:.3f} | {t1 / tt:.1f} | "
-              f"{split} | {ratio} | {same} |")
+            split, ratio, same = f"{n / t['split'] / 1e9:.3f}", f"{t['split'] / t1:.2f}", _same(o1, o2)
+        print(f"| {name} | {n} | {n / t1 / 1e9:.3f} | {n / t['torch'] / 1e9:.3f} | "
+              f"{t1 / t['torch']:.1f} | {split} | {ratio} | {same} | "
+              f"{n / t['indexed'] / 1e9:.3f} | {t['indexed'] / t1:.2f} | {_same(o1, o3)} |")
+    h = (a.astype(np.float64) * b).astype(np.float64) / 3.0  # float64 values to round
+    o1, o3 = np.empty_like(a), np.empty_like(a)
+    th = torch.from_numpy(h)
+    t = _best({"shipped": lambda: P._roundtile(h, o1, key, 7, SR),
+               "torch": lambda: tout.copy_(th),
+               "indexed": lambda: _round_indexed(h, o3, key, 7)}, args.repeats, 50)
+    t1 = t["shipped"]
+    print(f"| _roundtile (float64 to binary32) | {n} | {n / t1 / 1e9:.3f} | "
+          f"{n / t['torch'] / 1e9:.3f} | {t1 / t['torch']:.1f} | — | — | — | "
+          f"{n / t['indexed'] / 1e9:.3f} | {t['indexed'] / t1:.2f} | {_same(o1, o3)} |")
     for R, N in ((64, 64), (16, 1024)):
         s = rng.standard_normal(R).astype(np.float32)
         v = rng.standard_normal(N).astype(np.float32)
         X = rng.standard_normal((R, N)).astype(np.float32)
-        O1, O2 = np.empty_like(X), np.empty_like(X)
+        O1, O2, O3 = np.empty_like(X), np.empty_like(X), np.empty_like(X)
         bad = np.empty(R, np.bool_)
         rm, rs = np.empty(N, np.uint64), np.empty(N, np.uint64)
         k1, k2 = np.uint64(1), np.uint64(2)
-        t1 = _best(lambda: P._mulsub(s, v, X, O1, k1, k2, 3, SR, bad), args.repeats, 20)
-        t2 = _best(lambda: _mulsub_split(s, v, X, O2, k1, k2, 3, bad, rm, rs), args.repeats, 20)
         tx, ts, tv, to = (torch.from_numpy(X), torch.from_numpy(s)[:, None],
                           torch.from_numpy(v)[None, :], torch.empty(R, N))
-        tt = _best(lambda: torch.addcmul(tx, ts, tv, value=-1, out=to), args.repeats, 20)
-        same = "yes" if np.array_equal(O1.view(np.uint32), O2.view(np.uint32)) else "**no**"
-        w = R * N
-        print(f"| _mulsub | {R} × {N} | {w / t1 / 1e9:.3f} | {w / tt / 1e9:.3f} | "
-              f"{t1 / tt:.1f} | {w / t2 / 1e9:.3f} | {t2 / t1:.2f} | {same} |")
+        t = _best({"shipped": lambda: P._mulsub(s, v, X, O1, k1, k2, 3, SR, bad),
+                   "split": lambda: _mulsub_split(s, v, X, O2, k1, k2, 3, bad, rm, rs),
+                   "indexed": lambda: _mulsub_indexed(s, v, X, O3, k1, k2, 3, bad),
+                   "torch": lambda: torch.addcmul(tx, ts, tv, value=-1, out=to)},
+                  args.repeats, 20)
+        t1, w = t["shipped"], R * N
+        print(f"| _mulsub | {R} × {N} | {w / t1 / 1e9:.3f} | {w / t['torch'] / 1e9:.3f} | "
+              f"{t1 / t['torch']:.1f} | {w / t['split'] / 1e9:.3f} | {t['split'] / t1:.2f} | "
+              f"{_same(O1, O2)} | {w / t['indexed'] / 1e9:.3f} | {t['indexed'] / t1:.2f} | "
+              f"{_same(O1, O3)} |")
 
 
 if __name__ == "__main__":

@@ -73,6 +73,35 @@ def _inline_bits(k, j):
     return KN._bits(k, j)
 
 
+@njit
+def _stepped_bits(k, l0, n):
+    """The bits of elements l0 .. l0 + n - 1 as the vectorised loops draw them: each
+    layer's Weyl value at l0, stepped by γ (kernels._weyl, rounding.kernels.weyl64)."""
+    out = np.empty((2, n), np.uint64)
+    z = KN._weyl(k, np.uint64(l0))
+    w = RK.weyl64(k, l0)
+    for j in range(n):
+        out[0, j] = KN._bits_weyl(z)
+        out[1, j] = RK.mix64(w)
+        z += KN._G
+        w += KN._G
+    return out
+
+
+def test_stepped_weyl_value_is_the_hash_of_each_index():
+    """A loop that starts from element l0's Weyl value and adds γ per element draws
+    ``bits64(key, l0 + j)`` for every j: against the pure-Python splitmix64
+    (``numvar.rounding.bits``). γ is about 0.62·2**64, so the stepped value wraps mod
+    2**64 at most steps; keys and first indices at both ends of their ranges."""
+    n = 70
+    for key in (0, 1, 2**63 + 5, 2**64 - 1, 0x1234_5678_9ABC_DEF0):
+        for l0 in (0, 7, 2**40 + 3, 2**62 + 11, 2**63 - n - 1):
+            got = _stepped_bits(np.uint64(key), l0, n)
+            want = [R.bits(key, l0 + j) for j in range(n)]
+            assert [int(v) for v in got[0]] == want, (key, l0)
+            assert [int(v) for v in got[1]] == want, (key, l0)
+
+
 @pytest.mark.parametrize("dt,ts", [(np.float32, (24, 11)), (np.float64, (53, 20))])
 def test_contract_matches_reference(dt, ts):
     rng = np.random.default_rng(1)

@@ -233,8 +233,9 @@ def test_bench_pipes_refuses_hosts_without_avx2(monkeypatch):
 
 
 def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, capsys):
-    """benchmarks/bench_elementwise.py: one row per loop (three tiles, two _mulsub
-    shapes), positive rates, and the split variants give the shipped loops' bits."""
+    """benchmarks/bench_elementwise.py: one row per loop (three tiles, the rounding tile,
+    two _mulsub shapes), positive rates, and the split and indexed variants give the
+    shipped loops' bits."""
     import numba
 
     mod = _load_script(monkeypatch, "bench_elementwise")
@@ -247,10 +248,13 @@ def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, ca
     rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines()
             if ln.startswith("| _")]
     assert [r[0][2:] for r in rows] == ["_tile product", "_tile sum", "_tile quotient",
-                                        "_mulsub", "_mulsub"]
+                                        "_roundtile (float64 to binary32)", "_mulsub",
+                                        "_mulsub"]
     for r in rows:
-        assert float(r[2]) > 0 and float(r[3]) > 0
-        assert r[7].rstrip(" |") == ("—" if r[0] == "| _tile quotient" else "yes")
+        assert float(r[2]) > 0 and float(r[3]) > 0 and float(r[8]) > 0
+        no_split = r[0] in ("| _tile quotient", "| _roundtile (float64 to binary32)")
+        assert r[7] == ("—" if no_split else "yes")
+        assert r[10].rstrip(" |") == "yes"
 
 
 def test_bench_opcnn_records_the_float64_reruns_and_the_elementwise_roundings(monkeypatch):

@@ -28,7 +28,7 @@ from numba.extending import intrinsic
 from numvar.rounding import kernels as K
 
 from . import kernels as KN
-from .kernels import _bits, _fast32
+from .kernels import _G, _bits, _bits_weyl, _fast32, _weyl
 
 TILE = 1024
 #: elements per parallel chunk (buffers for broadcast rows are allocated once per chunk)
@@ -60,9 +60,11 @@ def _sum_at(a, b, jj, neg):
 @njit(inline="always", error_model="numpy")
 def _addloop(a, b, o, ukey, l0, neg, mode):
     nbad = 0
+    z = _weyl(ukey, np.uint64(l0))  # element l0's Weyl value, stepped by γ (KN._weyl)
     for jj in range(o.size):
         s, e = _sum_at(a, b, jj, neg)
-        v, ok = _fast32(s, _bits(ukey, np.uint64(l0 + jj)), mode)
+        v, ok = _fast32(s, _bits_weyl(z), mode)
+        z += _G
         o[jj] = v
         # an exact sum, or an infinite or NaN one (an operand was: binary32 values do not
         # overflow float64), which every mode keeps (the TwoSum residual is then NaN)
@@ -77,9 +79,11 @@ def _addloop_lo(a, b, o, ukey, l0, neg, mode):
     the work per element of :func:`_addloop`, so it runs only on tiles that one declined
     (:func:`_redo`). Where both accept they give the same value (each equals the core)."""
     nbad = 0
+    z = _weyl(ukey, np.uint64(l0))  # element l0's Weyl value, stepped by γ (KN._weyl)
     for jj in range(o.size):
         s, e = _sum_at(a, b, jj, neg)
-        v, ok = _lo32(s, e, _bits(ukey, np.uint64(l0 + jj)), mode)
+        v, ok = _lo32(s, e, _bits_weyl(z), mode)
+        z += _G
         o[jj] = v
         nbad += 0 if ok else 1
     return nbad
@@ -103,9 +107,10 @@ def _tile_lo(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
 @njit(inline="always", error_model="numpy")
 def _mulloop(a, b, o, ukey, l0, mode):
     nbad = 0
+    z = _weyl(ukey, np.uint64(l0))  # element l0's Weyl value, stepped by γ (KN._weyl)
     for jj in range(o.size):
-        v, ok = _fast32(np.float64(a[jj]) * np.float64(b[jj]), _bits(ukey, np.uint64(l0 + jj)),
-                        mode)
+        v, ok = _fast32(np.float64(a[jj]) * np.float64(b[jj]), _bits_weyl(z), mode)
+        z += _G
         o[jj] = v
         nbad += 0 if ok else 1
     return nbad
@@ -114,6 +119,7 @@ def _mulloop(a, b, o, ukey, l0, mode):
 @njit(inline="always", error_model="numpy")
 def _divloop(a, b, o, ukey, l0, mode):
     nbad = 0
+    z = _weyl(ukey, np.uint64(l0))  # element l0's Weyl value, stepped by γ (KN._weyl)
     for jj in range(o.size):
         x = np.float64(a[jj])
         y = np.float64(b[jj])
@@ -122,7 +128,8 @@ def _divloop(a, b, o, ukey, l0, mode):
         ph, pl = K.two_prod(q, y)
         e = ((x - ph) - pl) / y
         fin = q != 0.0 and abs(q) < np.inf and abs(x) < np.inf and abs(y) < np.inf
-        v, ok = _lo32(q, e if fin else 0.0, _bits(ukey, np.uint64(l0 + jj)), mode)
+        v, ok = _lo32(q, e if fin else 0.0, _bits_weyl(z), mode)
+        z += _G
         o[jj] = v
         nbad += 0 if ok else 1
     return nbad
@@ -310,11 +317,14 @@ def _mulsubloop(s, v, X, O, kmul, ksub, l0, mode, bad):
         sf = np.float64(s[i])
         x = X[i]
         o = O[i]
-        li = l0 + i * N
+        li = np.uint64(l0 + i * N)
+        zm = _weyl(kmul, li)  # (both stepped by γ: KN._weyl)
+        zs = _weyl(ksub, li)
         nb = 0
         for c in range(N):
-            r = np.uint64(li + c)
-            q, ok = mulsub_term(sf, v[c], x[c], _bits(kmul, r), _bits(ksub, r), mode)
+            q, ok = mulsub_term(sf, v[c], x[c], _bits_weyl(zm), _bits_weyl(zs), mode)
+            zm += _G
+            zs += _G
             o[c] = q
             nb += 0 if ok else 1
         bad[i] = nb != 0
@@ -525,14 +535,15 @@ def binary32(op, a, sa, b, sb, out, dims, key, mode) -> None:
 @njit(inline="always", error_model="numpy")
 def _sqrtloop(a, o, ukey, l0, mode):
     nbad = 0
+    z = _weyl(ukey, np.uint64(l0))  # element l0's Weyl value, stepped by γ (KN._weyl)
     for jj in range(o.size):
         x = np.float64(a[jj])
         s = np.sqrt(x)
         # the rounding core's residual (K._sqrt_parts) for finite positive inputs
         ph, pl = K.two_prod(s, s)
         e = ((x - ph) - pl) / (2.0 * s)
-        v, ok = _lo32(s, e if (x > 0.0 and x < np.inf) else 0.0,
-                      _bits(ukey, np.uint64(l0 + jj)), mode)
+        v, ok = _lo32(s, e if (x > 0.0 and x < np.inf) else 0.0, _bits_weyl(z), mode)
+        z += _G
         o[jj] = v
         nbad += 0 if (ok and x >= 0.0) else 1
     return nbad
@@ -568,8 +579,10 @@ def _sqrttile(a, o, ukey, l0, mode):  # pragma: no cover - compiled
 @njit(inline="always", error_model="numpy")
 def _roundloop(h, o, ukey, l0, mode):
     nbad = 0
+    z = _weyl(ukey, np.uint64(l0))  # element l0's Weyl value, stepped by γ (KN._weyl)
     for jj in range(o.size):
-        v, ok = _fast32(h[jj], _bits(ukey, np.uint64(l0 + jj)), mode)
+        v, ok = _fast32(h[jj], _bits_weyl(z), mode)
+        z += _G
         o[jj] = v
         nbad += 0 if ok else 1
     return nbad

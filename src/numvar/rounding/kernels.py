@@ -147,7 +147,16 @@ def mix64(z):
 @njit(inline="always", cache=True, error_model="numpy")
 def bits64(key, index):
     """64 random bits for element ``index`` of the call with ``key``."""
-    return mix64(np.uint64(key) + (np.uint64(index) + _U1) * _G)
+    return mix64(weyl64(key, index))
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def weyl64(key, index):
+    """The Weyl value ``key + (index + 1)·γ`` (mod 2**64) that :func:`bits64` mixes. A
+    vectorised loop over consecutive indices starts from its first element's value and
+    steps it by γ (``mix64(z)``, then ``z += γ``): the same bits without a 64-bit
+    multiply per element (``numvar.instrument.kernels._weyl``)."""
+    return np.uint64(key) + (np.uint64(index) + _U1) * _G
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -939,10 +948,11 @@ def _round_block(hi, lo, out, j0, has_lo, p, emin, emax, mode, t, key):
     loop; a loop nested in the prange body stayed 2-3x slower. One vectorised loop, not
     one per has_lo: each costs seconds of cold compilation.)"""
     nslow = 0
+    z = weyl64(key, j0)  # element j0's Weyl value, stepped by γ (weyl64)
     for i in range(hi.size):
         wide_vectors()
-        v, slow = _narrow_fast(np.float64(hi[i]), 0.0, mode, t, p, emin, emax,
-                               bits64(key, j0 + i))
+        v, slow = _narrow_fast(np.float64(hi[i]), 0.0, mode, t, p, emin, emax, mix64(z))
+        z += _G
         _store_fast(out, i, v, p, emin)
         nslow += np.int64(slow)
     if has_lo:
@@ -1019,6 +1029,7 @@ def _wide_loop(a, b, out, key, j0, mul, neg, mode):
     zero included, or a product with a factor outside [2**-480, 2**480], zero included;
     everywhere else its value is ``_rn64_fast``'s, the scalar path's."""
     nbad = 0
+    z = weyl64(key, j0)  # element j0's Weyl value, stepped by γ (weyl64)
     for i in range(out.size):
         x = np.float64(a[i])
         y = np.float64(b[i])
@@ -1027,7 +1038,8 @@ def _wide_loop(a, b, out, key, j0, mul, neg, mode):
             e = fma64(x, y, -s)
         else:
             s, e = two_sum(x, -y if neg else y)
-        out[i] = rn64_step(s, e, bits64(key, np.uint64(j0 + i)), mode)
+        out[i] = rn64_step(s, e, mix64(z), mode)
+        z += _G
         nbad += 0 if _wide_takes(x, y, s, mul) else 1
     return nbad
 
