@@ -94,13 +94,8 @@ def _add_indexed(a, b, o, ukey, l0):
 def _div_indexed(a, b, o, ukey, l0):
     nbad = 0
     for jj in range(o.size):
-        x = np.float64(a[jj])
-        y = np.float64(b[jj])
-        q = x / y
-        ph, pl = K.two_prod(q, y)
-        e = ((x - ph) - pl) / y
-        fin = q != 0.0 and abs(q) < np.inf and abs(x) < np.inf and abs(y) < np.inf
-        v, ok = P._lo32(q, e if fin else 0.0, _bits(ukey, np.uint64(l0 + jj)), SR)
+        q, e = P._quot_at(a, b, jj)
+        v, ok = P._lo32(q, e, _bits(ukey, np.uint64(l0 + jj)), SR)
         o[jj] = v
         nbad += 0 if ok else 1
     return nbad
@@ -130,10 +125,12 @@ def _tile_indexed(op, a, b, o, ukey, l0):  # pragma: no cover - compiled
     return _div_indexed(a, b, o, ukey, l0)
 
 
-@njit(error_model="numpy")
-def _mulsub_indexed(s, v, X, O, kmul, ksub, l0, bad):  # pragma: no cover - compiled
-    """``pointwise._mulsubloop`` in SR with both hashes from the element's index."""
-    K.wide_vectors()
+@njit(inline="always", error_model="numpy")
+def _mulsub_variant(s, v, X, O, kmul, ksub, l0, bad, rm, rs, split):
+    """``pointwise._mulsubloop`` in SR with both hashes from the element's index: drawn
+    in the accumulating loop (``split`` False, as the loop was before the Weyl value
+    became an induction) or first into the row buffers ``rm``, ``rs`` (``split`` True,
+    a constant once inlined)."""
     R, N = O.shape
     nbad = 0
     for i in range(R):
@@ -141,40 +138,36 @@ def _mulsub_indexed(s, v, X, O, kmul, ksub, l0, bad):  # pragma: no cover - comp
         x = X[i]
         o = O[i]
         li = l0 + i * N
+        if split:
+            for c in range(N):
+                r = np.uint64(li + c)
+                rm[c] = _bits(kmul, r)
+                rs[c] = _bits(ksub, r)
         nb = 0
         for c in range(N):
-            r = np.uint64(li + c)
-            q, ok = P.mulsub_term(sf, v[c], x[c], _bits(kmul, r), _bits(ksub, r), SR)
+            if split:
+                hm, hs = rm[c], rs[c]
+            else:
+                r = np.uint64(li + c)
+                hm, hs = _bits(kmul, r), _bits(ksub, r)
+            q, ok = P.mulsub_term(sf, v[c], x[c], hm, hs, SR)
             o[c] = q
             nb += 0 if ok else 1
         bad[i] = nb != 0
         nbad += nb
     return nbad
+
+
+@njit(error_model="numpy")
+def _mulsub_indexed(s, v, X, O, kmul, ksub, l0, bad, rm, rs):  # pragma: no cover - compiled
+    K.wide_vectors()
+    return _mulsub_variant(s, v, X, O, kmul, ksub, l0, bad, rm, rs, False)
 
 
 @njit(error_model="numpy")
 def _mulsub_split(s, v, X, O, kmul, ksub, l0, bad, rm, rs):  # pragma: no cover - compiled
-    """``pointwise._mulsubloop`` in SR with each row's hashes in a loop of their own."""
     K.wide_vectors()
-    R, N = O.shape
-    nbad = 0
-    for i in range(R):
-        sf = np.float64(s[i])
-        x = X[i]
-        o = O[i]
-        li = l0 + i * N
-        for c in range(N):
-            r = np.uint64(li + c)
-            rm[c] = _bits(kmul, r)
-            rs[c] = _bits(ksub, r)
-        nb = 0
-        for c in range(N):
-            q, ok = P.mulsub_term(sf, v[c], x[c], rm[c], rs[c], SR)
-            o[c] = q
-            nb += 0 if ok else 1
-        bad[i] = nb != 0
-        nbad += nb
-    return nbad
+    return _mulsub_variant(s, v, X, O, kmul, ksub, l0, bad, rm, rs, True)
 
 
 def _best(fns: dict, repeats: int, inner: int) -> dict:
@@ -252,7 +245,7 @@ def main(argv=None) -> None:
                           torch.from_numpy(v)[None, :], torch.empty(R, N))
         t = _best({"shipped": lambda: P._mulsub(s, v, X, O1, k1, k2, 3, SR, bad),
                    "split": lambda: _mulsub_split(s, v, X, O2, k1, k2, 3, bad, rm, rs),
-                   "indexed": lambda: _mulsub_indexed(s, v, X, O3, k1, k2, 3, bad),
+                   "indexed": lambda: _mulsub_indexed(s, v, X, O3, k1, k2, 3, bad, rm, rs),
                    "torch": lambda: torch.addcmul(tx, ts, tv, value=-1, out=to)},
                   args.repeats, 20)
         t1, w = t["shipped"], R * N

@@ -117,18 +117,26 @@ def _mulloop(a, b, o, ukey, l0, mode):
 
 
 @njit(inline="always", error_model="numpy")
+def _quot_at(a, b, jj):
+    """The float64 quotient ``q`` of ``a[jj]`` and ``b[jj]`` and the residual the rounding
+    core's division rounds it with (``K._div_parts``: ``x/y − q`` for a finite non-zero
+    quotient of finite operands, else 0), flags combined bitwise (``_fast32``)."""
+    x = np.float64(a[jj])
+    y = np.float64(b[jj])
+    q = x / y
+    ph, pl = K.two_prod(q, y)
+    e = ((x - ph) - pl) / y
+    fin = (q != 0.0) & (abs(q) < np.inf) & (abs(x) < np.inf) & (abs(y) < np.inf)
+    return q, e if fin else 0.0
+
+
+@njit(inline="always", error_model="numpy")
 def _divloop(a, b, o, ukey, l0, mode):
     nbad = 0
     z = _weyl(ukey, np.uint64(l0))  # element l0's Weyl value, stepped by γ (KN._weyl)
     for jj in range(o.size):
-        x = np.float64(a[jj])
-        y = np.float64(b[jj])
-        q = x / y
-        # the rounding core's residual (K._div_parts) for finite non-zero quotients
-        ph, pl = K.two_prod(q, y)
-        e = ((x - ph) - pl) / y
-        fin = q != 0.0 and abs(q) < np.inf and abs(x) < np.inf and abs(y) < np.inf
-        v, ok = _lo32(q, e if fin else 0.0, _bits_weyl(z), mode)
+        q, e = _quot_at(a, b, jj)
+        v, ok = _lo32(q, e, _bits_weyl(z), mode)
         z += _G
         o[jj] = v
         nbad += 0 if ok else 1
@@ -185,11 +193,8 @@ def _slow(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
         if op == OP_MUL:
             v, ok = _fast32(x * y, r, mode)
         elif op == OP_DIV:
-            q = x / y
-            ph, pl = K.two_prod(q, y)
-            e = ((x - ph) - pl) / y
-            fin = q != 0.0 and abs(q) < np.inf and abs(x) < np.inf and abs(y) < np.inf
-            v, ok = _lo32(q, e if fin else 0.0, r, mode)
+            q, e = _quot_at(a, b, jj)
+            v, ok = _lo32(q, e, r, mode)
         else:
             s, e = _sum_at(a, b, jj, op == OP_SUB)
             v, ok = _fast32(s, r, mode)
