@@ -19,6 +19,9 @@ times, one thread, best of ``--repeats`` rounds of 50 calls (20 for ``_mulsub``)
 - the same loops with each element's hash from its index, ``bits64(key, l0 + j)`` (the
   form before the Weyl value became an induction stepped by γ, ``kernels._weyl``): its
   rate, the shipped loop's speed-up over it, and whether the bits agree.
+- in a second table, the sum tile against the same loop with its decline flag combined
+  by ``and``/``or`` (as it was before 2026-12-04), on 1 024 and 16 384 elements (on
+  1 024 the call's own overhead, about 1.5 µs from Python, is most of the time).
 
 The variants of a row are timed interleaved (one round of each, ``--repeats`` times), so
 that a shared host's slow spells fall on all of them.
@@ -37,7 +40,7 @@ import torch
 from numba import njit
 
 from numvar.instrument import pointwise as P
-from numvar.instrument.kernels import _bits, _fast32
+from numvar.instrument.kernels import _G, _bits, _bits_weyl, _fast32, _weyl
 from numvar.rounding import kernels as K
 
 SR = K.MODE_SR
@@ -61,7 +64,7 @@ def _tile_split(op, a, b, o, ukey, l0, rb):  # pragma: no cover - compiled
         s, e = P._sum_at(a, b, jj, False)
         v, ok = _fast32(s, rb[jj], SR)
         o[jj] = v
-        nbad += 0 if (ok and (e == 0.0 or not (abs(s) < np.inf))) else 1
+        nbad += 0 if (ok & ((e == 0.0) | (not (abs(s) < np.inf)))) else 1
     return nbad
 
 
@@ -86,7 +89,7 @@ def _add_indexed(a, b, o, ukey, l0):
         s, e = P._sum_at(a, b, jj, False)
         v, ok = _fast32(s, _bits(ukey, np.uint64(l0 + jj)), SR)
         o[jj] = v
-        nbad += 0 if (ok and (e == 0.0 or not (abs(s) < np.inf))) else 1
+        nbad += 0 if (ok & ((e == 0.0) | (not (abs(s) < np.inf)))) else 1
     return nbad
 
 
@@ -98,6 +101,23 @@ def _div_indexed(a, b, o, ukey, l0):
         v, ok = P._lo32(q, e, _bits(ukey, np.uint64(l0 + jj)), SR)
         o[jj] = v
         nbad += 0 if ok else 1
+    return nbad
+
+
+@njit(error_model="numpy")
+def _add_andor(a, b, o, ukey, l0):  # pragma: no cover - compiled
+    """``pointwise._addloop`` in SR (Weyl value stepped by γ) with its decline flag
+    combined by ``and``/``or``, as it was before 2026-12-04: short-circuit operators are
+    branches in numba's IR, which LLVM did not fold back into selects here."""
+    K.wide_vectors()
+    nbad = 0
+    z = _weyl(ukey, np.uint64(l0))
+    for jj in range(o.size):
+        s, e = P._sum_at(a, b, jj, False)
+        v, ok = _fast32(s, _bits_weyl(z), SR)
+        z += _G
+        o[jj] = v
+        nbad += 0 if (ok and (e == 0.0 or not (abs(s) < np.inf))) else 1
     return nbad
 
 
@@ -253,6 +273,19 @@ def main(argv=None) -> None:
               f"{t1 / t['torch']:.1f} | {w / t['split'] / 1e9:.3f} | {t['split'] / t1:.2f} | "
               f"{_same(O1, O2)} | {w / t['indexed'] / 1e9:.3f} | {t['indexed'] / t1:.2f} | "
               f"{_same(O1, O3)} |")
+    print()
+    print("| sum tile (sr, binary32) | size | bitwise flags (shipped) G/s | and/or flags G/s "
+          "| shipped speed-up | same bits |")
+    print("|---|---:|---:|---:|---:|---|")
+    for n in (1024, 16384):  # (on 1 024 elements a call's own overhead is most of it)
+        a = rng.standard_normal(n).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        o1, o2 = np.empty_like(a), np.empty_like(a)
+        inner = max(1, 50 * 1024 // n)
+        t = _best({"shipped": lambda: P._tile(K.OP_ADD, a, b, o1, key, 7, SR),
+                   "andor": lambda: _add_andor(a, b, o2, key, 7)}, args.repeats, inner)
+        print(f"| sum | {n} | {n / t['shipped'] / 1e9:.3f} | {n / t['andor'] / 1e9:.3f} | "
+              f"{t['andor'] / t['shipped']:.2f} | {_same(o1, o2)} |")
 
 
 if __name__ == "__main__":

@@ -235,7 +235,7 @@ def test_bench_pipes_refuses_hosts_without_avx2(monkeypatch):
 def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, capsys):
     """benchmarks/bench_elementwise.py: one row per loop (three tiles, the rounding tile,
     two _mulsub shapes), positive rates, and the split and indexed variants give the
-    shipped loops' bits."""
+    shipped loops' bits; the flags table: the sum tile with and/or flags, same bits."""
     import numba
 
     mod = _load_script(monkeypatch, "bench_elementwise")
@@ -245,8 +245,8 @@ def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, ca
     finally:
         torch.set_num_threads(n)
         numba.set_num_threads(nn)
-    rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines()
-            if ln.startswith("| _")]
+    out = capsys.readouterr().out
+    rows = [ln.split(" | ") for ln in out.splitlines() if ln.startswith("| _")]
     assert [r[0][2:] for r in rows] == ["_tile product", "_tile sum", "_tile quotient",
                                         "_roundtile (float64 to binary32)", "_mulsub",
                                         "_mulsub"]
@@ -255,6 +255,10 @@ def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, ca
         no_split = r[0] in ("| _tile quotient", "| _roundtile (float64 to binary32)")
         assert r[7] == ("—" if no_split else "yes")
         assert r[10].rstrip(" |") == "yes"
+    flags = [ln.split(" | ") for ln in out.splitlines() if ln.startswith("| sum |")]
+    assert [r[1] for r in flags] == ["1024", "16384"]
+    for r in flags:
+        assert float(r[2]) > 0 and float(r[3]) > 0 and r[5].rstrip(" |") == "yes"
 
 
 def test_bench_opcnn_records_the_float64_reruns_and_the_elementwise_roundings(monkeypatch):

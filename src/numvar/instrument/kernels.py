@@ -331,7 +331,7 @@ def _loop32(o, bb, aik, hk, jb, first, mode, bad):
         bv = s - acc
         e = (acc - (s - bv)) + (pp - bv)
         v, oks = _fast32(s, _rot(r), mode)
-        ok = okp and oks and e == 0.0
+        ok = okp & oks & (e == 0.0)  # (bitwise: _fast32)
         o[jj] = v if ok else o[jj]
         bad[jj] = not ok
         nbad += 0 if ok else 1
@@ -347,7 +347,7 @@ def _step32(acc, x, r, mode):
     bv = s - acc
     e = (acc - (s - bv)) + (pp - bv)
     v, oks = _fast32(s, _rot(r), mode)
-    return np.float64(v), okp and oks and e == 0.0
+    return np.float64(v), okp & oks & (e == 0.0)  # (bitwise: _fast32)
 
 
 @njit(inline="always")
@@ -360,7 +360,7 @@ def _loop32x2(o, b0, b1, a0, a1, h0, h1, jb, mode, bad):
         j = jb + np.uint64(jj)
         acc, ok0 = _step32(np.float64(o[jj]), a0 * np.float64(b0[jj]), _term(h0, j), mode)
         acc, ok1 = _step32(acc, a1 * np.float64(b1[jj]), _term(h1, j), mode)
-        ok = ok0 and ok1
+        ok = ok0 & ok1
         o[jj] = np.float32(acc) if ok else o[jj]
         bad[jj] = not ok
         nbad += 0 if ok else 1
@@ -1617,7 +1617,7 @@ def _scanloop32(orow, xrow, ukey, q0, mode, use_mul, bad):
             e = (a - (s - bv)) + (x - bv)
         v, ok = _fast32(s, _bits_weyl(z), mode)
         z += _G
-        ok = ok and e == 0.0
+        ok = ok & (e == 0.0)  # (bitwise: _fast32)
         orow[j] = v if ok else orow[j]
         bad[j] = not ok
         nbad += 0 if ok else 1

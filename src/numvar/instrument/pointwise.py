@@ -68,7 +68,8 @@ def _addloop(a, b, o, ukey, l0, neg, mode):
         o[jj] = v
         # an exact sum, or an infinite or NaN one (an operand was: binary32 values do not
         # overflow float64), which every mode keeps (the TwoSum residual is then NaN)
-        nbad += 0 if (ok and (e == 0.0 or not (abs(s) < np.inf))) else 1
+        # (flags combined bitwise: KN._fast32)
+        nbad += 0 if (ok & ((e == 0.0) | (not (abs(s) < np.inf)))) else 1
     return nbad
 
 
@@ -547,10 +548,10 @@ def _sqrtloop(a, o, ukey, l0, mode):
         # the rounding core's residual (K._sqrt_parts) for finite positive inputs
         ph, pl = K.two_prod(s, s)
         e = ((x - ph) - pl) / (2.0 * s)
-        v, ok = _lo32(s, e if (x > 0.0 and x < np.inf) else 0.0, _bits_weyl(z), mode)
+        v, ok = _lo32(s, e if ((x > 0.0) & (x < np.inf)) else 0.0, _bits_weyl(z), mode)
         z += _G
         o[jj] = v
-        nbad += 0 if (ok and x >= 0.0) else 1
+        nbad += 0 if (ok & (x >= 0.0)) else 1  # (flags combined bitwise: KN._fast32)
     return nbad
 
 
