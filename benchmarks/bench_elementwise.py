@@ -21,7 +21,7 @@ times, one thread, best of ``--repeats`` rounds of 50 calls (20 for ``_mulsub``)
   rate, the shipped loop's speed-up over it, and whether the bits agree.
 - in a second table, the sum tile against the same loop with its decline flag combined
   by ``and``/``or`` (as it was before 2026-12-04), on 1 024 and 16 384 elements (on
-  1 024 the call's own overhead, about 1.5 µs from Python, is most of the time).
+  1 024 the call's own overhead, about 1 µs from Python, is a third to a half of it).
 
 The variants of a row are timed interleaved (one round of each, ``--repeats`` times), so
 that a shared host's slow spells fall on all of them.
@@ -277,7 +277,7 @@ def main(argv=None) -> None:
     print("| sum tile (sr, binary32) | size | bitwise flags (shipped) G/s | and/or flags G/s "
           "| shipped speed-up | same bits |")
     print("|---|---:|---:|---:|---:|---|")
-    for n in (1024, 16384):  # (on 1 024 elements a call's own overhead is most of it)
+    for n in (1024, 16384):  # (on 1 024 elements a call's own overhead is a large part)
         a = rng.standard_normal(n).astype(np.float32)
         b = rng.standard_normal(n).astype(np.float32)
         o1, o2 = np.empty_like(a), np.empty_like(a)
