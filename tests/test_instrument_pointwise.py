@@ -156,6 +156,25 @@ def test_sqrt_and_round_equal_the_rounding_core(mode):
                      R.round(h * 2.0 ** -200, dtype=torch.float32, mode=mode, stream=s))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_sqrt_matches_the_core_on_scattered_magnitudes(mode):
+    """The vectorised square root (its residual's product error by one FMA,
+    ``pointwise._prod_err``, where the rounding core uses Dekker's TwoProduct) against the
+    core on subnormal, tiny, huge and special inputs, perfect squares and their
+    neighbours, in the modes it serves."""
+    rng = np.random.default_rng(11)
+    sq = np.float32(rng.integers(1, 4096, 200)) ** 2
+    edge = np.float32([2.0 ** -149, 2.0 ** -126, 2.0 ** -127, 3.4028235e38, 4.0, 2.0])
+    a = np.abs(np.concatenate([_weird(rng, 4000), sq, np.nextafter(sq, np.float32(0)),
+                               np.nextafter(sq, np.float32(np.inf)), edge]))
+    a[:40] = -a[:40]  # negative inputs: NaN
+    key = R.Stream(13).next_key()
+    out = np.empty_like(a)
+    PW.sqrt32(a, out, key, RK.mode_code(mode))
+    want = R.sqrt(torch.from_numpy(a), mode=mode, stream=R.Stream(13))
+    assert _same(torch.from_numpy(out), want)
+
+
 @pytest.mark.parametrize("mode", ["up", "down", "zero"])
 def test_directed_modes_write_every_element(mode):
     """In the modes the vectorised loops leave to the scalar loop, every element of the
