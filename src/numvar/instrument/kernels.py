@@ -208,38 +208,19 @@ _EMIN32 = np.uint64(1023 - 126)
 _EMAX32 = np.uint64(1023 + 127)
 _G = np.uint64(K.GAMMA)
 _M1 = np.uint64(K.MIX1)
-_M2 = np.uint64(K.MIX2)
 _SR, _IEEE, _UD, _RANDOM = K.MODE_SR, K.MODE_IEEE, K.MODE_UD, K.MODE_RANDOM
 
 
-@njit(inline="always")
-def _bits(key, index):
-    """``numvar.rounding.kernels.bits64`` written inline so that loops vectorise
-    (tests check that the two agree bit for bit)."""
-    return _bits_weyl(_weyl(key, index))
-
-
-@njit(inline="always")
-def _weyl(key, index):
-    """The Weyl value ``key + (index + 1)·γ`` (mod 2**64) that :func:`_bits` mixes.
-
-    A vectorised loop over consecutive indices starts from element ``l0``'s value and
-    steps it by γ (``z = _weyl(key, l0)``, then ``_bits_weyl(z)`` and ``z += _G`` per
-    element): the same bits without the index product, a 64-bit multiply that AVX2 does
-    as three ``vpmuludq`` and their shifts and adds (LLVM widens the stepped value as an
-    induction, four lanes ``z, z + γ, z + 2γ, z + 3γ`` plus ``4γ`` per pass; it does not
-    strength-reduce the product itself). Measured on a Zen 3 (docs/speed.md, "The hash's
-    index product as an induction")."""
-    return key + (index + np.uint64(1)) * _G
-
-
-@njit(inline="always")
-def _bits_weyl(z):
-    """:func:`_bits` from its Weyl value ``z = key + (index + 1)·γ`` (mod 2**64): loops
-    over consecutive indices step ``z`` by ``γ`` instead of multiplying."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+#: the stream's hash, the rounding core's own inlined functions (one definition; loops
+#: that inline them vectorise): ``_bits(key, index)`` is ``bits64``; a vectorised loop over
+#: consecutive indices starts from element ``l0``'s Weyl value ``z = _weyl(key, l0)`` and,
+#: per element, takes ``_bits_weyl(z)`` (``mix64``) and steps ``z += _G``: the same bits
+#: without the index product, a 64-bit multiply that AVX2 does as three ``vpmuludq`` with
+#: their shifts and adds (LLVM widens the stepped value as an induction, four lanes ``z,
+#: z + γ, z + 2γ, z + 3γ`` plus ``4γ`` per pass; it does not strength-reduce the product
+#: itself). Measured on a Zen 3 (docs/speed.md, "The hash's index product as an
+#: induction").
+_bits, _weyl, _bits_weyl = K.bits64, K.weyl64, K.mix64
 
 
 _U32 = np.uint64(32)
@@ -248,11 +229,16 @@ _MASK64 = (1 << 64) - 1
 
 
 @njit(inline="always")
+def _mix(z):
+    """:func:`_term`'s mixing of the Weyl value ``z = h + j·γ`` (one 64-bit multiply)."""
+    r = (z ^ (z >> _U32)) * _M1
+    return r ^ (r >> _U29)
+
+
+@njit(inline="always")
 def _term(h, j):
     """Random bits of term ``j`` of a contraction line whose hash is ``h`` (module doc)."""
-    z = h + j * _G
-    z = (z ^ (z >> _U32)) * _M1
-    return z ^ (z >> _U29)
+    return _mix(h + j * _G)
 
 
 def term_bits(key: int, line: int, j: int) -> int:
@@ -504,12 +490,6 @@ def _term_bits_row(rb, hk, jg, n, mode):
         for jj in range(n):
             rb[jj] = _mix(hk + jg[jj])
 
-
-@njit(inline="always")
-def _mix(z):
-    """:func:`_term`'s mixing of the Weyl value ``z = h + j·γ`` (one 64-bit multiply)."""
-    r = (z ^ (z >> _U32)) * _M1
-    return r ^ (r >> _U29)
 
 
 @njit(inline="always")
