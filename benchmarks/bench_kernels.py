@@ -314,7 +314,8 @@ def narrow_table(repeats: int) -> None:
     shapes = {np.float32: ((512, 4608, 8), (512, 2304, 4), (256, 2304, 12), (256, 2304, 16),
                            (64, 576, 10), (40, 576, 8), (256, 2304, 24), (256, 128, 1),
                            (128, 128, 32), (128, 128, 64), (128, 128, 128), (512, 512, 64),
-                           (48, 576, 32)),
+                           (48, 576, 32), (32, 32, 16), (32, 64, 16), (32, 16, 32),
+                           (72, 64, 64)),
               np.float64: ((256, 128, 1), (512, 576, 4), (256, 576, 16), (256, 576, 24))}
     for dtype, dshapes in shapes.items():
         for m, k, n in dshapes:
@@ -325,7 +326,7 @@ def narrow_table(repeats: int) -> None:
                     best[flag] = max(best[flag], rate(dtype, (m, k, n), 5, KN._SR))
             KN.NARROW_KERNEL = True
             taken = (KN._narrow32_serves((1, m, n), m * k * n, False) if dtype == np.float32
-                     else n <= KN.NARROW_N and m >= KN.NARROW_ROWS // 2)
+                     else n <= KN.NARROW_N and KN._narrow_rows_fit(m, n))
             used = "" if taken else "  (not taken)"
             print(f"{np.dtype(dtype).name:>8s} {f'{m} x {k} x {n}':>18s} {best[True] / 1e9:17.2f} "
                   f"{best[False] / 1e9:18.2f} {best[True] / best[False]:6.2f}{used}")

@@ -597,7 +597,8 @@ def _count_calls(monkeypatch, name, out_arg):
 def test_narrow_products_match_reference(monkeypatch):
     """Products with few columns (N <= NARROW_N) and enough rows take
     ``_contract_narrow32``, vectorised across rows: the same bits as the reference in every
-    mode, with a partial row block (70 = 64 + 6 rows: row by row), a partial k block (37 = 32 + 5), rows
+    mode, with a partial row block (70 rows: one block of 64 or two of 32, then 6 rows row by
+    row), a partial k block (37 = 32 + 5), rows
     that are not clean (tiny, huge and infinite values: the per-row path), and lanes the
     loops give up on (magnitudes 2**±40 apart: inexact float64 sums, full path)."""
     calls = _count_calls(monkeypatch, "_contract_narrow32", 4)
@@ -643,8 +644,8 @@ def test_narrow_products_match_reference(monkeypatch):
 def test_narrow64_products_match_reference(monkeypatch):
     """binary64 products with few columns (N <= NARROW_N) and enough rows take
     ``_contract_narrow64``, vectorised across rows: the reference's bits in every mode,
-    with a partial row block (70 = 64 + 6 rows: row by row), a partial k block, a
-    one-column head (N = 1, the case it is for), rows that are not clean (a subnormal
+    with a partial row block (70 rows: one block of 64 or two of 32, then 6 rows row by
+    row), a partial k block, a one-column head (N = 1, the case it is for), rows that are not clean (a subnormal
     product, 2**700, inf, NaN: the per-row path) and a broadcast batch; the loops alone
     give up (NaN) exactly on lanes whose sums leave their range (factors below the clean
     bound, reachable only by a direct call)."""
@@ -694,9 +695,10 @@ def test_narrow64_products_match_reference(monkeypatch):
 
 def test_narrow_kernel_serves_a_few_dozen_columns_without_512_bit_vectors(monkeypatch):
     """Without 512-bit vectors (forced here on any host), binary32 products of up to
-    NARROW_N_AVX2 columns with whole blocks of rows take ``_contract_narrow32``: the
+    NARROW_N_AVX2 columns whose rows fill whole blocks take ``_contract_narrow32``: the
     reference's bits in every mode, with a partial row block, rows that are not clean
-    and lanes the loops give up on. Not taken: half a block of rows, all-exact products,
+    and lanes the loops give up on. Not taken: less than a block of rows, a last block
+    neither of at most an eighth of a block nor three quarters full, all-exact products,
     fewer blocks than threads on a parallel product, 512-bit vectors."""
     monkeypatch.setattr(KN, "VECTORS_512", False)
     # as many threads as row blocks or fewer (the rule asks numba; the run is whatever)
@@ -716,17 +718,25 @@ def test_narrow_kernel_serves_a_few_dozen_columns_without_512_bit_vectors(monkey
             assert _same(KN.contract(a, b, 98, code, 24), ref), (m, n)
     assert calls == [(1, 130, n) for n in (KN.NARROW_N + 1, 40, KN.NARROW_N_AVX2)
                      for _ in MODES]
-    serves = KN._narrow32_serves
-    assert serves((1, 64, KN.NARROW_N_AVX2), 1 << 30, False)
-    assert not serves((1, 48, 32), 1, False)  # half a block: the column kernel
-    assert not serves((1, 64, KN.NARROW_N_AVX2 + 1), 1, False)
-    assert not serves((1, 128, 32), 1, True)  # all exact: the copy without product roundings
+    serves, L = KN._narrow32_serves, KN.NARROW_ROWS
+    assert serves((1, L, KN.NARROW_N_AVX2), 1 << 30, False)
+    assert not serves((1, 40, 32), 1, False)  # less than a block: the column kernel
+    assert not serves((1, L, KN.NARROW_N_AVX2 + 1), 1, False)
+    # a last partial block: at most an eighth of a block (row by row) or three quarters full
+    assert serves((1, 2 * L + L // 8, 32), 1, False)
+    assert not serves((1, 2 * L + L // 8 + 1, 32), 1, False)
+    assert not serves((1, 2 * L + 3 * L // 4 - 1, 32), 1, False)
+    assert serves((1, 2 * L + 3 * L // 4, 32), 1, False)
+    # few columns: three quarters of a block suffice
+    assert serves((1, 3 * L // 4, KN.NARROW_N), 1, False)
+    assert not serves((1, 3 * L // 4 - 1, KN.NARROW_N), 1, False)
+    assert not serves((1, 2 * L, 32), 1, True)  # all exact: the copy without product roundings
     monkeypatch.setattr(KN.numba, "get_num_threads", lambda: 4)
-    assert serves((1, 128, 32), KN.PARALLEL_MIN_WORK - 1, False)  # one thread runs it
-    assert not serves((1, 128, 32), KN.PARALLEL_MIN_WORK, False)  # 2 blocks for 4 threads
-    assert serves((2, 128, 32), KN.PARALLEL_MIN_WORK, False)
+    assert serves((1, 2 * L, 32), KN.PARALLEL_MIN_WORK - 1, False)  # one thread runs it
+    assert not serves((1, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)  # 2 blocks for 4 threads
+    assert serves((2, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)
     monkeypatch.setattr(KN, "VECTORS_512", True)
-    assert not serves((2, 128, 32), 1, False) and serves((1, 32, KN.NARROW_N), 1, False)
+    assert not serves((2, 2 * L, 32), 1, False) and serves((1, L // 2, KN.NARROW_N), 1, False)
 
 
 def test_narrow_and_wide_kernels_agree():
@@ -735,13 +745,21 @@ def test_narrow_and_wide_kernels_agree():
     rng = np.random.default_rng(27)
     for dt, t in ((np.float32, 24), (np.float64, 53)):
         b = rng.standard_normal((1, 300, 12)).astype(dt)
-        # 150 = 2·64 + 22 rows (a partial lane block), then a last block of NARROW_TAIL
-        # rows (row by row) and of one more (a lane block), over a batch of 2
-        for rows, batch in ((150, 1), (64 + KN.NARROW_TAIL, 2), (64 + KN.NARROW_TAIL + 1, 2)):
+        # a partial lane block (2L + 22 rows: 150 with 64 lanes), then a last block of
+        # NARROW_TAIL rows (row by row) and of one more (a lane block), over a batch of 2;
+        # taken whatever the host's rule for the rows (_narrow_rows_fit)
+        L = KN.NARROW_ROWS
+        for rows, batch in ((2 * L + 22, 1), (2 * L + KN.NARROW_TAIL, 2),
+                            (2 * L + KN.NARROW_TAIL + 1, 2)):
             a = rng.standard_normal((batch, rows, 300)).astype(dt)
             for m in MODES:
                 code = RK.mode_code(m)
-                narrow = KN.contract(a, b, 123, code, t)
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(KN, "_narrow_rows_fit", lambda M, N: True)
+                    calls = _count_calls(mp, "_contract_narrow32" if t == 24
+                                         else "_contract_narrow64", 4 if t == 24 else 3)
+                    narrow = KN.contract(a, b, 123, code, t)
+                    assert calls == [(batch, rows, 12)], (m, rows, t)
                 with pytest.MonkeyPatch.context() as mp:
                     mp.setattr(KN, "NARROW_KERNEL", False)
                     wide = KN.contract(a, b, 123, code, t)

@@ -491,7 +491,6 @@ def _term_bits_row(rb, hk, jg, n, mode):
             rb[jj] = _mix(hk + jg[jj])
 
 
-
 @njit(inline="always")
 def _clean_step(c, p, r, mode, t, exact, ud_min):
     """One k >= 1 step of a clean lane: ``RND(c + RND(p))`` for the accumulator ``c`` and
@@ -1073,24 +1072,51 @@ def _contract_fast32(a, b, b64, clean, out, key, mode, t, fma=False,
 #: products; ``benchmarks/bench_kernels.py --narrow``).
 NARROW_N = 16
 #: on CPUs without 512-bit vectors (:data:`VECTORS_512` false), binary32 products of up to
-#: this many columns take :func:`_contract_narrow32` too, when they have whole blocks of
-#: rows (M ≥ NARROW_ROWS), enough blocks for every thread, and are not all-exact products
+#: this many columns take :func:`_contract_narrow32` too, when their rows fill whole blocks
+#: (:func:`_narrow_rows_fit`), enough blocks for every thread, and are not all-exact products
 #: (those take the column kernel's copy without product roundings). The column kernel's
 #: 4-lane float64 vectors (AVX2) serve a few dozen columns poorly; measured 2026-12-04 on
 #: AMD Zen 3, one thread, M = 64–512, K = 64–576: N = 24, 32, 48, 64, 96, 128 ran 1.38,
 #: 1.37, 1.26, 1.22, 1.14, 1.11× faster narrow (1.19–1.34 against 0.86–1.20 G terms/s),
-#: the same bits; with 32 rows (half a block) 0.85× (``benchmarks/bench_kernels.py
+#: the same bits; with 32 rows (then half a block of 64) 0.85× (``benchmarks/bench_kernels.py
 #: --narrow``). On AVX-512 the column kernel's 8 lanes keep NARROW_N.
 NARROW_N_AVX2 = 128
-#: rows of a block of :func:`_contract_narrow32`: the vector lanes of its loops (a constant,
-#: so that the loops over them have a fixed trip count and no remainder)
-NARROW_ROWS = 64
-#: k-steps per transposed block of ``a`` (NARROW_KC × NARROW_ROWS float64: 16 KiB, in L1)
+#: rows of a block of :func:`_contract_narrow32` and :func:`_contract_narrow64`: the vector
+#: lanes of their loops (a constant, so that the loops over them have a fixed trip count
+#: and no remainder). Eight float64 vectors either way: 64 lanes with 512-bit vectors, 32
+#: with AVX2's 256-bit ones. Measured on AMD Zen 3 (AVX2, one thread, 2026-12-05): blocks
+#: of 32 rows ran attention-sized products 1.4–1.8× faster than half-filled blocks of 64
+#: (8 × 32 × 32 @ 32 × 16 0.58 → 0.99 G terms/s, 8 × 32 × 64 @ 64 × 16 0.61 → 1.11) and
+#: products of whole blocks as fast (512 × 4608 @ 4608 × 8 1.11 / 1.12, 128³ 1.37 / 1.36);
+#: docs/speed.md, "Blocks of 32 rows on AVX2". Neither the block nor its size changes a bit.
+NARROW_ROWS = 64 if VECTORS_512 else 32
+#: k-steps per transposed block of ``a`` (NARROW_KC × NARROW_ROWS float64: at most 16 KiB,
+#: in L1)
 NARROW_KC = 32
-#: a last, partial block of at most this many rows is computed row by row (:func:`_tile32`,
-#: vectorised across the columns) instead of as a block of NARROW_ROWS lanes, most of them
-#: repeats whose values are dropped (attention's 65 = 64 + 1 rows ran at half speed)
-NARROW_TAIL = 16
+#: a last, partial block of at most this many rows (a quarter of a block) is computed row
+#: by row (:func:`_tile32`, vectorised across the columns) instead of as a block of
+#: NARROW_ROWS lanes, most of them repeats whose values are dropped (attention's 65 = 64 +
+#: 1 rows ran at half speed)
+NARROW_TAIL = NARROW_ROWS // 4
+
+
+def _narrow_rows_fit(M: int, N: int) -> bool:
+    """Whether ``M`` rows fill the narrow kernels' blocks well enough for a product of
+    ``N`` columns. With 512-bit vectors: at least half a block (N ≤ :data:`NARROW_N`).
+    Without: at least three quarters of a block for N ≤ NARROW_N; for more columns,
+    where the column kernel is less far behind, whole blocks, and a last partial block
+    either of at most an eighth of a block (computed row by row) or at least three
+    quarters full. Measured on AMD Zen 3 with blocks of 32 (column kernel's time ÷ the
+    narrow one's, K = 64 and 576, N = 4–128): M = 16 at N = 16 0.75–0.86; M = 24–28
+    1.1–2.7; last blocks of 8 and 16 rows at N ≥ 32 0.69–1.22, of 1, 4 and 24 rows
+    0.98–2.2, whole blocks 1.1–2.4 (docs/speed.md, "Blocks of 32 rows on AVX2")."""
+    L = NARROW_ROWS
+    if VECTORS_512:
+        return N <= NARROW_N and M >= L // 2
+    if N <= NARROW_N:
+        return M >= 3 * L // 4
+    r = M % L
+    return M >= L and (r <= L // 8 or r >= 3 * L // 4)
 
 
 @njit(inline="always")
@@ -1825,7 +1851,7 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
                        fma, exact)
         elif a.dtype == np.float64 and t == 53 and mode <= _RANDOM and not fma:
             narrow = (NARROW_KERNEL and out.shape[2] <= NARROW_N
-                      and out.shape[1] >= NARROW_ROWS // 2)
+                      and _narrow_rows_fit(out.shape[1], out.shape[2]))
             launch(work, _contract_narrow64 if narrow else _contract_fast64, a, b,
                    clean_rows64(a, b, BO), out, np.uint64(key), mode)
         else:
@@ -1836,14 +1862,14 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
 
 def _narrow32_serves(shape, work: int, exact: bool) -> bool:
     """Whether :func:`contract` computes a binary32 product of output ``shape`` (BO, M, N)
-    with :func:`_contract_narrow32`: N ≤ :data:`NARROW_N` and half a block of rows; or,
-    without 512-bit vectors, N ≤ :data:`NARROW_N_AVX2`, whole blocks of rows, not all
-    products exact, and a block for every thread where the product runs on several.
-    Either kernel gives the same bits."""
+    with :func:`_contract_narrow32`: N ≤ :data:`NARROW_N` and rows that fill its blocks
+    (:func:`_narrow_rows_fit`); or, without 512-bit vectors, N ≤ :data:`NARROW_N_AVX2`,
+    rows that fill its blocks, not all products exact, and a block for every thread where
+    the product runs on several. Either kernel gives the same bits."""
     BO, M, N = shape
-    if N <= NARROW_N:
-        return M >= NARROW_ROWS // 2
-    return (not VECTORS_512 and N <= NARROW_N_AVX2 and M >= NARROW_ROWS and not exact
+    if N <= NARROW_N or VECTORS_512:
+        return _narrow_rows_fit(M, N)
+    return (N <= NARROW_N_AVX2 and _narrow_rows_fit(M, N) and not exact
             and (work < PARALLEL_MIN_WORK
                  or BO * (M // NARROW_ROWS) >= numba.get_num_threads()))
 
