@@ -597,10 +597,10 @@ def _count_calls(monkeypatch, name, out_arg):
 def test_narrow_products_match_reference(monkeypatch):
     """Products with few columns (N <= NARROW_N) and enough rows take
     ``_contract_narrow32``, vectorised across rows: the same bits as the reference in every
-    mode, with a partial row block (70 rows: one block of 64 or two of 32, then 6 rows row by
-    row), a partial k block (37 = 32 + 5), rows
-    that are not clean (tiny, huge and infinite values: the per-row path), and lanes the
-    loops give up on (magnitudes 2**±40 apart: inexact float64 sums, full path)."""
+    mode, with a partial row block (70 rows: one block of 64 or two of 32, then 6 rows row
+    by row), a partial k block (37 = 32 + 5), rows that are not clean (tiny, huge and
+    infinite values: the per-row path), and lanes the loops give up on (magnitudes 2**±40
+    apart: inexact float64 sums, full path)."""
     calls = _count_calls(monkeypatch, "_contract_narrow32", 4)
     rng = np.random.default_rng(26)
     a = rng.standard_normal((2, 70, 37))
@@ -645,10 +645,10 @@ def test_narrow64_products_match_reference(monkeypatch):
     """binary64 products with few columns (N <= NARROW_N) and enough rows take
     ``_contract_narrow64``, vectorised across rows: the reference's bits in every mode,
     with a partial row block (70 rows: one block of 64 or two of 32, then 6 rows row by
-    row), a partial k block, a one-column head (N = 1, the case it is for), rows that are not clean (a subnormal
-    product, 2**700, inf, NaN: the per-row path) and a broadcast batch; the loops alone
-    give up (NaN) exactly on lanes whose sums leave their range (factors below the clean
-    bound, reachable only by a direct call)."""
+    row), a partial k block, a one-column head (N = 1, the case it is for), rows that are
+    not clean (a subnormal product, 2**700, inf, NaN: the per-row path) and a broadcast
+    batch; the loops alone give up (NaN) exactly on lanes whose sums leave their range
+    (factors below the clean bound, reachable only by a direct call)."""
     calls = _count_calls(monkeypatch, "_contract_narrow64", 3)
     rng = np.random.default_rng(28)
     a = rng.standard_normal((2, 70, 37)) * np.exp2(rng.integers(-200, 200, (2, 70, 37)) *
