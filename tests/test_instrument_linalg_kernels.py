@@ -81,6 +81,32 @@ def test_stream_keys_are_next_key():
     assert keys.tolist() == want and s.counter == ref.counter
 
 
+def test_compiled_keys_are_stream_keys():
+    """linalg_kernels.keys (one compiled call) draws what stream_keys draws from the
+    stacked flags: the same keys in the same places, the stream left at the same
+    counter; seeds at both ends of their range, flags empty, sparse, full."""
+    import numpy as np
+
+    from numvar.instrument.linalg_kernels import keys, stream_keys
+
+    class _Ctx:
+        pass
+
+    rng = np.random.default_rng(3)
+    for seed in (0, 11, 2**64 - 1):
+        ctx, ref = _Ctx(), R.Stream(seed)
+        ctx.stream = R.Stream(seed)
+        for _ in range(5):
+            ctx.stream.next_key(), ref.next_key()
+        for n, p in ((1, 0.5), (3, 0.0), (8, 1.0), (64, 0.6), (300, 0.3)):
+            flags = [rng.random(n) < p for _ in range(3)]
+            got = keys(ctx, *flags)
+            want = stream_keys(ref, np.stack(flags, 1))
+            assert got.dtype == np.uint64 and got.shape == (3, n)
+            assert got.tolist() == want.tolist() and ctx.stream.counter == ref.counter
+            assert ctx.stream.next_key() == ref.next_key()
+
+
 @pytest.mark.parametrize("mode", ["sr", "ud", "up"])
 def test_radix2_matches_tensor_implementation(mode):
     from numvar.instrument import fft as FT

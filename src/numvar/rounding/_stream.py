@@ -45,6 +45,13 @@ class Stream:
         self.seed = int(self.seed)
         self._base = mix64(self.seed ^ _SEED_SALT)
 
+    @property
+    def base(self) -> int:
+        """``mix64(seed ^ salt)``: key ``i`` of the stream (counting from 0) is
+        ``bits(base, i)``, for compiled callers that draw many keys in one call
+        (``numvar.instrument.linalg_kernels.keys``)."""
+        return self._base
+
     def next_key(self) -> int:
         """A fresh 64-bit key (Python int in [0, 2**64)) for one rounding call:
         ``bits(base, counter)``, written out (it is called once per rounding call)."""
