@@ -150,6 +150,17 @@ def bits64(key, index):
     return mix64(weyl64(key, index))
 
 
+@njit(cache=True, error_model="numpy")
+def stream_keys(base, counter, n):  # pragma: no cover - compiled
+    """``bits64(base, counter + i)`` for i = 0 .. n−1 (uint64): the next ``n`` keys of a
+    stream whose Weyl base is ``base`` and position ``counter``
+    (:meth:`numvar.rounding._stream.Stream.keys`)."""
+    out = np.empty(n, np.uint64)
+    for i in range(n):
+        out[i] = bits64(base, counter + np.uint64(i))
+    return out
+
+
 @njit(inline="always", cache=True, error_model="numpy")
 def weyl64(key, index):
     """The Weyl value ``key + (index + 1)·γ`` (mod 2**64) that :func:`bits64` mixes. A
