@@ -139,7 +139,7 @@ def test_stream_key_is_the_documented_hash():
 
 
 def test_stream_keys_are_the_next_keys():
-    """``Stream.keys(n)`` (a Python loop up to two keys, one compiled call from three on)
+    """``Stream.keys(n)`` (a Python loop for one key, one compiled call from two on)
     returns what n calls of ``next_key`` would, and advances the stream as far; large
     seeds and counters included (every product wraps mod 2**64)."""
     for seed in (0, 3, 2 ** 63 + 11):

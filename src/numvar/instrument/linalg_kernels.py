@@ -211,8 +211,9 @@ def keys(ctx, f0: np.ndarray, f1: np.ndarray, f2: np.ndarray) -> np.ndarray:
     """(3, steps) keys of ``ctx.stream`` for three calls per step, drawn in a tensor
     implementation's order: at step s, one key for each call c with ``f_c[s]`` set (0
     elsewhere); the stream advanced past them. The same keys as :func:`stream_keys` on
-    the stacked flags, in one compiled call: that took 18 µs per FFT or triangular
-    solve (numpy's stacking, boolean indexing and uint64 arithmetic), this 1–2 µs."""
+    the stacked flags, in one compiled call: that took 18–24 µs per FFT or LU (numpy's
+    stacking, boolean indexing and uint64 arithmetic), this 6–10 µs, mostly the call's
+    argument handling (docs/speed.md, "Stream keys in compiled calls")."""
     st = ctx.stream
     out, c = _flagged_keys(np.uint64(st.base), np.uint64(st.counter), _bools(f0),
                            _bools(f1), _bools(f2))

@@ -151,7 +151,7 @@ def bits64(key, index):
 
 
 @njit(cache=True, error_model="numpy")
-def stream_keys(base, counter, n):  # pragma: no cover - compiled
+def keys64(base, counter, n):  # pragma: no cover - compiled
     """``bits64(base, counter + i)`` for i = 0 .. n−1 (uint64): the next ``n`` keys of a
     stream whose Weyl base is ``base`` and position ``counter``
     (:meth:`numvar.rounding._stream.Stream.keys`)."""
