@@ -164,7 +164,8 @@ def pivot_perm(piv, n, reverse):  # pragma: no cover - compiled
 def stream_keys(stream, flags: np.ndarray) -> np.ndarray:
     """The keys ``stream.next_key()`` would return for the set entries of ``flags``
     (steps × calls, bool), drawn in C order, as (calls, steps), 0 elsewhere; the stream
-    advanced past them (:meth:`numvar.rounding._stream.Stream.keys`)."""
+    advanced past them (:meth:`numvar.rounding._stream.Stream.keys`). The reference of
+    :func:`keys` (its tests, ``benchmarks/bench_keys.py``), which the kernels' callers use."""
     out = np.zeros(flags.shape[::-1], np.uint64)
     out.T[flags] = stream.keys(int(np.count_nonzero(flags)))  # C order over (steps, calls)
     return out
