@@ -261,6 +261,28 @@ def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, ca
         assert float(r[2]) > 0 and float(r[3]) > 0 and r[5].rstrip(" |") == "yes"
 
 
+def test_bench_keys_compares_draws_that_agree(monkeypatch, capsys):
+    """benchmarks/bench_keys.py: one row per draw (Stream.keys at five sizes, the FFT's
+    and the LU's flagged keys) with positive times and the same keys from both draws, and
+    a model row whose flop outputs agree bit for bit with the old draws swapped in."""
+    import numba
+
+    mod = _load_script(monkeypatch, "bench_keys")
+    n, nn = torch.get_num_threads(), numba.get_num_threads()
+    try:
+        mod.main(["--repeats", "1", "--models", "fft_filter", "--rounds", "1"])
+    finally:
+        torch.set_num_threads(n)
+        numba.set_num_threads(nn)
+    out = capsys.readouterr().out
+    rows = [ln.split(" | ") for ln in out.splitlines() if ln.startswith("| `")]
+    assert [r[1] for r in rows] == ["2", "6", "14", "22", "192", "22", "189"]
+    for r in rows:
+        assert float(r[2]) > 0 and float(r[3]) > 0 and r[5].rstrip(" |") == "yes"
+    model = [ln.split(" | ") for ln in out.splitlines() if ln.startswith("| fft_filter")]
+    assert len(model) == 1 and model[0][6].rstrip(" |") == "yes"
+
+
 def test_bench_opcnn_records_the_float64_reruns_and_the_elementwise_roundings(monkeypatch):
     """benchmarks/bench_opcnn.py's recording of one op SR forward: the addmm among the
     ops whose float64 result is rounded, with its elements; the add and the scaling by a
