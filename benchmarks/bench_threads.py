@@ -37,8 +37,10 @@ bound under it says that no kernel work alone reaches it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 
 import numba
 import torch
@@ -85,19 +87,37 @@ class _Timed:
         return getattr(self._fn, name)
 
 
-def wrap_dispatchers(clock: _Clock) -> int:
+def wrap_dispatchers(clock: _Clock) -> list[tuple[object, str, Dispatcher]]:
     """Replace every numba dispatcher held by a loaded ``numvar`` module by a
     :class:`_Timed` one (numba-to-numba calls inside kernels are compiled and not seen,
-    as they should not be: they are part of their caller's time). Returns how many."""
-    n = 0
+    as they should not be: they are part of their caller's time). Returns what it
+    replaced, (module, name, dispatcher), for :func:`unwrap_dispatchers`."""
+    replaced = []
     for name, mod in list(sys.modules.items()):
         if not name.startswith("numvar") or mod is None:
             continue
         for attr, val in list(vars(mod).items()):
             if isinstance(val, Dispatcher):
                 setattr(mod, attr, _Timed(val, clock))
-                n += 1
-    return n
+                replaced.append((mod, attr, val))
+    return replaced
+
+
+def unwrap_dispatchers(replaced) -> None:
+    """Put back the dispatchers :func:`wrap_dispatchers` replaced."""
+    for mod, attr, val in replaced:
+        setattr(mod, attr, val)
+
+
+@contextlib.contextmanager
+def timed_dispatchers(clock: _Clock) -> Iterator[int]:
+    """numvar's numba dispatchers timed into ``clock`` inside the block (how many are
+    yielded), the plain ones back after it."""
+    replaced = wrap_dispatchers(clock)
+    try:
+        yield len(replaced)
+    finally:
+        unwrap_dispatchers(replaced)
 
 
 def split(built: zoo.Built, threads: list[int], repeats: int, clock: _Clock) -> dict:
@@ -137,7 +157,7 @@ def main(argv=None) -> None:
         with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
             b.model.eval()(*b.inputs)
     clock = _Clock()
-    wrapped = wrap_dispatchers(clock)
+    wrapped = len(wrap_dispatchers(clock))  # (for the rest of the run)
     n = args.threads
     print(f"flop SR, wall ms per forward, best of {args.repeats} interleaved rounds; "
           f"{wrapped} numba dispatchers timed")

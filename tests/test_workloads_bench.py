@@ -77,6 +77,66 @@ def test_bench_zoo_formats_table_judges_only_comparable_natives(monkeypatch):
     assert main["net"].endswith("| ✓ | ✓ |") and main["mlp_f64"].endswith("| ✗ (> 11.5) | ✓ |")
 
 
+def test_bench_zoo_bounds_a_missed_flop_goal_by_its_kernels(monkeypatch):
+    """A missed flop goal shows the bound floor − 1 + kernels (× native) and says "out of
+    reach" exactly when the bound exceeds the goal; a met goal shows no bound, and a row
+    measured without kernels (other thread counts) shows none either."""
+    bz = _load_script(monkeypatch, "bench_zoo")
+
+    def row(model, flop, kernels, threads=1):  # native 1 ms, floor 1.5, contraction 0.5
+        r = {"model": model, "threads": threads, "native": 1e-3, "floor": 1.5e-3,
+             "contraction": 0.5e-3, "op SR": 3e-3, "flop SR": flop * 1e-3}
+        if kernels is not None:
+            r["kernels"] = kernels * 1e-3
+        return r
+
+    # goal = 1.5 + 0.5 + 5 = 7.0; bound = 1.5 - 1 + kernels
+    rows = [row("met", 6.0, 5.0), row("close", 9.0, 4.0), row("kernel_bound", 9.0, 7.0),
+            row("kernel_bound", 5.0, None, threads=2)]
+    table = bz.render(rows, {1: {"float32": 2e9}}, type("A", (), {"repeats": 3})(), [])
+    lines = {(ln.split(" | ")[0][2:], ln.split(" | ")[1]): ln for ln in table.splitlines()
+             if ln.count("|") == 11 and not ln.startswith("|---")}  # the main table
+    assert lines["met", "1"].endswith("| 5.0× | ✓ | ✓ |")
+    assert lines["close", "1"].endswith("| 4.0× | ✗ (> 7.0; bound 4.5) | ✓ |")
+    assert lines["kernel_bound", "1"].endswith(
+        "| 7.0× | ✗ (> 7.0; bound 7.5: out of reach) | ✓ |")
+    assert lines["kernel_bound", "2"].endswith("| — | — | — |")
+    assert bz.flop_bound(1.5, 7.0) == 7.5
+
+
+def _numvar_dispatchers() -> dict:
+    """Every numba dispatcher a loaded numvar module holds, by module and name."""
+    from numba.core.dispatcher import Dispatcher
+
+    return {(name, attr): val for name, mod in list(sys.modules.items())
+            if name.startswith("numvar") and mod is not None
+            for attr, val in list(vars(mod).items()) if isinstance(val, Dispatcher)}
+
+
+def test_bench_zoo_kernel_time_is_part_of_the_forward_and_restores_dispatchers(monkeypatch):
+    """kernel_time times numvar's compiled kernels in flop SR forwards of a zoo entry: more
+    than nothing (its contractions and FFT stages are compiled), not more than whole
+    forwards take, and every numba dispatcher of numvar's modules is the plain one again
+    afterwards."""
+    import time
+
+    from numvar.workloads import zoo
+
+    _load_script(monkeypatch, "bench_threads")
+    bz = _load_script(monkeypatch, "bench_zoo")
+    built = zoo.build("fft_filter", "test")
+    flop = bz._variants(built)["flop SR"]
+    flop()  # loads and compiles
+    before = _numvar_dispatchers()
+    t0 = time.perf_counter()
+    kern = bz.kernel_time(built, 2)
+    both = time.perf_counter() - t0  # two whole forwards, kernels included
+    assert 0 < kern < both / 2 + 1e-9
+    after = _numvar_dispatchers()
+    assert len(before) > 20 and after.keys() == before.keys()
+    assert all(after[k] is before[k] for k in before)
+
+
 def test_bench_forward_prints_flop_and_native_times(monkeypatch, capsys):
     """benchmarks/bench_forward.py: one line per entry, flop and native ms and their
     ratio, all positive and consistent; an unknown entry is refused with the known ones."""
