@@ -158,21 +158,79 @@ def _bn_run(use, monkeypatch, mode, x, bn, grad):
     return [o.detach() for o in outs], pos, fz.report().to_dict()
 
 
-@pytest.mark.parametrize("mode,shape,affine,grad", [
-    ("sr", (3, 5, 4, 2), True, False), ("down", (3, 5, 4, 2), True, False),
-    ("ud", (4, 5), False, False), ("sr", (2, 5, 7), True, True)])
-def test_eval_batch_norm_matches_decomposition(monkeypatch, mode, shape, affine, grad):
+@pytest.mark.parametrize("mode,shape,affine,grad,parts", [
+    ("sr", (3, 5, 4, 2), True, False, 1), ("down", (3, 5, 4, 2), True, False, 1),
+    ("ud", (4, 5), False, False, 1), ("sr", (2, 5, 7), True, True, 1),
+    ("sr", (3, 5, 4, 2), True, False, 2), ("random", (3, 5, 4, 2), False, False, 3),
+    ("ud", (2, 5, 7), True, True, 2)])
+def test_eval_batch_norm_matches_decomposition(monkeypatch, mode, shape, affine, grad, parts):
+    """(``parts`` > 1: the channels split into that many runs, :func:`batch_norm_eval_par32`,
+    whatever the thread count and size.)"""
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(6))
     x.view(-1)[3] = float("nan")
     x.view(-1)[-1] = 1e38
     bn = _bn(shape[1], affine)
-    calls = count_calls(monkeypatch, NK, "batch_norm_eval32")
+    if parts > 1:
+        monkeypatch.setattr(NK, "channel_parts", lambda channels, elems, work: parts)
+    calls = count_calls(monkeypatch, NK,
+                        "batch_norm_eval_par32" if parts > 1 else "batch_norm_eval32")
     fast, pos, rep = _bn_run(True, monkeypatch, mode, x, bn, grad)
     assert calls, "the compiled kernel did not run"
     ref, pos_ref, rep_ref = _bn_run(False, monkeypatch, mode, x, bn, grad)
     for a, b in zip(fast, ref):
         _same(a, b)
     assert pos == pos_ref and rep == rep_ref
+
+
+def test_runs_of_channels_give_the_whole_batch_norms_bits():
+    """The parallel eval batch norm in 1, 2, 3, 5 and 7 runs of channels (7 channels: runs
+    of one channel and of none) against one call on the whole, bit for bit, in every
+    rounding mode, with and without weight and bias, inputs holding inf, NaN and a
+    channel of zero running variance. (As for the row kernels above, a NaN's sign may
+    differ where a run's elements go through a vectorised loop's scalar remainder: NaNs
+    must be at the same places, every other bit must agree.)"""
+    N, C, S = 3, 7, 10
+    g = np.random.default_rng(3)
+    x = (g.standard_normal(N * C * S) * 3).astype(np.float32)
+    x[5], x[S * C + 2], x[-1] = np.inf, np.nan, -3e38
+    w, b, rmean = (g.standard_normal(C).astype(np.float32) for _ in range(3))
+    rvar = (np.abs(g.standard_normal(C)) + 0.1).astype(np.float32)
+    rvar[4] = 0.0
+    keys = np.arange(1, 9, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    eps = np.float32(1e-5)
+    empty = np.empty(0, np.float32)
+    for has_w, has_b in ((True, True), (False, True), (False, False)):
+        args = (x, w if has_w else empty, b if has_b else empty, has_w, has_b, rmean, rvar,
+                eps, keys)
+        for mode in range(len(RK.MODE_NAMES)):
+            whole = np.empty_like(x)
+            NK.batch_norm_eval32(*args, mode, whole, N, C, S)
+            nan = np.isnan(whole)
+            assert nan[S * C + 2] and np.isinf(whole[5]) and not nan.all()
+            for parts in (1, 2, 3, 5, 7):
+                out = np.full_like(x, 7.0)
+                NK.batch_norm_eval_par32(*args, mode, out, N, C, S, parts)
+                assert np.array_equal(nan, np.isnan(out)), (RK.MODE_NAMES[mode], parts)
+                assert np.array_equal(whole[~nan].view(np.int32), out[~nan].view(np.int32)), (
+                    RK.MODE_NAMES[mode], parts, has_w, has_b)
+
+
+def test_channel_parts_split_only_work_worth_the_threads(monkeypatch):
+    """One run with one thread, one channel, or less than PARALLEL_MIN_WORK terms' worth
+    of time; else one per thread, at most one per channel."""
+    import numba
+
+    from numvar.instrument import kernels as KN
+
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    big = KN.PARALLEL_MIN_WORK // NK.BATCH_NORM_WORK + 1
+    assert NK.channel_parts(64, big, NK.BATCH_NORM_WORK) == 2
+    assert NK.channel_parts(64, big - 2, NK.BATCH_NORM_WORK) == 1
+    assert NK.channel_parts(1, 10 * big, NK.BATCH_NORM_WORK) == 1
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 1)
+    assert NK.channel_parts(64, 10 * big, NK.BATCH_NORM_WORK) == 1
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 8)
+    assert NK.channel_parts(3, 10 * big, NK.BATCH_NORM_WORK) == 3
 
 
 def test_training_batch_norm_takes_the_decomposition(monkeypatch):
