@@ -137,6 +137,18 @@ def test_bench_zoo_kernel_time_is_part_of_the_forward_and_restores_dispatchers(m
     assert all(after[k] is before[k] for k in before)
 
 
+def test_bench_clean_loops_times_the_kernels_own_step(monkeypatch):
+    """benchmarks/bench_clean_loops.py: its "both loops" row is the kernel's clean step
+    (the same bits as ``kernels._clean32``, no lane declined) and every row is timed."""
+    mod = _load_script(monkeypatch, "bench_clean_loops")
+    rows, ok = mod.measure(K=6, n=16, repeats=1, clock=1e9)
+    assert ok
+    assert [label for label, _ in rows] == [
+        "both loops (the kernel's step)", "term bits", "accumulating",
+        "accumulating, one comparison", "accumulating, no test"]
+    assert all(c > 0 for _, c in rows)
+
+
 def test_bench_forward_prints_flop_and_native_times(monkeypatch, capsys):
     """benchmarks/bench_forward.py: one line per entry, flop and native ms and their
     ratio, all positive and consistent; an unknown entry is refused with the known ones."""
