@@ -104,6 +104,28 @@ def test_bench_zoo_bounds_a_missed_flop_goal_by_its_kernels(monkeypatch):
     assert bz.flop_bound(1.5, 7.0) == 7.5
 
 
+def test_bench_zoo_bounds_a_missed_thread_goal_by_the_serial_rest(monkeypatch):
+    """A missed thread goal shows the speed-up bound time₁ ÷ (rest at n threads + kernels
+    at 1 thread ÷ n), "out of reach" exactly when it is under the goal."""
+    bz = _load_script(monkeypatch, "bench_zoo")
+
+    def row(model, threads, flop, kernels):  # ms
+        return {"model": model, "threads": threads, "native": 1e-3, "floor": 1.5e-3,
+                "contraction": 0.5e-3, "op SR": 3e-3, "flop SR": flop * 1e-3,
+                "kernels": kernels * 1e-3, "digest": "d"}
+
+    # bert: 60 at 1 thread (45 in kernels); 38 at 2 (23 in kernels: the rest is 15)
+    # -> 1.58 measured, bound 60 / (15 + 22.5) = 1.6: out of reach
+    # resnet_basic: 100 (90 in kernels); 62 at 2 (50 in kernels: rest 12) -> 1.61,
+    # bound 100 / (12 + 45) = 1.75
+    rows = [row("bert", 1, 60, 45), row("bert", 2, 38, 23),
+            row("resnet_basic", 1, 100, 90), row("resnet_basic", 2, 62, 50)]
+    lines = {ln.split(" | ")[0][2:]: ln for ln in bz._thread_rows(rows) if ln.startswith("| ")}
+    assert lines["bert"].endswith("| 1.58 | yes | ✗ (< 1.7; bound 1.60: out of reach) |")
+    assert lines["resnet_basic"].endswith("| 1.61 | yes | ✗ (< 1.7; bound 1.75) |")
+    assert abs(bz.thread_bound(rows[0], rows[1], 2) - 60 / 37.5) < 1e-12
+
+
 def _numvar_dispatchers() -> dict:
     """Every numba dispatcher a loaded numvar module holds, by module and name."""
     from numba.core.dispatcher import Dispatcher
