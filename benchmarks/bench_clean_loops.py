@@ -53,38 +53,44 @@ def term_bits(rb, jg, arow, ukey, base, n):  # pragma: no cover - compiled
         KN._term_bits_row(rb, KN._bits(ukey, base + np.uint64(k)), jg, n, _SR)
 
 
-@njit(cache=True)
-def accumulating(acc, rb, arow, bmat, n):  # pragma: no cover - compiled
-    for k in range(1, arow.size):
-        ak = np.float64(arow[k])
-        bk = bmat[k, 0:n]
-        for jj in range(n):
-            acc[jj] = KN._clean_step(acc[jj], ak * np.float64(bk[jj]), rb[jj], _SR, 24,
-                                     False, _UD_MIN)
+@njit(inline="always")
+def _full_step(c, p, r):
+    """The kernel's step (``kernels._clean_step``)."""
+    return KN._clean_step(c, p, r, _SR, 24, False, _UD_MIN)
 
 
-@njit(cache=True)
-def accumulating_one_comparison(acc, rb, arow, bmat, n):  # pragma: no cover - compiled
-    for k in range(1, arow.size):
-        ak = np.float64(arow[k])
-        bk = bmat[k, 0:n]
-        for jj in range(n):
-            r, c = rb[jj], acc[jj]
-            p = KN._round_term(ak * np.float64(bk[jj]), r, _SR, 24, False)
-            s = c + p
-            v = KN._round_term(s, r, _SR, 24, True)
-            acc[jj] = v if s - c == p else np.nan
+@njit(inline="always")
+def _one_comparison_step(c, p, r):
+    """The step with only ``s − c == p`` (not a valid test: it misses inexact sums where
+    ``|p| > |c|``)."""
+    p = KN._round_term(p, r, _SR, 24, False)
+    s = c + p
+    v = KN._round_term(s, r, _SR, 24, True)
+    return v if s - c == p else np.nan
 
 
-@njit(cache=True)
-def accumulating_no_test(acc, rb, arow, bmat, n):  # pragma: no cover - compiled
-    for k in range(1, arow.size):
-        ak = np.float64(arow[k])
-        bk = bmat[k, 0:n]
-        for jj in range(n):
-            r = rb[jj]
-            p = KN._round_term(ak * np.float64(bk[jj]), r, _SR, 24, False)
-            acc[jj] = KN._round_term(acc[jj] + p, r, _SR, 24, True)
+@njit(inline="always")
+def _untested_step(c, p, r):
+    """The step's roundings alone: no exactness test, no NaN."""
+    return KN._round_term(c + KN._round_term(p, r, _SR, 24, False), r, _SR, 24, True)
+
+
+def _accumulating(step):
+    """The accumulating loop of every k ≥ 1 step with ``step`` (one of the above) on the
+    fixed bits ``rb``."""
+    @njit
+    def loop(acc, rb, arow, bmat, n):  # pragma: no cover - compiled
+        for k in range(1, arow.size):
+            ak = np.float64(arow[k])
+            bk = bmat[k, 0:n]
+            for jj in range(n):
+                acc[jj] = step(acc[jj], ak * np.float64(bk[jj]), rb[jj])
+    return loop
+
+
+accumulating = _accumulating(_full_step)
+accumulating_one_comparison = _accumulating(_one_comparison_step)
+accumulating_no_test = _accumulating(_untested_step)
 
 
 def _cycles(fn, terms: int, clock: float, repeats: int, reps: int = 20) -> float:
