@@ -51,9 +51,11 @@ from numvar.workloads import zoo
 
 
 class _Clock:
-    """Seconds spent in numba calls, split by whether numba ran them on > 1 thread."""
+    """Seconds spent in numba calls, split by whether numba ran them on > 1 thread, by
+    ``timer`` (wall time by default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timer=time.perf_counter) -> None:
+        self.timer = timer
         self.par = 0.0
         self.ser = 0.0
         self.calls = 0
@@ -72,11 +74,12 @@ class _Timed:
 
     def __call__(self, *args, **kwargs):
         par = self._parallel and numba.get_num_threads() > 1
-        t = time.perf_counter()
+        timer = self._clock.timer
+        t = timer()
         try:
             return self._fn(*args, **kwargs)
         finally:
-            dt = time.perf_counter() - t
+            dt = timer() - t
             if par:
                 self._clock.par += dt
             else:

@@ -44,7 +44,12 @@ as compiled steps (``lstm``, ``gru``), which meet their goal. Two more tables ch
   kernel scaled perfectly and the rest stayed as it is; below the goal, no kernel work
   alone reaches it. Times are the best of ``--repeats`` rounds after a warm-up round
 (numba compilation, recorded decompositions); rounds interleave the variants so that a
-load spike on a shared machine hits them alike. The machine line says which
+load spike on a shared machine hits them alike. One-thread rows, and the kernel rate at
+one thread, are timed by the calling thread's CPU time (:func:`clock_for`: every op runs
+on that thread, and what a shared host's other jobs take from it does not count); the
+thread table compares wall times (native and flop SR at one thread timed again by the
+wall clock; the bound's kernels at one thread by CPU time, which on that thread is their
+wall time less preemption). The machine line says which
 ``OMP_WAIT_POLICY`` the run had (docs/speed.md, "Threads").
 
     python benchmarks/bench_zoo.py [--repeats 3] [--models resnet_basic bert ...]
@@ -82,7 +87,15 @@ VARIANTS = ("native", "floor", "op SR", "flop SR")
 KERNEL_DTYPES = {"float32": 24, "float64": 53}  # kernel dtype -> significand bits
 
 
-def kernel_rate(repeats: int, dtype: str = "float32", n: int = 256) -> float:
+def clock_for(threads: int):
+    """The clock of the rows measured at ``threads``: the calling thread's CPU time at one
+    thread (every op, torch's and numba's, runs on it there; time a shared host's other
+    jobs take from it does not count, as in ``bench_opcnn.py``), wall time above."""
+    return time.thread_time if threads == 1 else time.perf_counter
+
+
+def kernel_rate(repeats: int, dtype: str = "float32", n: int = 256,
+                clock=time.perf_counter) -> float:
     """Terms per second of the SR contraction kernel on an n×n×n product in ``dtype``
     (the float32 kernel also serves bfloat16/float16 models)."""
     rng = np.random.default_rng(0)
@@ -90,7 +103,7 @@ def kernel_rate(repeats: int, dtype: str = "float32", n: int = 256) -> float:
     b = rng.standard_normal((1, n, n)).astype(dtype)
     code, t = RK.mode_code("sr"), KERNEL_DTYPES[dtype]
     KN.contract(a, b, 1, code, t)  # compile / warm
-    best = min(_timed(lambda: KN.contract(a, b, 1, code, t)) for _ in range(repeats))
+    best = min(_timed(lambda: KN.contract(a, b, 1, code, t), clock) for _ in range(repeats))
     return n ** 3 / best
 
 
@@ -158,21 +171,28 @@ def _flat(out) -> list[torch.Tensor]:
     return []
 
 
-def measure(built: zoo.Built, repeats: int) -> dict[str, float]:
-    """Best time (s) of each variant over ``repeats`` interleaved rounds, after a warm-up."""
-    return best_of(_variants(built), repeats)
+def measure(built: zoo.Built, repeats: int, clock=time.perf_counter) -> dict[str, float]:
+    """Best time (s) of each variant over ``repeats`` interleaved rounds, after a warm-up,
+    by ``clock``; with the thread's CPU time, also the wall time of native and flop SR
+    (``wall native``, ``wall flop SR``: the thread table's one-thread side)."""
+    v = _variants(built)
+    best = best_of(v, repeats, clock)
+    if clock is time.thread_time:
+        wall = best_of({k: v[k] for k in ("native", "flop SR")}, repeats)
+        best.update({f"wall {k}": t for k, t in wall.items()})
+    return best
 
 
-def kernel_time(built: zoo.Built, repeats: int) -> float:
+def kernel_time(built: zoo.Built, repeats: int, clock=time.perf_counter) -> float:
     """Seconds the best of ``repeats`` flop SR forwards spends inside numvar's compiled
-    kernels, with every numba dispatcher of numvar's modules timed
+    kernels, by ``clock``, with every numba dispatcher of numvar's modules timed
     (``bench_threads.timed_dispatchers``: numba-to-numba calls are part of their
     caller); the dispatchers are plain again after it. Run a forward first: it loads
     the modules and compiles."""
     from bench_threads import _Clock, timed_dispatchers
 
     flop = _variants(built)["flop SR"]
-    clock = _Clock()
+    clock = _Clock(clock)
     best = float("inf")
     with timed_dispatchers(clock):
         for _ in range(max(1, repeats)):
@@ -193,7 +213,13 @@ def thread_bound(one: dict, many: dict, n: int) -> float:
     rest of the flop forward stayed as measured at ``n`` threads (rows of one model, times
     in seconds: ``flop SR`` and ``kernels``)."""
     rest = many["flop SR"] - many["kernels"]
-    return one["flop SR"] / (rest + one["kernels"] / n)
+    return _wall(one, "flop SR") / (rest + one["kernels"] / n)
+
+
+def _wall(row: dict, key: str) -> float:
+    """A one-thread row's wall time of ``key`` (``native`` or ``flop SR``), where it was
+    measured by CPU time (:func:`clock_for`), for comparison with other thread counts."""
+    return row.get(f"wall {key}", row[key])
 
 
 def contraction_terms(built: zoo.Built) -> dict[str, int]:
@@ -230,7 +256,7 @@ def render(rows, rates, args, machine) -> str:
              + (f" --repeats {args.repeats}" if args.repeats != 3 else "") + "`: every entry of "
              "`numvar.workloads.zoo` at its bench size, one forward under `no_grad`; best of "
              f"{args.repeats} interleaved rounds after a warm-up, ratios to native in the same "
-             "run. floor: a do-nothing dispatch mode on numvar's code path; contraction: the "
+             "run (one thread: the thread's CPU time; more: wall time). floor: a do-nothing dispatch mode on numvar's code path; contraction: the "
              "model's rounded contraction terms ÷ the SR contraction kernel's rate measured in "
              "this run, the better of before and after the models (G terms/s, " + "; ".join(
                  f"{t} thread{'s' if t > 1 else ''}: " + ", ".join(
@@ -340,7 +366,7 @@ def _thread_rows(rows) -> list[str]:
         if 1 not in rs or len(rs) < 2:
             continue
         top = max(rs)
-        speed = rs[1]["flop SR"] / rs[top]["flop SR"]
+        speed = _wall(rs[1], "flop SR") / rs[top]["flop SR"]
         same = "yes" if len({x.get("digest") for x in rs.values()}) == 1 else "**no**"
         goal = ("✓" if speed >= THREAD_GOAL else f"✗ (< {THREAD_GOAL})") \
             if name in THREAD_MODELS and top == 2 else "—"
@@ -348,7 +374,7 @@ def _thread_rows(rows) -> list[str]:
             bound = thread_bound(rs[1], rs[top], top)
             goal = goal[:-1] + f"; bound {bound:.2f}" + (
                 ": out of reach)" if bound < THREAD_GOAL else ")")
-        out.append(f"| {name} | {top} | {rs[1]['native'] / rs[top]['native']:.2f} | "
+        out.append(f"| {name} | {top} | {_wall(rs[1], 'native') / rs[top]['native']:.2f} | "
                    f"{speed:.2f} | {same} | {goal} |")
     if not out:
         return []
@@ -400,23 +426,25 @@ def main(argv=None) -> None:
     for t in threads:
         torch.set_num_threads(t)
         numba.set_num_threads(t)
-        first = {d: kernel_rate(args.repeats, d) for d in KERNEL_DTYPES}
+        clock = clock_for(t)
+        first = {d: kernel_rate(args.repeats, d, clock=clock) for d in KERNEL_DTYPES}
         block = []
         for n in names:
             if isinstance(terms[n], Exception):
                 block.append({"model": n, "threads": t, "error": type(terms[n]).__name__})
                 continue
             try:
-                best = measure(built[n], args.repeats)
+                best = measure(built[n], args.repeats, clock)
             except Exception as e:  # noqa: BLE001
                 block.append({"model": n, "threads": t, "error": f"{type(e).__name__}: {e}"[:60]})
                 continue
-            best["kernels"] = kernel_time(built[n], args.repeats)
+            best["kernels"] = kernel_time(built[n], args.repeats, clock)
             block.append({"model": n, "threads": t, **best,
                           "digest": flop_output_digest(built[n])})
         # the kernel's rate before and after the models, the better of the two: a load
         # spike during one measurement would otherwise inflate every contraction time
-        rates[t] = {d: max(r, kernel_rate(args.repeats, d)) for d, r in first.items()}
+        rates[t] = {d: max(r, kernel_rate(args.repeats, d, clock=clock))
+                    for d, r in first.items()}
         print(f"threads {t}: SR contraction kernel " + ", ".join(
             f"{d} {r / 1e9:.2f}" for d, r in rates[t].items()) + " G terms/s", flush=True)
         for row in block:

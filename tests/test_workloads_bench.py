@@ -106,7 +106,10 @@ def test_bench_zoo_bounds_a_missed_flop_goal_by_its_kernels(monkeypatch):
 
 def test_bench_zoo_bounds_a_missed_thread_goal_by_the_serial_rest(monkeypatch):
     """A missed thread goal shows the speed-up bound time₁ ÷ (rest at n threads + kernels
-    at 1 thread ÷ n), "out of reach" exactly when it is under the goal."""
+    at 1 thread ÷ n), "out of reach" exactly when it is under the goal; speed-ups and the
+    bound take the one-thread row's wall times where it has them (CPU time otherwise)."""
+    import time
+
     bz = _load_script(monkeypatch, "bench_zoo")
 
     def row(model, threads, flop, kernels):  # ms
@@ -119,10 +122,15 @@ def test_bench_zoo_bounds_a_missed_thread_goal_by_the_serial_rest(monkeypatch):
     # resnet_basic: 100 (90 in kernels); 62 at 2 (50 in kernels: rest 12) -> 1.61,
     # bound 100 / (12 + 45) = 1.75
     rows = [row("bert", 1, 60, 45), row("bert", 2, 38, 23),
-            row("resnet_basic", 1, 100, 90), row("resnet_basic", 2, 62, 50)]
+            row("resnet_basic", 1, 95, 90), row("resnet_basic", 2, 62, 50)]
+    # resnet_basic's one-thread row timed by CPU time (95 ms) and again by the wall clock
+    # (100 ms): the thread table compares wall times
+    rows[2].update({"wall flop SR": 100e-3, "wall native": 1.2e-3})
     lines = {ln.split(" | ")[0][2:]: ln for ln in bz._thread_rows(rows) if ln.startswith("| ")}
     assert lines["bert"].endswith("| 1.58 | yes | ✗ (< 1.7; bound 1.60: out of reach) |")
     assert lines["resnet_basic"].endswith("| 1.61 | yes | ✗ (< 1.7; bound 1.75) |")
+    assert lines["resnet_basic"].startswith("| resnet_basic | 2 | 1.20 |")  # wall native
+    assert bz.clock_for(1) is time.thread_time and bz.clock_for(2) is time.perf_counter
     assert abs(bz.thread_bound(rows[0], rows[1], 2) - 60 / 37.5) < 1e-12
 
 
