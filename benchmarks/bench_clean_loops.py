@@ -104,9 +104,15 @@ def _cycles(fn, terms: int, clock: float, repeats: int, reps: int = 20) -> float
     return best * clock / terms * 8
 
 
-def measure(K: int = 288, n: int = 320, repeats: int = 15, clock: float | None = None):
-    """Rows (label, cycles per 8 terms) and whether "both loops" gave the kernel's bits
-    with no lane declined."""
+LOOPS = ("both loops (the kernel's step)", "term bits", "accumulating",
+         "accumulating, one comparison", "accumulating, no test")
+
+
+def measure(K: int = 288, n: int = 320, repeats: int = 15, clock: float | None = None,
+            loops=LOOPS):
+    """Rows (label, cycles per 8 terms) of ``loops`` (labels of :data:`LOOPS`), and
+    whether "both loops" gave the kernel's bits with no lane declined (checked whatever
+    ``loops`` holds)."""
     if clock is None:
         from bench_pipes import clock_hz
 
@@ -123,22 +129,20 @@ def measure(K: int = 288, n: int = 320, repeats: int = 15, clock: float | None =
     KN._clean32(ref, jg, arow, bmat, ukey, base, 0, n, _SR)
     ok = np.array_equal(mine.view(np.uint64), ref.view(np.uint64)) and not np.isnan(mine).any()
     acc = np.ones(n)
-    terms = (K - 1) * n
-    rows = [
-        ("both loops (the kernel's step)",
-         _cycles(lambda: both_loops(acc, jg, arow, bmat, ukey, base, n), terms, clock,
-                 repeats)),
-        ("term bits", _cycles(lambda: term_bits(rb, jg, arow, ukey, base, n), terms, clock,
-                              repeats)),
-    ]
-    for label, fn in (("accumulating", accumulating),
-                      ("accumulating, one comparison", accumulating_one_comparison),
-                      ("accumulating, no test", accumulating_no_test)):
-        def run(fn=fn):
+
+    def accumulate(fn):
+        def run():
             acc.fill(1.0)
             fn(acc, rb, arow, bmat, n)
-        rows.append((label, _cycles(run, terms, clock, repeats)))
-    return rows, ok
+        return run
+
+    runs = dict(zip(LOOPS, (
+        lambda: both_loops(acc, jg, arow, bmat, ukey, base, n),
+        lambda: term_bits(rb, jg, arow, ukey, base, n),
+        accumulate(accumulating), accumulate(accumulating_one_comparison),
+        accumulate(accumulating_no_test))))
+    terms = (K - 1) * n
+    return [(label, _cycles(runs[label], terms, clock, repeats)) for label in loops], ok
 
 
 def main(argv=None) -> None:
