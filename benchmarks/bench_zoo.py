@@ -29,7 +29,8 @@ bound, ``floor − 1 + kernels``: the dispatch that every op pays under a dispat
 numvar's at all. A bound above the goal says that the goal is out of reach while the
 kernels are as fast as they are (their own limits: docs/speed.md). The bound assumes
 numvar dispatches every op the floor does, which holds except for recurrent layers run
-as compiled steps (``lstm``, ``gru``), which meet their goal. Two more tables check the other goals of the issue:
+as compiled steps (``lstm``, ``gru``), which meet their goal. Two more tables check the
+other goals of the issue:
 
 - **formats**: a low-precision or float64 entry (``X_bf16``, ``X_fp16``, ``X_f64``) against
   its binary32 twin ``X``: its flop SR and op SR ratios divided by the twin's, goal ≤ 1.5
@@ -192,13 +193,13 @@ def kernel_time(built: zoo.Built, repeats: int, clock=time.perf_counter) -> floa
     from bench_threads import _Clock, timed_dispatchers
 
     flop = _variants(built)["flop SR"]
-    clock = _Clock(clock)
+    spent = _Clock(clock)
     best = float("inf")
-    with timed_dispatchers(clock):
+    with timed_dispatchers(spent):
         for _ in range(max(1, repeats)):
-            clock.reset()
+            spent.reset()
             flop()
-            best = min(best, clock.par + clock.ser)
+            best = min(best, spent.par + spent.ser)
     return best
 
 
@@ -256,7 +257,8 @@ def render(rows, rates, args, machine) -> str:
              + (f" --repeats {args.repeats}" if args.repeats != 3 else "") + "`: every entry of "
              "`numvar.workloads.zoo` at its bench size, one forward under `no_grad`; best of "
              f"{args.repeats} interleaved rounds after a warm-up, ratios to native in the same "
-             "run (one thread: the thread's CPU time; more: wall time). floor: a do-nothing dispatch mode on numvar's code path; contraction: the "
+             "run (one thread: the thread's CPU time; more: wall time). floor: a do-nothing "
+             "dispatch mode on numvar's code path; contraction: the "
              "model's rounded contraction terms ÷ the SR contraction kernel's rate measured in "
              "this run, the better of before and after the models (G terms/s, " + "; ".join(
                  f"{t} thread{'s' if t > 1 else ''}: " + ", ".join(
@@ -274,7 +276,8 @@ def render(rows, rates, args, machine) -> str:
                   "for descheduled siblings; native times grow 10-100×). Rerun them on an "
                   "otherwise idle machine.", ""]
     lines += ["| model | threads | native ms | floor | contraction | op SR | flop SR | "
-              "kernels | flop goal | op goal |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+              "kernels | flop goal | op goal |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     slow = _slow_natives(rows)
     for r in rows:
         if "error" in r:
