@@ -51,7 +51,8 @@ def test_bench_zoo_formats_table_judges_only_comparable_natives(monkeypatch):
     goal (≤ 1.5 for bf16/fp16, ≤ 3 for float64), except where the entry's native forward
     is over SLOW_NATIVE times the twin's (no native kernels for the format: the ratio to
     that native run is small for that reason alone): then "n/a", never ✓, here and in
-    the main table's goal columns."""
+    the main table's goal columns, with the least native time (× the twin's) at which the
+    goal would hold given numvar's times."""
     bz = _load_script(monkeypatch, "bench_zoo")
 
     def row(model, native, op, flop):  # times in seconds; ratios = time ÷ native
@@ -64,8 +65,12 @@ def test_bench_zoo_formats_table_judges_only_comparable_natives(monkeypatch):
     lines = {ln.split(" | ")[0][2:]: ln for ln in bz._format_rows(rows) if ln.startswith("| ")}
     assert lines["net_bf16"].endswith("| 0.80 | 14.0× | 10.0× | 1.40 | 2.8× | 2.0× | 1.40 | ✓ |")
     assert "| 15.00 |" in lines["net_fp16"]
+    # numvar's times ÷ the twin's: flop 0.12 / 0.10 = 1.2, op 0.06 / 0.02 = 3.0; the goal
+    # (1.5) holds where native float16 takes ≥ 3.0 / 1.5 = 2× the twin's native time
     assert lines["net_fp16"].endswith("| n/a (native 15× the twin's: no native float16 "
-                                      "kernels here) |")
+                                      "kernels here); holds where native float16 takes "
+                                      "≥ 2.00× the twin's native time |")
+    assert abs(bz.native_for_goal(rows[2], rows[0], 1.5) - 2.0) < 1e-12
     assert lines["mlp_f64"].endswith("| ✗ (> 3.0) |")
     assert bz._slow_natives(rows) == {"net_fp16"}
     for r in rows:
@@ -388,13 +393,13 @@ def test_bench_keys_compares_draws_that_agree(monkeypatch, capsys):
     assert len(model) == 1 and model[0][6].rstrip(" |") == "yes"
 
 
-def test_bench_opcnn_records_the_float64_reruns_and_the_elementwise_roundings(monkeypatch):
-    """benchmarks/bench_opcnn.py's recording of one op SR forward: the addmm among the
-    ops whose float64 result is rounded, with its elements; the add and the scaling by a
-    Python number among the elementwise roundings, per operation, with theirs; and the
-    elementwise kernels' cost is measured for those and nothing for no elements."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    mod = _load_script(monkeypatch, "bench_opcnn")
+def test_op_bound_records_the_float64_reruns_and_the_elementwise_roundings(monkeypatch):
+    """The op bound's recording of one op SR forward (bench_zoo.recorded_once, which
+    bench_opcnn.py calls too): the addmm among the ops whose float64 result is rounded,
+    with its elements; the add and the scaling by a Python number among the elementwise
+    roundings, per operation, with theirs; and the elementwise kernels' cost is measured
+    for those and nothing for no elements."""
+    mod = _load_script(monkeypatch, "bench_zoo")
 
     class Model(torch.nn.Module):
         def __init__(self):
@@ -410,3 +415,70 @@ def test_bench_opcnn_records_the_float64_reruns_and_the_elementwise_roundings(mo
     assert pointwise == {mod.PW.OP_ADD: 15, mod.PW.OP_MUL: 15}
     assert isinstance(mod.elementwise_cost(pointwise, 1), float)  # (its value is a time)
     assert mod.elementwise_cost(type(pointwise)(), 1) == 0.0  # no elements, no cost
+
+
+def test_float64_reference_reruns_the_recorded_ops_in_float64(monkeypatch):
+    """float64_reference's forward re-runs exactly the ops op SR rounds from float64, on
+    float64 copies, cast back: a linear layer's output is then float64's result cast to
+    binary32, bit for bit, while the elementwise add after it stays binary32's."""
+    bz = _load_script(monkeypatch, "bench_zoo")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(24, 16)
+    x = torch.randn(8, 24)
+    out = {}
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, x):
+            out["lin"] = y = self.lin(x)
+            out["sum"] = s = y + 1.5
+            return s
+
+    built = bz.zoo.Built("tiny", Model(), (x,), None)
+    f64ref, elems, pointwise = bz.float64_reference(built)
+    assert elems == 8 * 16 and sum(pointwise.values()) == 8 * 16
+    with torch.no_grad():
+        f64ref()
+        want = torch.nn.functional.linear(x.double(), lin.weight.double(),
+                                          lin.bias.double()).float()
+        assert torch.equal(out["lin"], want)
+        assert torch.equal(out["sum"], want + 1.5)  # (binary32's add, not re-run)
+        plain = lin(x)
+    assert not torch.equal(plain, want)  # (the float64 re-run differs from binary32's)
+
+
+def test_bench_zoo_bounds_a_missed_op_goal_by_the_float64_reruns_and_kernels(monkeypatch):
+    """A missed op goal shows the bound (f64 ref + op kernels) ÷ native and says "out of
+    reach" exactly when it exceeds floor + 2; a met goal, and a row measured without the
+    bound's parts, show none. measure() at one thread (the thread's CPU time) measures
+    those parts on a zoo model, and at other clocks does not."""
+    import time
+
+    bz = _load_script(monkeypatch, "bench_zoo")
+
+    def row(model, op, f64=None, kern=None):  # ms; native 1, floor 1.5: goal 3.5
+        r = {"model": model, "threads": 1, "native": 1e-3, "floor": 1.5e-3,
+             "contraction": 0.5e-3, "op SR": op * 1e-3, "flop SR": 3e-3}
+        if f64 is not None:
+            r.update({"f64 ref": f64 * 1e-3, "op kernels": kern * 1e-3})
+        return r
+
+    rows = [row("met", 3.0, 2.5, 0.2), row("close", 4.0, 2.9, 0.3),
+            row("float64_bound", 4.5, 3.4, 0.3), row("unmeasured", 4.0)]
+    table = bz.render(rows, {1: {"float32": 2e9}}, type("A", (), {"repeats": 3})(), [])
+    lines = {ln.split(" | ")[0][2:]: ln for ln in table.splitlines()
+             if ln.count("|") == 11 and not ln.startswith("|---")}
+    assert lines["met"].endswith("| ✓ |")
+    assert lines["close"].endswith("| ✗ (> 3.5; bound 3.2) |")
+    assert lines["float64_bound"].endswith("| ✗ (> 3.5; bound 3.7: out of reach) |")
+    assert lines["unmeasured"].endswith("| ✗ (> 3.5) |")
+    assert abs(bz.op_bound(rows[1]) - 3.2) < 1e-12 and bz.op_bound(rows[3]) is None
+
+    built = bz.zoo.build("sine_mlp", "test")
+    one = bz.measure(built, 1, time.thread_time)
+    assert one["f64 ref"] > 0 and one["op kernels"] > 0 and one["wall native"] > 0
+    assert 0 < bz.op_bound(one) < float("inf")
+    assert "f64 ref" not in bz.measure(built, 1, time.perf_counter)
