@@ -253,3 +253,54 @@ def test_binary64_round_to_binary64_equals_the_rounding_api():
             assert got.data_ptr() != hi.data_ptr()
             kept = torch.equal(got[7:], hi[7:])
             assert kept == (mode != "ud" and prec is None), (mode, prec)
+
+
+@pytest.mark.parametrize("mode", MODES + ("up", "down"))
+@pytest.mark.parametrize("contraction", ["separate", "fma"])
+def test_lean_bmm_equals_the_general_contraction_path(mode, contraction, monkeypatch):
+    """flop.bmm's short path for binary32 CPU products at 24 bits (LEAN_BMM) against its
+    general path, bit for bit and key for key: broadcast batches, a transposed (strided)
+    operand, exact bfloat16-valued operands, inf and NaN, the dtype argument, the
+    empty sum (which the short path leaves to the general one), a virtual precision
+    and NUMVAR_FLOP_BACKEND=numba (general path both); and an addmm, a baddbmm and a
+    convolution through a fuzzy block."""
+    from numvar.instrument import flop as FL
+
+    def case(seed):
+        a, b = _gen(3, 5, 7, seed=seed), _gen(1, 7, 4, seed=seed + 1)
+        a[0, 1, 2], b[0, 3, 1] = float("inf"), float("nan")
+        return [(a, b, None), (_gen(1, 6, 9, seed=seed + 2), _gen(2, 4, 9, seed=seed + 3).mT,
+                               torch.float32),
+                (a.to(torch.bfloat16).float(), b.to(torch.bfloat16).float(), None),
+                (_gen(2, 3, 0, seed=seed + 4), _gen(2, 0, 5, seed=seed + 5), None)]
+
+    def run(lean, precision=None):
+        monkeypatch.setattr(FL, "LEAN_BMM", lean)
+        ctx = Ctx(mode, "flop", precision, R.Stream(11), contraction=contraction)
+        outs = [FL.bmm(a, b, ctx, dt) for a, b, dt in case(20)]
+        return outs, ctx.stream.counter
+
+    for precision in (None, 12):
+        (lean, n1), (general, n2) = run(True, precision), run(False, precision)
+        assert n1 == n2 == 3 and all(_same(x, y) for x, y in zip(lean, general))  # (K = 0: no key)
+    monkeypatch.setenv("NUMVAR_FLOP_BACKEND", "numba")
+    (env, _), (general, _) = run(True), run(False)
+    assert all(_same(x, y) for x, y in zip(env, general))
+    monkeypatch.delenv("NUMVAR_FLOP_BACKEND")
+
+    import numvar
+
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    x, m1, m2 = _gen(2, 3, 6, 6, seed=30), _gen(5, 8, seed=31), _gen(8, 6, seed=32)
+
+    def model():
+        with torch.no_grad(), numvar.fuzzy(mode=mode, granularity="flop", seed=3,
+                                           contraction=contraction):
+            return [torch.addmm(_gen(6, seed=33), m1, m2.t().contiguous().t()),
+                    torch.baddbmm(_gen(2, 5, 6, seed=34), _gen(2, 5, 8, seed=35),
+                                  _gen(2, 8, 6, seed=36), beta=0.5), conv(x)]
+
+    monkeypatch.setattr(FL, "LEAN_BMM", True)
+    lean = model()
+    monkeypatch.setattr(FL, "LEAN_BMM", False)
+    assert all(_same(x, y) for x, y in zip(lean, model()))
