@@ -192,3 +192,27 @@ def test_codepath_is_what_fuzzy_runs_on():
     with fuzzy(mode="ieee"):
         assert state() == inside
     assert state() == before
+
+
+def test_count_contractions_counts_every_flop_product():
+    """zoo.count_contractions (the zoo benchmark's contraction column) counts the terms of
+    every flop-level product, per kernel dtype, on the short path of binary32 products
+    (flop.LEAN_BMM) as on the general one: a linear layer (5·6·8), a batched product
+    (2·3·4·7), a 3×3 convolution of 2 → 4 channels on 5×5 (1·4·25·18 after im2col) and a
+    binary64 product (3·3·3), with their longest sum and largest call."""
+    import numvar
+    from numvar.instrument import flop as FL
+
+    lin, conv = torch.nn.Linear(8, 6), torch.nn.Conv2d(2, 4, 3, padding=1)
+    x, a, b = torch.randn(5, 8), torch.randn(2, 3, 7), torch.randn(2, 7, 4)
+    img, d = torch.randn(1, 2, 5, 5), torch.randn(3, 3, dtype=torch.float64)
+    for lean in (True, False):
+        FL.LEAN_BMM = lean
+        try:
+            with torch.no_grad(), zoo.count_contractions() as cc:
+                with numvar.fuzzy(mode="sr", granularity="flop", seed=0):
+                    lin(x), torch.bmm(a, b), conv(img), d @ d
+        finally:
+            FL.LEAN_BMM = True
+        assert cc.terms_by_dtype == {"float32": 240 + 168 + 1800, "float64": 27}
+        assert (cc.terms, cc.calls, cc.k_max, cc.work_max) == (2235, 4, 18, 1800)

@@ -120,10 +120,28 @@ def flop_backend(device: torch.device) -> str:
     return v
 
 
+#: binary32 CPU products at 24 bits on the numba backend (the commonest contraction)
+#: straight to the kernel (:func:`bmm`, :func:`_contract`), without the general path's
+#: steps that are identities there (type promotion, the accumulation policy, the backend
+#: choice, the casts around the kernel): the same key, kernel call and bits; False: the
+#: general path, which the tests compare it with. 20–30 µs less per product
+#: (docs/speed.md, "Products straight to the kernel")
+LEAN_BMM = True
+_F32 = torch.float32
+
+
 def _contract(a: torch.Tensor, b: torch.Tensor, key: int, ctx: Ctx, t: int,
               kd: torch.dtype) -> torch.Tensor:
     """The flop contraction kernel of :func:`flop_backend` on carriers of dtype ``kd``;
-    the result on ``a``'s device, dtype ``kd``."""
+    the result on ``a``'s device, dtype ``kd``. The one entry point of every flop-level
+    contraction (``numvar.workloads.zoo.count_contractions`` counts its calls)."""
+    if (LEAN_BMM and kd is _F32 and a.dtype is _F32 and b.dtype is _F32 and a.is_cpu
+            and b.is_cpu and not _environ.get(FLOP_BACKEND_ENV)):
+        # binary32 CPU operands on the numba backend: the kernel on their own arrays (the
+        # casts of _np and _back below are identities)
+        return torch.from_numpy(KN.contract(
+            a.detach().contiguous().numpy(), b.detach().contiguous().numpy(), key, ctx.code,
+            t, ctx.contraction))
     if (flop_backend(a.device) == "triton" and ctx.code <= MODE_RANDOM
             and not (ctx.contraction == "fma" and kd == torch.float64)):
         # (binary64 fma and the directed modes have no Triton kernel: the numba one,
@@ -160,28 +178,15 @@ def _back(arr, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------ contractions
-#: binary32 CPU products at 24 bits on the numba backend (the commonest contraction)
-#: straight to the kernel in :func:`bmm`, without the general path's steps that are
-#: identities there (type promotion, the accumulation policy, the backend choice, the
-#: casts around the kernel): the same key, kernel call and bits; False: the general path,
-#: which the tests compare it with. About 20–28 µs less per call (docs/speed.md)
-LEAN_BMM = True
-_F32 = torch.float32
-
-
 def bmm(a: torch.Tensor, b: torch.Tensor, ctx: Ctx, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Randomly rounded batched product of ``a`` (BA, M, K) and ``b`` (BB, K, N).
 
     Batch ``max(BA, BB)``; ``a[i % BA]`` times ``b[i % BB]``. One stream key per call.
     """
     if (LEAN_BMM and a.dtype is _F32 and b.dtype is _F32 and (dtype is None or dtype is _F32)
-            and ctx._t32 and a.is_cpu and b.is_cpu and a.shape[2]
-            and not _environ.get(FLOP_BACKEND_ENV)):
+            and ctx._t32 and a.shape[2]):
         # (_t32: no other target format, 24 bits: the accumulation is binary32's own)
-        key = ctx.stream.next_key()
-        return torch.from_numpy(KN.contract(
-            a.detach().contiguous().numpy(), b.detach().contiguous().numpy(), key, ctx.code,
-            24, ctx.contraction))
+        return _contract(a, b, ctx.stream.next_key(), ctx, 24, _F32)
     dtype = dtype or torch.result_type(a, b)
     device = a.device
     BO = max(a.shape[0], b.shape[0])
