@@ -11,11 +11,24 @@ native forwards, in one process. Prints ``name flop_ms native_ms ratio``. Unlike
 measures only the flop path back to back: what a kernel change moves, run once per tree
 in alternating processes, is read off the flop column (the native column shows how
 quiet the machine was).
+
+A change behind a boolean module flag (a short path and the general path it stands for,
+e.g. ``numvar.instrument.flop.LEAN_BMM``) is measured in one process instead:
+
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_forward.py \
+        --flag numvar.instrument.flop.LEAN_BMM multihead_attention vit [--repeats 25]
+
+interleaves flop SR forwards with the flag off and on, and native ones, timed by the
+thread's CPU time (every op runs on it at one thread; a shared host's other jobs do not
+count), best of ``--repeats`` each after warm-ups, and checks that both give the same
+bits. Prints ``name off_ms on_ms native_ms saved`` (saved: (off − on) ÷ native) and
+``same bits`` or ``BITS DIFFER``; the flag is restored after each entry.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 
 import torch
@@ -48,14 +61,80 @@ def best_forward(name: str, repeats: int) -> tuple[float, float]:
     return tf, tn
 
 
+def _flag(path: str):
+    """(module, attribute) of a boolean module flag ``package.module.NAME``."""
+    mod_name, _, attr = path.rpartition(".")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise SystemExit(f"--flag {path}: cannot import {mod_name!r} ({e})") from None
+    if not isinstance(getattr(mod, attr, None), bool):
+        raise SystemExit(f"--flag {path}: {mod_name} has no boolean {attr!r}")
+    return mod, attr
+
+
+def toggled_forwards(name: str, flag: str, repeats: int) -> tuple[float, float, float, bool]:
+    """(best flop SR seconds with ``flag`` False, with it True, best native seconds,
+    whether both outputs have the same bits) per forward of zoo entry ``name``, by the
+    thread's CPU time over ``repeats`` interleaved rounds; the flag is restored after."""
+    mod, attr = _flag(flag)
+    built = zoo.build(name, "bench")
+    model, x = built.model.eval(), built.inputs
+    original = getattr(mod, attr)
+
+    def flop(on: bool):
+        setattr(mod, attr, on)
+        with fuzzy(mode="sr", granularity="flop", seed=0):
+            t = time.thread_time()
+            out = model(*x)
+            return time.thread_time() - t, out
+
+    def native() -> float:
+        t = time.thread_time()
+        model(*x)
+        return time.thread_time() - t
+
+    best = {False: float("inf"), True: float("inf"), "native": float("inf")}
+    try:
+        with torch.no_grad():
+            outs = {on: [flop(on) for _ in range(3)][-1][1] for on in (False, True)}
+            same = _bits(outs[False]) == _bits(outs[True])
+            for _ in range(repeats):
+                for on in (False, True):
+                    best[on] = min(best[on], flop(on)[0])
+                best["native"] = min(best["native"], native())
+    finally:
+        setattr(mod, attr, original)
+    return best[False], best[True], best["native"], same
+
+
+def _bits(out) -> list[bytes]:
+    if isinstance(out, torch.Tensor):
+        return [out.detach().contiguous().view(torch.uint8).numpy().tobytes()]
+    if isinstance(out, (list, tuple)):
+        return [b for o in out for b in _bits(o)]
+    if isinstance(out, dict):
+        return _bits(list(out.values()))
+    return []
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+", help="zoo entries (numvar.workloads.zoo.ZOO)")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--flag", help="a boolean module flag (package.module.NAME) to time off "
+                    "and on, interleaved in this process")
     args = ap.parse_args()
     unknown = [m for m in args.models if m not in zoo.ZOO]
     if unknown:
         ap.error(f"unknown zoo entries: {', '.join(unknown)} (known: {', '.join(zoo.ZOO)})")
+    if args.flag:
+        _flag(args.flag)  # (refused before any model is built)
+        for name in args.models:
+            off, on, tn, same = toggled_forwards(name, args.flag, args.repeats)
+            print(f"{name} {off * 1e3:.3f} {on * 1e3:.3f} {tn * 1e3:.3f} "
+                  f"{(off - on) / tn:.2f} {'same bits' if same else 'BITS DIFFER'}", flush=True)
+        return
     for name in args.models:
         tf, tn = best_forward(name, args.repeats)
         print(f"{name} {tf * 1e3:.3f} {tn * 1e3:.3f} {tf / tn:.1f}", flush=True)

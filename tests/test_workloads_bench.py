@@ -204,6 +204,28 @@ def test_bench_forward_prints_flop_and_native_times(monkeypatch, capsys):
     assert "known: " in capsys.readouterr().err
 
 
+def test_bench_forward_times_a_flag_off_and_on_with_the_same_bits(monkeypatch, capsys):
+    """bench_forward.py --flag: one line per entry with the flop times off and on, native,
+    the saving in units of native and the bits check; the flag is restored; a flag that
+    is not a boolean of an importable module is refused before any model runs."""
+    from numvar.instrument import flop as FL
+
+    mod = _load_script(monkeypatch, "bench_forward")
+    monkeypatch.setattr("sys.argv", ["bench_forward.py", "--flag",
+                                     "numvar.instrument.flop.LEAN_BMM", "multihead_attention",
+                                     "--repeats", "1"])
+    mod.main()
+    name, off, on, native, saved, *same = capsys.readouterr().out.split()
+    assert name == "multihead_attention" and " ".join(same) == "same bits"
+    off, on, native, saved = float(off), float(on), float(native), float(saved)
+    assert off > 0 and on > 0 and native > 0 and abs(saved - (off - on) / native) < 0.02  # (printed rounded)
+    assert FL.LEAN_BMM is True
+    for bad in ("numvar.instrument.flop.FLOP_BACKEND_ENV", "numvar.no_such_module.X"):
+        monkeypatch.setattr("sys.argv", ["bench_forward.py", "--flag", bad, "linear_solve"])
+        with pytest.raises(SystemExit, match="--flag"):
+            mod.main()
+
+
 # ------------------------------------------- bench_kernels / bench_pipes: AVX2 and AVX-512
 #: the binary32 sr k >= 1 loop as numba compiles it for AVX2 (AMD Zen 3): 4 terms per
 #: pass, the accumulator loaded from and stored to (%r14,%rdi,8), abridged
