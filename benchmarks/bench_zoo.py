@@ -190,8 +190,9 @@ def measure(built: zoo.Built, repeats: int, clock=time.perf_counter) -> dict[str
     """Best time (s) of each variant over ``repeats`` interleaved rounds, after a warm-up,
     by ``clock``. With the thread's CPU time (the one-thread rows), also the wall time of
     native and flop SR (``wall native``, ``wall flop SR``: the thread table's one-thread
-    side) and the parts of the op goal's bound (:func:`op_bound_parts`: ``f64 ref`` timed
-    in the same rounds as the variants, ``op kernels``)."""
+    side) and the parts of the op goal's bound (:func:`op_bound`): ``f64 ref``
+    (:func:`float64_reference`) timed in the same rounds as the variants, and ``op
+    kernels`` (:func:`round_cost` + :func:`elementwise_cost`)."""
     v = _variants(built)
     if clock is not time.thread_time:
         return best_of(v, repeats, clock)
