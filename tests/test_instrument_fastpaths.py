@@ -260,7 +260,7 @@ def test_binary64_round_to_binary64_equals_the_rounding_api():
 def test_lean_bmm_equals_the_general_contraction_path(mode, contraction, monkeypatch):
     """flop.bmm's short path for binary32 CPU products at 24 bits (LEAN_BMM) against its
     general path, bit for bit and key for key: broadcast batches, a transposed (strided)
-    operand, exact bfloat16-valued operands, inf and NaN, the dtype argument, the
+    operand, exact bfloat16-valued operands, inf and NaN, the dtype argument, no rows, the
     empty sum (which the short path leaves to the general one), a virtual precision
     and NUMVAR_FLOP_BACKEND=numba (general path both); and an addmm, a baddbmm and a
     convolution through a fuzzy block."""
@@ -272,6 +272,7 @@ def test_lean_bmm_equals_the_general_contraction_path(mode, contraction, monkeyp
         return [(a, b, None), (_gen(1, 6, 9, seed=seed + 2), _gen(2, 4, 9, seed=seed + 3).mT,
                                torch.float32),
                 (a.to(torch.bfloat16).float(), b.to(torch.bfloat16).float(), None),
+                (_gen(2, 0, 3, seed=seed + 6), _gen(2, 3, 5, seed=seed + 7), None),
                 (_gen(2, 3, 0, seed=seed + 4), _gen(2, 0, 5, seed=seed + 5), None)]
 
     def run(lean, precision=None):
@@ -282,7 +283,7 @@ def test_lean_bmm_equals_the_general_contraction_path(mode, contraction, monkeyp
 
     for precision in (None, 12):
         (lean, n1), (general, n2) = run(True, precision), run(False, precision)
-        assert n1 == n2 == 3 and all(_same(x, y) for x, y in zip(lean, general))  # (K = 0: no key)
+        assert n1 == n2 == 4 and all(_same(x, y) for x, y in zip(lean, general))  # (K = 0: no key)
     monkeypatch.setenv("NUMVAR_FLOP_BACKEND", "numba")
     (env, _), (general, _) = run(True), run(False)
     assert all(_same(x, y) for x, y in zip(env, general))
