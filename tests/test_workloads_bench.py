@@ -218,7 +218,8 @@ def test_bench_forward_times_a_flag_off_and_on_with_the_same_bits(monkeypatch, c
     name, off, on, native, saved, *same = capsys.readouterr().out.split()
     assert name == "multihead_attention" and " ".join(same) == "same bits"
     off, on, native, saved = float(off), float(on), float(native), float(saved)
-    assert off > 0 and on > 0 and native > 0 and abs(saved - (off - on) / native) < 0.02  # (printed rounded)
+    assert off > 0 and on > 0 and native > 0
+    assert abs(saved - (off - on) / native) < 0.02  # (the printed values are rounded)
     assert FL.LEAN_BMM is True
     for bad in ("numvar.instrument.flop.FLOP_BACKEND_ENV", "numvar.no_such_module.X"):
         monkeypatch.setattr("sys.argv", ["bench_forward.py", "--flag", bad, "linear_solve"])
@@ -501,6 +502,7 @@ def test_bench_zoo_bounds_a_missed_op_goal_by_the_float64_reruns_and_kernels(mon
 
     built = bz.zoo.build("sine_mlp", "test")
     one = bz.measure(built, 1, time.thread_time)
-    assert one["f64 ref"] > 0 and one["op kernels"] > 0 and one["wall native"] > 0
+    # (op kernels: kernel times above casts, clamped at 0; not compared with each other)
+    assert one["f64 ref"] > 0 and one["op kernels"] >= 0 and one["wall native"] > 0
     assert 0 < bz.op_bound(one) < float("inf")
     assert "f64 ref" not in bz.measure(built, 1, time.perf_counter)
