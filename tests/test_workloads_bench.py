@@ -204,6 +204,42 @@ def test_bench_forward_prints_flop_and_native_times(monkeypatch, capsys):
     assert "known: " in capsys.readouterr().err
 
 
+def test_bench_block_times_blocks_and_ops_against_the_legacy_set_up(monkeypatch, capsys):
+    """benchmarks/bench_block.py: its legacy_codepath sets and restores the switches
+    codepath sets (the baseline does the same work); one line per variant, positive
+    times, each op's ratio to the native add; every switch as it was after the run; too
+    few repeats refused."""
+    from numvar.instrument.codepath import codepath
+
+    mod = _load_script(monkeypatch, "bench_block")
+    sdp = ("math", "flash", "mem_efficient", "cudnn", "overrideable")
+
+    def state():
+        return (torch.backends.mha.get_fastpath_enabled(), torch._C._get_mkldnn_enabled(),
+                torch._C._get_cudnn_enabled(),
+                *(getattr(torch._C, f"_get_{n}_sdp_enabled")() for n in sdp))
+
+    before = state()
+    with codepath():
+        new = state()
+    with mod.legacy_codepath():
+        assert state() == new
+    assert state() == before
+    mod.main(["--repeats", "10", "--rounds", "1"])
+    lines = capsys.readouterr().out.strip().splitlines()[1:]
+    assert len(lines) == 8
+    times = {ln[:66].strip(): float(ln[66:].split()[0]) for ln in lines}
+    assert all(t > 0 for t in times.values())
+    native = times["op: native add"]
+    for ln in lines:
+        if ln.startswith("op:"):
+            ratio = float(ln.split("us")[1].split("x")[0])
+            assert abs(ratio - times[ln[:66].strip()] / native) <= 0.01 * ratio + 0.01
+    assert state() == before
+    with pytest.raises(SystemExit):
+        mod.main(["--repeats", "5"])
+
+
 def test_bench_forward_times_a_flag_off_and_on_with_the_same_bits(monkeypatch, capsys):
     """bench_forward.py --flag: one line per entry with the flop times off and on, native,
     the saving in units of native and the bits check; the flag is restored; a flag that

@@ -172,26 +172,96 @@ def test_bitwise_identical_across_thread_counts():
 
 
 def test_codepath_is_what_fuzzy_runs_on():
-    """numvar.instrument.codepath: fast path off and SDPA on its math backend inside, both
-    restored after; a fuzzy block runs on it (the floor of bench_zoo.py uses the same)."""
+    """numvar.instrument.codepath: fast path, mkldnn and cudnn off, SDPA on its math
+    backend alone inside; every switch restored after, to what it was (also values set
+    before entering, and after an exception); a fuzzy block runs on it (the floor of
+    bench_zoo.py uses the same)."""
     from numvar.instrument import fuzzy
     from numvar.instrument.codepath import IdentityMode, codepath
 
+    sdp = ("math", "flash", "mem_efficient", "cudnn", "overrideable")
+
     def state():
-        return (torch.backends.mha.get_fastpath_enabled(),
-                torch._C._get_flash_sdp_enabled(), torch._C._get_math_sdp_enabled())
+        return (torch.backends.mha.get_fastpath_enabled(), torch._C._get_mkldnn_enabled(),
+                torch._C._get_cudnn_enabled(),
+                *(getattr(torch._C, f"_get_{n}_sdp_enabled")() for n in sdp))
 
     before = state()
-    assert before[0] is True
+    assert before[:3] == (True, True, True)
     with codepath():
         inside = state()
         with IdentityMode():
             y = torch.ones(2) + 1
-    assert inside == (False, False, True) and y.tolist() == [2.0, 2.0]
+    assert inside == (False, False, False, True, False, False, False, False)
+    assert y.tolist() == [2.0, 2.0]
     assert state() == before
     with fuzzy(mode="ieee"):
         assert state() == inside
     assert state() == before
+    # other values before entering come back as they were, also after an exception
+    torch._C._set_sdp_use_flash(False)
+    torch._C._set_sdp_use_math(False)
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        changed = state()
+        with pytest.raises(ValueError), codepath():
+            raise ValueError
+        assert state() == changed
+    finally:
+        torch._C._set_sdp_use_flash(before[4])
+        torch._C._set_sdp_use_math(before[3])
+        torch.backends.mha.set_fastpath_enabled(True)
+    assert state() == before
+
+
+def test_modes_guard_themselves_while_dynamo_runs(monkeypatch):
+    """numvar's modes (codepath.guards_itself) opt out of the wrapper PyTorch puts around
+    __torch_dispatch__: outside compiled code no op takes the guarded call; inside a
+    ``torch.compile``d function every op does, dynamo never traces the mode (no warning
+    of a builtin it cannot trace), and the result has the bits of the same block run
+    eagerly (the reference path: native bits)."""
+    import warnings
+
+    import numvar
+    from numvar.instrument.codepath import IdentityMode, dynamo_running, reference_path
+    from numvar.instrument.mode import FuzzyMode
+
+    calls = []
+    for cls in (FuzzyMode, IdentityMode):
+        assert not getattr(cls.__torch_dispatch__, "_torchdynamo_disable", False), cls
+        guarded = cls._guarded
+
+        def spy(self, func, *rest, _guarded=guarded):
+            calls.append(str(func))
+            return _guarded(self, func, *rest)
+
+        monkeypatch.setattr(cls, "_guarded", spy)
+
+    def g(x, w):
+        return torch.tanh(x @ w) * 3 + 1
+
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(4, 8, generator=gen), torch.randn(8, 3, generator=gen)
+    assert not dynamo_running()
+    with numvar.fuzzy(mode="sr", seed=3):
+        eager = g(x, w)
+    with reference_path():
+        ref = g(x, w)
+    assert calls == []
+    compiled = torch.compile(g, backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with numvar.fuzzy(mode="sr", seed=3):
+            got = compiled(x, w)
+        ops = list(calls)
+        with reference_path():
+            got_ref = compiled(x, w)
+    assert ops == ["aten.mm.default", "aten.tanh.default", "aten.mul.Tensor",
+                   "aten.add.Tensor"]
+    assert len(calls) == 2 * len(ops)
+    assert not [str(c.message) for c in caught if "trace" in str(c.message)]
+    assert torch.equal(got, eager) and not torch.equal(got, ref)
+    assert torch.equal(got_ref, ref)
 
 
 def test_count_contractions_counts_every_flop_product():

@@ -17,7 +17,7 @@ op reaches the mode:
   block then runs the cells' steps in compiled calls: numvar.instrument.rnn_kernels);
 - cudnn off (``torch.backends.cudnn.enabled = False``): the same on CUDA (``_cudnn_rnn``).
 
-:func:`codepath` sets these for the duration of a ``with`` block and restores them after.
+:class:`codepath` sets these for the duration of a ``with`` block and restores them after.
 :class:`numvar.instrument.Fuzzy` enters it; :func:`reference_path` enters it with
 :class:`IdentityMode` (a dispatch mode on the stack also changes which paths PyTorch
 takes, e.g. it keeps ``torch.compile`` eager), so that the IEEE reference of
@@ -48,39 +48,136 @@ AVOIDED_OPS: dict[str, str] = {
 }
 
 
-@contextlib.contextmanager
-def codepath() -> Iterator[None]:
+def _sdp_switches() -> tuple | None:
+    """``(getter, setter)`` of every SDPA backend flag of this torch
+    (``torch._C._get_<name>_sdp_enabled`` / ``_set_sdp_use_<name>``, the calls
+    ``torch.nn.attention.sdpa_kernel`` makes), math's first; None where math's are
+    missing (:class:`codepath` then enters ``sdpa_kernel`` itself)."""
+    switches = []
+    for name in ("math", "flash", "mem_efficient", "cudnn", "overrideable"):
+        get = getattr(torch._C, f"_get_{name}_sdp_enabled", None)
+        put = getattr(torch._C, f"_set_sdp_use_{name}", None)
+        if get is not None and put is not None:
+            switches.append((get, put))
+        elif name == "math":
+            return None
+    return tuple(switches)
+
+
+_SDP = _sdp_switches()
+_MHA = getattr(torch.backends, "mha", None)
+
+
+class codepath:  # noqa: N801 - used as a function: ``with codepath(): ...``
     """SDPA on its math backend, the fused transformer fast path off, mkldnn and cudnn
-    off; all restored on exit."""
-    with contextlib.ExitStack() as stack:
-        try:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-        except ImportError:  # torch < 2.3
-            pass
-        else:
-            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-        mha = getattr(torch.backends, "mha", None)
-        if mha is not None:
-            old = mha.get_fastpath_enabled()
-            mha.set_fastpath_enabled(False)
-            stack.callback(mha.set_fastpath_enabled, old)
+    off; all restored on exit.
+
+    A class rather than a generator: a fuzzy block enters it on every forward, and the
+    switches set directly cost about 4 µs where ``contextlib`` and
+    ``torch.nn.attention.sdpa_kernel`` cost 24 (``benchmarks/bench_block.py``). The
+    SDPA flags are the ones ``sdpa_kernel(SDPBackend.MATH)`` sets (math on, every other
+    backend off) and restores (each to its value at entry); a torch without those
+    switches takes ``sdpa_kernel`` itself.
+    """
+
+    __slots__ = ("_saved",)
+
+    def __enter__(self) -> None:
+        sdp = None
+        if _SDP is not None:
+            sdp = tuple(get() for get, _ in _SDP)
+            first = True
+            for _, put in _SDP:
+                put(first)  # math on, the others off
+                first = False
+        else:  # pragma: no cover - torch without the math switch
+            sdp = _fallback_sdpa()
+            sdp.__enter__()
+        mha = None
+        if _MHA is not None:
+            mha = _MHA.get_fastpath_enabled()
+            _MHA.set_fastpath_enabled(False)
         mkldnn = torch._C._get_mkldnn_enabled()
         torch._C._set_mkldnn_enabled(False)
-        stack.callback(torch._C._set_mkldnn_enabled, mkldnn)
-        cudnn = torch.backends.cudnn.enabled
-        torch.backends.cudnn.enabled = False
-        stack.callback(setattr, torch.backends.cudnn, "enabled", cudnn)
-        yield
+        cudnn = torch._C._get_cudnn_enabled()
+        torch._C._set_cudnn_enabled(False)
+        self._saved = (sdp, mha, mkldnn, cudnn)
+
+    def __exit__(self, *exc) -> None:
+        sdp, mha, mkldnn, cudnn = self._saved
+        torch._C._set_cudnn_enabled(cudnn)
+        torch._C._set_mkldnn_enabled(mkldnn)
+        if _MHA is not None:
+            _MHA.set_fastpath_enabled(mha)
+        if _SDP is not None:
+            for (_, put), on in zip(_SDP, sdp):
+                put(on)
+        else:  # pragma: no cover - torch without the math switch
+            sdp.__exit__(*exc)
 
 
+def _fallback_sdpa():  # pragma: no cover - torch without the math switch
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3
+        return contextlib.nullcontext()
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+try:
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback as _dynamo_callback
+    from torch._C._dynamo.eval_frame import set_code_exec_strategy
+except ImportError:  # pragma: no cover - a torch without them: PyTorch's wrapper stays
+    set_code_exec_strategy = None
+
+    def _dynamo_callback():
+        return None
+
+
+def dynamo_running() -> bool:
+    """Whether dynamo's frame evaluation is on in this thread (a ``torch.compile``d
+    function is running). See :func:`guards_itself`."""
+    return _dynamo_callback() is not None
+
+
+def guards_itself(cls):
+    """Class decorator of numvar's dispatch modes: ``__torch_dispatch__`` without the
+    wrapper PyTorch puts around it, guarding itself instead.
+
+    PyTorch wraps every mode's ``__torch_dispatch__`` in ``torch._disable_dynamo`` so
+    that dynamo never traces the mode's own code: two Python frames and three
+    ``set_eval_frame`` calls per op, about 1.1 µs (an add through a do-nothing mode: 7.7
+    against 6.6 µs, ``benchmarks/bench_block.py``). A mode so decorated starts its
+    ``__torch_dispatch__`` with ``if dynamo_running(): return self._guarded(...)``, where
+    ``_guarded`` is the method wrapped as PyTorch wraps it, and the method's own frame is
+    marked for dynamo to skip (what ``torch._dynamo.eval_frame.skip_code`` does): inside
+    a ``torch.compile``d function every op takes PyTorch's path, elsewhere none pays for
+    it. On a torch without those calls the mode keeps PyTorch's wrapper."""
+    wrapped = cls.__dict__["__torch_dispatch__"]  # (PyTorch's wrapper, or the method)
+    raw = getattr(wrapped, "__wrapped__", wrapped)
+    cls._guarded = wrapped  # where PyTorch's wrapper stays (then it is never called)
+    code = getattr(raw, "__code__", None)
+    if set_code_exec_strategy is not None and code is not None and (
+            code.co_name == "__torch_dispatch__"):
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
+        cls._guarded = torch._disable_dynamo(raw, recursive=True)
+        cls.__torch_dispatch__ = raw
+    return cls
+
+
+@guards_itself
 class IdentityMode(TorchDispatchMode):
     """A dispatch mode that only runs each op: the floor of any tool that sees every op,
     and the reference's stand-in for :class:`~numvar.instrument.FuzzyMode`.
 
-    Use it inside :func:`codepath` to measure what numvar pays before doing any work.
+    Use it inside :func:`codepath` to measure what numvar pays before doing any work. It
+    meets dynamo as :class:`~numvar.instrument.FuzzyMode` does (:func:`guards_itself`).
     """
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _dynamo_callback() is not None:  # dynamo_running()
+            return self._guarded(func, types, args, kwargs)
         return func(*args, **(kwargs or {}))
 
 
@@ -96,4 +193,5 @@ def reference_path() -> Iterator[None]:
         yield
 
 
-__all__ = ["codepath", "IdentityMode", "reference_path", "AVOIDED_OPS"]
+__all__ = ["codepath", "IdentityMode", "reference_path", "AVOIDED_OPS", "dynamo_running",
+           "guards_itself"]

@@ -46,16 +46,15 @@ and a plain RNN, before it for a GRU.
 
 The layers are reached through ``torch._VF`` (``lstm``, ``gru``, ``rnn_tanh``,
 ``rnn_relu`` and their ``_cell`` functions), which ``torch.nn`` calls by attribute:
-:func:`patched` sets those attributes for the duration of the fuzzy blocks that are
+:class:`patched` sets those attributes for the duration of the fuzzy blocks that are
 open (counted, so threads with blocks of their own share it) and the wrapper hands a
 call to the fuzzy block of the calling thread, or to PyTorch when there is none.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -684,26 +683,41 @@ def _wrapper(name: str, orig):
     return call
 
 
-@contextlib.contextmanager
-def patched(route: Callable) -> Iterator[None]:
+_wrappers: dict[str, Callable] = {}  # name -> its routing wrapper, made once
+
+
+class patched:  # noqa: N801 - used as a function: ``with patched(route): ...``
     """``torch._VF.lstm``/``gru``/``rnn_tanh``/``rnn_relu`` and their ``_cell`` functions
     routed through ``route(name, torch_function, args)`` (its result, or NotImplemented:
     PyTorch runs the call) while any fuzzy block is open; restored when the last one
-    closes."""
-    global _open, _route
-    with _lock:
-        if _open == 0:
-            _route = route
-            for name in (*GATES, *CELLS):
-                setattr(torch._VF, name, _wrapper(name, getattr(torch._C._VariableFunctions,
-                                                                name)))
-        _open += 1
-    try:
-        yield
-    finally:
+    closes. (A class, its wrappers made once per process: a fuzzy block enters it on
+    every forward.)"""
+
+    __slots__ = ("route",)
+
+    def __init__(self, route: Callable) -> None:
+        self.route = route
+
+    def __enter__(self) -> None:
+        global _open, _route
+        with _lock:
+            if _open == 0:
+                _route = self.route
+                if not _wrappers:
+                    for name in (*GATES, *CELLS):
+                        _wrappers[name] = _wrapper(
+                            name, getattr(torch._C._VariableFunctions, name))
+                vf = torch._VF.__dict__
+                for name, call in _wrappers.items():
+                    vf[name] = call
+            _open += 1
+
+    def __exit__(self, *exc) -> None:
+        global _open, _route
         with _lock:
             _open -= 1
             if _open == 0:
-                for name in (*GATES, *CELLS):
-                    torch._VF.__dict__.pop(name, None)
+                vf = torch._VF.__dict__
+                for name in _wrappers:
+                    vf.pop(name, None)
                 _route = None

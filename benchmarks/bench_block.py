@@ -1,0 +1,150 @@
+"""What a fuzzy block and each op cost before numvar does any work.
+
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_block.py [--repeats 4000]
+
+Every forward that ``numvar.sample`` or the zoo benchmark times runs in a block of its
+own, so the block's set-up and tear-down count once per forward, and the dispatch
+mode's entry once per op. Timed in one process, round after round (each variant's
+``--repeats`` calls by ``perf_counter``, its tenth percentile over the rounds' calls):
+
+- **blocks**, empty: ``numvar.fuzzy(mode="sr", granularity="op")``; the floor of
+  ``bench_zoo.py`` (:class:`~numvar.instrument.codepath.codepath` and
+  :class:`~numvar.instrument.codepath.IdentityMode`); and that floor as it was set up
+  until 2026-12-05 (``contextlib`` and ``torch.nn.attention.sdpa_kernel``:
+  :func:`legacy_codepath`), against an empty ``with torch.no_grad()``;
+- **one op**, an add of two 64-element binary32 tensors: native; through
+  ``IdentityMode`` (which opts out of the wrapper PyTorch puts around
+  ``__torch_dispatch__``: :func:`numvar.instrument.codepath.guards_itself`); through a
+  do-nothing mode that keeps that wrapper; at op SR.
+
+Prints microseconds, and each op's time as a multiple of the native add's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import numvar
+from numvar.instrument.codepath import IdentityMode, codepath
+
+
+@contextlib.contextmanager
+def legacy_codepath():
+    """:class:`~numvar.instrument.codepath.codepath`'s switches set as they were until
+    2026-12-05: a generator, ``torch.nn.attention.sdpa_kernel`` and an ``ExitStack``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        old = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        stack.callback(torch.backends.mha.set_fastpath_enabled, old)
+        mkldnn = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)
+        stack.callback(torch._C._set_mkldnn_enabled, mkldnn)
+        cudnn = torch.backends.cudnn.enabled
+        torch.backends.cudnn.enabled = False
+        stack.callback(setattr, torch.backends.cudnn, "enabled", cudnn)
+        yield
+
+
+class WrappedMode(TorchDispatchMode):
+    """A do-nothing mode with the wrapper PyTorch puts around ``__torch_dispatch__``."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _block(make):
+    def run():
+        with make():
+            pass
+    return run
+
+
+def _percentile(calls: list[float]) -> float:
+    calls = sorted(calls)
+    return calls[len(calls) // 10] * 1e6
+
+
+def measure(repeats: int, rounds: int = 5) -> dict[str, float]:
+    """Microseconds per call of each variant (see the module docstring)."""
+    a, b = torch.randn(64), torch.randn(64)
+
+    def add():
+        return a + b
+
+    def in_block(make):
+        def run():
+            with make():
+                return _time(add, repeats)
+        return run
+
+    blocks = {
+        "block: torch.no_grad()": _block(torch.no_grad),
+        "block: fuzzy(sr, op)": _block(lambda: numvar.fuzzy(mode="sr", granularity="op")),
+        "block: floor (codepath + IdentityMode)": _block(_floor),
+        "block: floor as set up before (legacy_codepath + IdentityMode)": _block(_legacy_floor),
+    }
+    ops = {
+        "op: native add": lambda: _time(add, repeats),
+        "op: add through IdentityMode": in_block(IdentityMode),
+        "op: add through a mode with PyTorch's wrapper": in_block(WrappedMode),
+        "op: add at op SR": in_block(lambda: numvar.fuzzy(mode="sr", granularity="op")),
+    }
+    calls: dict[str, list[float]] = {k: [] for k in (*blocks, *ops)}
+    with torch.no_grad():
+        for name, f in blocks.items():  # warm-up
+            f()
+        for _ in range(rounds):
+            for name, f in blocks.items():
+                calls[name] += _time(f, repeats)
+            for name, f in ops.items():
+                calls[name] += f()
+    return {k: _percentile(v) for k, v in calls.items()}
+
+
+def _time(f, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+@contextlib.contextmanager
+def _floor():
+    with codepath(), IdentityMode():
+        yield
+
+
+@contextlib.contextmanager
+def _legacy_floor():
+    with legacy_codepath(), IdentityMode():
+        yield
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=4000, help="calls per variant and round")
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    if args.repeats < 10 or args.rounds < 1:
+        p.error("--repeats must be at least 10 and --rounds at least 1")
+    t = measure(args.repeats, args.rounds)
+    native = t["op: native add"]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
+          f"tenth percentile of {args.rounds} x {args.repeats} calls")
+    for k, v in t.items():
+        ratio = f"  {v / native:5.2f}x native add" if k.startswith("op:") else ""
+        print(f"{k:66s} {v:8.2f} us{ratio}")
+
+
+if __name__ == "__main__":
+    main()
