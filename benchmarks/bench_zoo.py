@@ -90,7 +90,7 @@ from numvar.instrument import fuzzy
 from numvar.instrument import kernels as KN
 from numvar.instrument import mode as MD
 from numvar.instrument import pointwise as PW
-from numvar.instrument.codepath import IdentityMode, codepath
+from numvar.instrument.codepath import IdentityMode, codepath, dynamo_running, guards_itself
 from numvar.rounding import kernels as RK
 from numvar.workloads import zoo
 
@@ -308,15 +308,20 @@ def _down(t):
     return t.to(torch.float32) if t.dtype is torch.float64 else t
 
 
+@guards_itself
 class Float64Rerun(TorchDispatchMode):
     """Runs the ops in ``funcs`` on float64 copies of their float32 arguments and casts
-    the results back to float32; every other op as it is."""
+    the results back to float32; every other op as it is. It meets dynamo as numvar's
+    modes and the floor do (``codepath.guards_itself``), so that it pays what they pay
+    per op."""
 
     def __init__(self, funcs) -> None:
         super().__init__()
         self.funcs = funcs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if dynamo_running():
+            return self._guarded(func, types, args, kwargs)
         kwargs = kwargs or {}
         if func not in self.funcs:
             return func(*args, **kwargs)

@@ -48,19 +48,17 @@ AVOIDED_OPS: dict[str, str] = {
 }
 
 
-def _sdp_switches() -> tuple | None:
-    """``(getter, setter)`` of every SDPA backend flag of this torch
-    (``torch._C._get_<name>_sdp_enabled`` / ``_set_sdp_use_<name>``, the calls
-    ``torch.nn.attention.sdpa_kernel`` makes), math's first; None where math's are
-    missing (:class:`codepath` then enters ``sdpa_kernel`` itself)."""
+def _sdp_switches() -> tuple:
+    """``(getter, setter)`` of every SDPA backend flag of this torch, math's first: the
+    ``torch._C`` calls ``torch.nn.attention.sdpa_kernel`` makes
+    (``_get_<name>_sdp_enabled`` / ``_set_sdp_use_<name>``; torch ≥ 2.4 has math, flash,
+    mem_efficient and cudnn, later ones overrideable too)."""
     switches = []
     for name in ("math", "flash", "mem_efficient", "cudnn", "overrideable"):
         get = getattr(torch._C, f"_get_{name}_sdp_enabled", None)
         put = getattr(torch._C, f"_set_sdp_use_{name}", None)
         if get is not None and put is not None:
             switches.append((get, put))
-        elif name == "math":
-            return None
     return tuple(switches)
 
 
@@ -73,26 +71,20 @@ class codepath:  # noqa: N801 - used as a function: ``with codepath(): ...``
     off; all restored on exit.
 
     A class rather than a generator: a fuzzy block enters it on every forward, and the
-    switches set directly cost about 4 µs where ``contextlib`` and
+    switches set directly cost about 3 µs where ``contextlib`` and
     ``torch.nn.attention.sdpa_kernel`` cost 24 (``benchmarks/bench_block.py``). The
     SDPA flags are the ones ``sdpa_kernel(SDPBackend.MATH)`` sets (math on, every other
-    backend off) and restores (each to its value at entry); a torch without those
-    switches takes ``sdpa_kernel`` itself.
+    backend off) and restores (each to its value at entry).
     """
 
     __slots__ = ("_saved",)
 
     def __enter__(self) -> None:
-        sdp = None
-        if _SDP is not None:
-            sdp = tuple(get() for get, _ in _SDP)
-            first = True
-            for _, put in _SDP:
-                put(first)  # math on, the others off
-                first = False
-        else:  # pragma: no cover - torch without the math switch
-            sdp = _fallback_sdpa()
-            sdp.__enter__()
+        sdp = tuple(get() for get, _ in _SDP)
+        first = True
+        for _, put in _SDP:
+            put(first)  # math on, the others off
+            first = False
         mha = None
         if _MHA is not None:
             mha = _MHA.get_fastpath_enabled()
@@ -109,19 +101,8 @@ class codepath:  # noqa: N801 - used as a function: ``with codepath(): ...``
         torch._C._set_mkldnn_enabled(mkldnn)
         if _MHA is not None:
             _MHA.set_fastpath_enabled(mha)
-        if _SDP is not None:
-            for (_, put), on in zip(_SDP, sdp):
-                put(on)
-        else:  # pragma: no cover - torch without the math switch
-            sdp.__exit__(*exc)
-
-
-def _fallback_sdpa():  # pragma: no cover - torch without the math switch
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # torch < 2.3
-        return contextlib.nullcontext()
-    return sdpa_kernel(SDPBackend.MATH)
+        for (_, put), on in zip(_SDP, sdp):
+            put(on)
 
 
 try:
@@ -147,8 +128,8 @@ def guards_itself(cls):
 
     PyTorch wraps every mode's ``__torch_dispatch__`` in ``torch._disable_dynamo`` so
     that dynamo never traces the mode's own code: two Python frames and three
-    ``set_eval_frame`` calls per op, about 1.1 µs (an add through a do-nothing mode: 7.7
-    against 6.6 µs, ``benchmarks/bench_block.py``). A mode so decorated starts its
+    ``set_eval_frame`` calls per op, about 1.1 µs (an add of 64 elements through a
+    do-nothing mode: 7.1 against 6.1 µs, ``benchmarks/bench_block.py``). A mode so decorated starts its
     ``__torch_dispatch__`` with ``if dynamo_running(): return self._guarded(...)``, where
     ``_guarded`` is the method wrapped as PyTorch wraps it, and the method's own frame is
     marked for dynamo to skip (what ``torch._dynamo.eval_frame.skip_code`` does): inside
