@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from numvar.instrument import fuzzy
 from numvar.instrument import pointwise as PW
 from numvar.instrument import rnn_kernels as RN
-from numvar.instrument.codepath import codepath
+from numvar.instrument.codepath import codepath, dynamo_running, guards_itself
 from numvar.rounding import Stream
 from numvar.rounding import kernels as RK
 from numvar.workloads import zoo
@@ -55,8 +55,10 @@ _SR = RK.mode_code("sr")
 _ONE = np.ones(1, np.float32)
 
 
+@guards_itself
 class OneCallMode(TorchDispatchMode):
-    """Runs each op natively, then one numba call per float32 output (the lower bound)."""
+    """Runs each op natively, then one numba call per float32 output (the lower bound).
+    It meets dynamo as numvar's modes do (``codepath.guards_itself``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -64,6 +66,8 @@ class OneCallMode(TorchDispatchMode):
         self.ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if dynamo_running():
+            return self._guarded(func, types, args, kwargs)
         out = func(*args, **(kwargs or {}))
         self.ops += 1
         if isinstance(out, torch.Tensor) and out.dtype is torch.float32 and out.numel():
