@@ -723,7 +723,6 @@ class FuzzyMode(TorchDispatchMode):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-
 def _route_recurrent(name: str, torch_fn, args):
     """:class:`numvar.instrument.rnn_kernels.patched`'s route: the calling thread's fuzzy
     block when its mode is on top of the stack, else NotImplemented (PyTorch runs it)."""
