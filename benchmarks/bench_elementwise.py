@@ -22,6 +22,15 @@ times, one thread, best of ``--repeats`` rounds of 50 calls (20 for ``_mulsub``)
 - in a second table, the sum tile against the same loop with its decline flag combined
   by ``and``/``or`` (as it was before 2026-12-04), on 1 024 and 16 384 elements (on
   1 024 the call's own overhead, about 1 µs from Python, is a third to a half of it).
+- in a third table, the SR product of ``pointwise.binary32_tensors`` (and
+  ``scalar32_tensor`` for a Python number) over 65 536 elements in the layouts a model's
+  elementwise ops take: both operands contiguous of one shape (the reference: no copy),
+  a number, one element expanded, a bias row (N < a tile), a column (one value per
+  row), a sliced operand; each layout's time ÷ the reference's, torch's ``mul`` on the
+  same operands, and whether the result has the bits of the materialised operands'.
+  Broadcast operands are copied tile by tile into a buffer (``pointwise._block``); until
+  2026-12-05 those copies did not vectorise and a constant was copied into every tile
+  again (a number's product took 1.5× the reference's time; docs/speed.md).
 
 The variants of a row are timed interleaved (one round of each, ``--repeats`` times), so
 that a shared host's slow spells fall on all of them.
@@ -286,6 +295,57 @@ def main(argv=None) -> None:
                    "andor": lambda: _add_andor(a, b, o2, key, 7)}, args.repeats, inner)
         print(f"| sum | {n} | {n / t['shipped'] / 1e9:.3f} | {n / t['andor'] / 1e9:.3f} | "
               f"{t['andor'] / t['shipped']:.2f} | {_same(o1, o2)} |")
+    _broadcast_table(rng, args.repeats, key)
+
+
+def _layouts(rng, n: int) -> list:
+    """(name, operands as binary32_tensors takes them (a Python number for the scalar
+    kernel), their materialised form) for :func:`main`'s third table, n elements each."""
+    M = n // 256
+    a = torch.from_numpy(rng.standard_normal((M, 256)).astype(np.float32))
+    row = torch.from_numpy(rng.standard_normal(192).astype(np.float32))
+    col = torch.from_numpy(rng.standard_normal((M, 1)).astype(np.float32))
+    wide = torch.from_numpy(rng.standard_normal((M, 300)).astype(np.float32))
+    x192 = torch.from_numpy(rng.standard_normal((n // 192, 192)).astype(np.float32))
+    one = torch.tensor(0.7)
+    return [
+        ("same shape, contiguous", (a, a.flip(0).contiguous()), None),
+        ("a number", (a, 0.7), (a, torch.full_like(a, 0.7))),
+        ("one element expanded", (a, one.expand(M, 256)), (a, torch.full_like(a, 0.7))),
+        ("a bias row (N = 192)", (x192, row), (x192, row.expand_as(x192).contiguous())),
+        ("a column (M, 1)", (a, col), (a, col.expand_as(a).contiguous())),
+        ("sliced rows", (wide[:, 20:276], a), (wide[:, 20:276].contiguous(), a)),
+    ]
+
+
+def _broadcast_table(rng, repeats: int, key) -> None:
+    """:func:`main`'s third table (module docstring)."""
+    n = 1 << 16
+    print()
+    print("| layout (sr, binary32 product) | numvar G/s | ÷ same-shape time | torch G/s "
+          "| numvar ÷ torch time | same bits as materialised |")
+    print("|---|---:|---:|---:|---:|---|")
+    ref = None
+    for name, (x, y), full in _layouts(rng, n):
+        out = torch.empty(torch.broadcast_shapes(x.shape, getattr(y, "shape", ())))
+        if isinstance(y, float):
+            def fn(x=x, y=y, out=out):
+                P.scalar32_tensor(K.OP_MUL, x, y, True, out, int(key), SR)
+        else:
+            def fn(x=x, y=y, out=out):
+                P.binary32_tensors(K.OP_MUL, x, y, out, int(key), SR)
+        tout = torch.empty_like(out)
+        t = _best({"numvar": fn, "torch": lambda x=x, y=y, o=tout: torch.mul(x, y, out=o)},
+                  repeats, 5)
+        fn()
+        if full is None:
+            ref, same = t["numvar"], "—"
+        else:
+            want = torch.empty_like(out)
+            P.binary32_tensors(K.OP_MUL, full[0], full[1], want, int(key), SR)
+            same = _same(out.numpy(), want.numpy())
+        print(f"| {name} | {n / t['numvar'] / 1e9:.3f} | {t['numvar'] / ref:.2f} | "
+              f"{n / t['torch'] / 1e9:.3f} | {t['numvar'] / t['torch']:.1f} | {same} |")
 
 
 if __name__ == "__main__":

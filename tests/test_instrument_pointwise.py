@@ -62,6 +62,9 @@ CASES = [
     ((3, 40, 700), (40, 1), "perm"), ((5, 4, 3), (5, 1, 1), "perm"),
     ((3000,), (3000,), None), ((2, 3, 1), (2, 3, 1), None), ((5, 7), (7,), "neg"),
     ((5, 7), (5, 7), "neg"),
+    # a constant operand held across a chunk's tiles where the chunk's first tile is a
+    # row's short last one (tiles 32.. of 3 per row, 16 per chunk), and a row-constant one
+    ((12, 2100), (), "slice"), ((12, 2100), (12, 1), None),
 ]
 
 

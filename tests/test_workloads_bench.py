@@ -408,7 +408,8 @@ def test_bench_pipes_refuses_hosts_without_avx2(monkeypatch):
 def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, capsys):
     """benchmarks/bench_elementwise.py: one row per loop (three tiles, the rounding tile,
     two _mulsub shapes), positive rates, and the split and indexed variants give the
-    shipped loops' bits; the flags table: the sum tile with and/or flags, same bits."""
+    shipped loops' bits; the flags table: the sum tile with and/or flags, same bits; the
+    layouts table: every broadcast layout with the bits of its materialised operands."""
     import numba
 
     mod = _load_script(monkeypatch, "bench_elementwise")
@@ -432,6 +433,16 @@ def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, ca
     assert [r[1] for r in flags] == ["1024", "16384"]
     for r in flags:
         assert float(r[2]) > 0 and float(r[3]) > 0 and r[5].rstrip(" |") == "yes"
+    layouts = [ln.split(" | ") for ln in out.splitlines()[out.splitlines().index(
+        next(ln for ln in out.splitlines() if ln.startswith("| layout"))) + 2:]
+        if ln.startswith("| ")]
+    assert [r[0][2:] for r in layouts] == [
+        "same shape, contiguous", "a number", "one element expanded", "a bias row (N = 192)",
+        "a column (M, 1)", "sliced rows"]
+    assert layouts[0][2] == "1.00" and layouts[0][5].rstrip(" |") == "—"
+    for r in layouts:
+        assert float(r[1]) > 0 and float(r[2]) > 0 and float(r[3]) > 0
+    assert all(r[5].rstrip(" |") == "yes" for r in layouts[1:])
 
 
 def test_bench_keys_compares_draws_that_agree(monkeypatch, capsys):

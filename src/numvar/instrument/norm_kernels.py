@@ -129,13 +129,20 @@ def _spread(full, v, d0, d1, d2, s0, s1, s2):
     for i0 in range(d0):
         for i1 in range(d1):
             base = i0 * s0 + i1 * s1
+            # (writes through a view indexed from 0: full[l0 + i2] kept LLVM from vectorising
+            # these loops, as in pointwise._block)
+            dst = full[l0:l0 + d2]
             if s2 == 0:
                 c = v[base]
                 for i2 in range(d2):
-                    full[l0 + i2] = c
+                    dst[i2] = c
+            elif s2 == 1:
+                row = v[base:base + d2]
+                for i2 in range(d2):
+                    dst[i2] = row[i2]
             else:
                 for i2 in range(d2):
-                    full[l0 + i2] = v[base + i2 * s2]
+                    dst[i2] = v[base + i2 * s2]
             l0 += d2
 
 

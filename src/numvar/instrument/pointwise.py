@@ -446,6 +446,12 @@ def polar32(r, c, s, kr, km, mode):  # pragma: no cover - compiled
 
 
 @njit(inline="always")
+def _fill(buf, v):
+    for j in range(buf.size):
+        buf[j] = v
+
+
+@njit(inline="always")
 def _block(src, s0, s1, s2, M2, r0, rows, j0, ncols, buf, held):
     """The values of rows r0..r0+rows-1 (row r = (r // M2, r % M2) over the two outer
     dims), columns j0..j0+ncols-1 of an operand with strides (s0, s1, s2), in C order: a
@@ -462,13 +468,17 @@ def _block(src, s0, s1, s2, M2, r0, rows, j0, ncols, buf, held):
     k = 0
     for r in range(rows):
         b = i1 * s0 + i2 * s1 + j0 * s2
+        # (copies between views indexed from 0: an index such as buf[k + j] kept LLVM from
+        # vectorising these loops, 0.6 ns an element against 0.07)
+        dst = buf[k:k + ncols]
         if s2 == 1:
+            row = src[b:b + ncols]
             for j in range(ncols):
-                buf[k + j] = src[b + j]
+                dst[j] = row[j]
         else:
             v = src[b]
             for j in range(ncols):
-                buf[k + j] = v
+                dst[j] = v
         k += ncols
         i2 += 1
         if i2 == M2:
@@ -486,6 +496,14 @@ def _bchunk(c, per, total, op, a, sa, b, sb, out, M1, M2, N, ukey, mode):
     ntr = (N + TILE - 1) // TILE
     rpt = max(1, TILE // N)
     prev = -1  # rows of the previous tile (whole-row tiles of an operand with equal rows repeat)
+    # a constant operand (all strides 0: a number, or one element broadcast) fills its
+    # buffer once per chunk, not once per tile (a tile's operand fits in TILE elements)
+    const_a = sa[0] == 0 and sa[1] == 0 and sa[2] == 0
+    const_b = sb[0] == 0 and sb[1] == 0 and sb[2] == 0
+    if const_a:
+        _fill(bufa, a[0])
+    if const_b:
+        _fill(bufb, b[0])
     for t in range(c * per, min(total, (c + 1) * per)):
         if N >= TILE:
             r0 = t // ntr
@@ -499,9 +517,9 @@ def _bchunk(c, per, total, op, a, sa, b, sb, out, M1, M2, N, ukey, mode):
             ncols = N
         same = N < TILE and rows == prev
         aa = _block(a, sa[0], sa[1], sa[2], M2, r0, rows, j0, ncols, bufa,
-                    same and sa[0] == 0 and sa[1] == 0)
+                    const_a or (same and sa[0] == 0 and sa[1] == 0))
         bb = _block(b, sb[0], sb[1], sb[2], M2, r0, rows, j0, ncols, bufb,
-                    same and sb[0] == 0 and sb[1] == 0)
+                    const_b or (same and sb[0] == 0 and sb[1] == 0))
         prev = rows
         l0 = r0 * N + j0
         o = out[l0:l0 + rows * ncols]
