@@ -869,8 +869,9 @@ def _prepare32(a, b, b64, BO, t):  # pragma: no cover - compiled
             for j0 in range(0, N, tw):  # row k of each column tile's block (tiled64)
                 w = min(tw, N - j0)
                 dst = bw[bb * Kd * N + j0 * Kd + k * w:]
+                part = src[j0:j0 + w]  # (indexed from 0: src[j0 + jj] did not vectorise)
                 for jj in range(w):
-                    dst[jj] = np.float64(src[j0 + jj])
+                    dst[jj] = np.float64(part[jj])
     au = a.reshape(BA * M, Kd).view(np.uint32)
     ast = np.empty((BA * M, 3), dtype=np.uint32)
     for r in prange(BA * M):
