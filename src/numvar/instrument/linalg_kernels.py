@@ -26,7 +26,7 @@ from numba import njit
 
 from numvar.rounding import kernels as K
 
-from .pointwise import mulsub_rows, round_into
+from .pointwise import copy_into, mulsub_rows, round_into
 
 _U1 = np.uint64(1)
 
@@ -91,7 +91,7 @@ def lu32(W, B, m, n, piv, info, kdiv, kmul, ksub, mode):  # pragma: no cover - c
             for i in range(L):
                 r0 = base + (j + 1 + i) * n + j + 1
                 bufa[i] = W[r0 - 1]
-                bufc[i * N:(i + 1) * N] = W[r0:r0 + N]
+                copy_into(bufc[i * N:(i + 1) * N], W[r0:r0 + N])
             blk = L * N
             mulsub_rows(bufa[:L], W[u0:u0 + N], bufc[:blk].reshape(L, N),
                         res[:blk].reshape(L, N), np.uint64(kmul[j]), np.uint64(ksub[j]),
@@ -99,7 +99,7 @@ def lu32(W, B, m, n, piv, info, kdiv, kmul, ksub, mode):  # pragma: no cover - c
                         scr[:N], scr[w:w + N], scr[2 * w:2 * w + N])
             for i in range(L):
                 r0 = base + (j + 1 + i) * n + j + 1
-                W[r0:r0 + N] = res[i * N:(i + 1) * N]
+                copy_into(W[r0:r0 + N], res[i * N:(i + 1) * N])
 
 
 @njit(cache=True, error_model="numpy")
@@ -125,7 +125,7 @@ def trsm32(T, Y, B, n, r, upper, unit, kdiv, kmul, ksub, mode):  # pragma: no co
             if not unit:
                 bufa[:r] = T[tb + j * n + j]
                 round_into(K.OP_DIV, yj, bufa[:r], res[:r], np.uint64(kdiv[s]), b * r, mode)
-                yj[:] = res[:r]
+                copy_into(yj, res[:r])
             R = j if upper else n - j - 1
             if R == 0:
                 continue
@@ -139,7 +139,7 @@ def trsm32(T, Y, B, n, r, upper, unit, kdiv, kmul, ksub, mode):  # pragma: no co
             mulsub_rows(tcol[:R], yj, blk.reshape(R, r), res[:w].reshape(R, r),
                         np.uint64(kmul[s]), np.uint64(ksub[s]), b * w, mode, bad[:R], bufa,
                         bufb, prod)
-            blk[:] = res[:w]
+            copy_into(blk, res[:w])
 
 
 @njit(cache=True)

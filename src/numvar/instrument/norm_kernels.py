@@ -130,16 +130,14 @@ def _spread(full, v, d0, d1, d2, s0, s1, s2):
         for i1 in range(d1):
             base = i0 * s0 + i1 * s1
             # (writes through a view indexed from 0: full[l0 + i2] kept LLVM from vectorising
-            # these loops, as in pointwise._block)
+            # these loops, see pointwise.copy_into)
             dst = full[l0:l0 + d2]
             if s2 == 0:
                 c = v[base]
                 for i2 in range(d2):
                     dst[i2] = c
             elif s2 == 1:
-                row = v[base:base + d2]
-                for i2 in range(d2):
-                    dst[i2] = row[i2]
+                PW.copy_into(dst, v[base:base + d2])
             else:
                 for i2 in range(d2):
                     dst[i2] = v[base + i2 * s2]
@@ -277,7 +275,7 @@ def group_norm32(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
     if has_b:
         _spread(c, b, N, G, Cg, 0, Cg, 1)
         PW.round_into(K.OP_ADD, shift, c, a, np.uint64(keys[12]), 0, mode)
-        shift[:] = a
+        PW.copy_into(shift, a)
         k = 13
     full = np.empty(x.size, np.float32)
     _spread(full, scale, N, C, HW, C, 1, 0)
