@@ -63,10 +63,10 @@ def bag32(weight, idx, bag, w, key_mul, key_add, key_div, mode, mean, out):  # p
             PW.round_into(K.OP_MUL, src, scale, x, ukm, q, mode)
             src = x
         if count[b] == 0:
-            out[b] = src
+            PW.copy_into(out[b], src)
         else:
             PW.round_into(K.OP_ADD, out[b], src, tmp, uka, q, mode)
-            out[b] = tmp
+            PW.copy_into(out[b], tmp)
         count[b] += 1
     if mean:
         c = 0
@@ -74,7 +74,7 @@ def bag32(weight, idx, bag, w, key_mul, key_add, key_div, mode, mean, out):  # p
             if count[b] > 0:
                 scale[:] = np.float32(count[b])
                 PW.round_into(K.OP_DIV, out[b], scale, tmp, ukd, c * d, mode)
-                out[b] = tmp
+                PW.copy_into(out[b], tmp)
                 c += 1
 
 
