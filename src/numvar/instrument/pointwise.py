@@ -447,6 +447,7 @@ def polar32(r, c, s, kr, km, mode):  # pragma: no cover - compiled
 
 @njit(inline="always")
 def _fill(buf, v):
+    """Every element of ``buf`` set to ``v``."""
     for j in range(buf.size):
         buf[j] = v
 
