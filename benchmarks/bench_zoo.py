@@ -42,7 +42,8 @@ more tables check the other goals of the issue:
 - **formats**: a low-precision or float64 entry (``X_bf16``, ``X_fp16``, ``X_f64``) against
   its binary32 twin ``X``: its flop SR and op SR ratios divided by the twin's, goal ≤ 1.5
   for bf16/fp16 and ≤ 3 for float64 (not judged where the entry's native forward takes
-  over :data:`SLOW_NATIVE` times its twin's: the CPU has no native kernels for the
+  over its format's :data:`SLOW_NATIVE` times its twin's, 1.5 for bf16/fp16 and 4 for
+  float64: the CPU has no native kernels for the
   format, and ratios to that slow native run say nothing; the cell then gives
   :func:`native_for_goal`, the least native time, as a multiple of the twin's, at which
   the goal would hold with numvar's times as measured);
@@ -498,12 +499,16 @@ def _ratios(r) -> tuple[float, float]:
     return r["flop SR"] / r["native"], r["op SR"] / r["native"]
 
 
-#: an entry whose native forward takes more than this many times its binary32 twin's has
-#: no native kernels for its format on this CPU (float16 convolutions on a core without
-#: AVX-512 FP16 ran 15× slower than float32, measured on AMD Zen 4): its ratios, taken
-#: against that slow native run, are small for that reason alone, so its goal is not
-#: judged (float64's native time is about twice float32's)
-SLOW_NATIVE = 4.0
+#: per format, an entry whose native forward takes more than this many times its binary32
+#: twin's has no native kernels for its format on this CPU: its ratios, taken against that
+#: slow native run, are small for that reason alone, so its goal is not judged. Native
+#: 16-bit kernels (AVX-512 BF16/FP16, AMX, GPUs) run a forward in at most about binary32's
+#: time (half the bytes); here float16 convolutions ran 15× slower than binary32 on a core
+#: without AVX-512 FP16 (AMD Zen 4), and BERT tiny in bfloat16 3.3–5× (Zen 3, its matmuls
+#: without native bfloat16 kernels: at 3.3× a limit of 4 judged it, and its ratio ÷ the
+#: twin's, 0.25, passed for that reason alone). float64's native time is about twice
+#: binary32's where both have native kernels.
+SLOW_NATIVE = {"bfloat16": 1.5, "float16": 1.5, "float64": 4.0}
 
 
 def _twins(rows):
@@ -518,8 +523,9 @@ def _twins(rows):
 
 
 def _slow_natives(rows) -> set[str]:
-    """Entries whose native forward takes over SLOW_NATIVE times their twin's."""
-    return {r["model"] for r, _, _, _, slow in _twins(rows) if slow > SLOW_NATIVE}
+    """Entries whose native forward takes over their format's SLOW_NATIVE times their
+    twin's."""
+    return {r["model"] for r, _, what, _, slow in _twins(rows) if slow > SLOW_NATIVE[what]}
 
 
 def native_for_goal(r: dict, twin: dict, goal: float) -> float:
@@ -537,7 +543,7 @@ def _format_rows(rows) -> list[str]:
     for r, twin, what, goal, slow in _twins(rows):
         name = r["model"]
         (f, o), (tf, to) = _ratios(r), _ratios(twin)
-        if slow > SLOW_NATIVE:
+        if slow > SLOW_NATIVE[what]:
             ok = (f"n/a (native {slow:.0f}× the twin's: no native {what} kernels here); "
                   f"holds where native {what} takes ≥ {native_for_goal(r, twin, goal):.2f}× "
                   f"the twin's native time")
@@ -549,7 +555,8 @@ def _format_rows(rows) -> list[str]:
         return []
     return ["", "**Formats** (one thread): each entry's ratios ÷ its binary32 twin's; goal ≤ 1.5 "
             "for bfloat16/float16, ≤ 3 for float64; native ÷: the entry's native time ÷ "
-            f"the twin's (above {SLOW_NATIVE:g} the CPU lacks native kernels for the format "
+            "the twin's (above " + ", ".join(f"{v:g} for {k}" for k, v in SLOW_NATIVE.items())
+            + " the CPU lacks native kernels for the format "
             "and the goal is not judged: the cell says instead how fast a native run of the "
             "entry, as a multiple of the twin's native time, may be for the goal to hold "
             "with numvar's times as measured here).", "",
