@@ -258,6 +258,7 @@ def op_once(ctx: Ctx, func, args, kwargs):
         new = k2.get(name) if byname else (a2[i] if i < len(a2) else None)
         if is_float_tensor(orig) and new is not orig and not (unwritten and ctx.round_keeps(orig)):
             orig.copy_(ctx.round(new, orig.dtype))
+
     if out_dts is None and type(out) is torch.Tensor and out.dtype is _F64:
         return ctx.round(out, promoted)  # (_round_outputs' one call for this case)
     return _round_outputs(ctx, out, out_dts, promoted)
