@@ -9,7 +9,8 @@ mode's entry once per op. Timed in one process, round after round (each variant'
 
 - **blocks**, empty: ``numvar.fuzzy(mode="sr", granularity="op")``; the floor of
   ``bench_zoo.py`` (:class:`~numvar.instrument.codepath.codepath` and
-  :class:`~numvar.instrument.codepath.IdentityMode`); and that floor as it was set up
+  :class:`~numvar.instrument.codepath.IdentityMode`, entered by
+  :func:`~numvar.instrument.codepath.reference_path`); and that floor as it was set up
   until 2026-12-05 (``contextlib`` and ``torch.nn.attention.sdpa_kernel``:
   :func:`legacy_codepath`), against an empty ``with torch.no_grad()``;
 - **one op**, an add of two 64-element binary32 tensors: native; through
@@ -30,7 +31,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import numvar
-from numvar.instrument.codepath import IdentityMode, codepath
+from numvar.instrument.codepath import IdentityMode, reference_path
 
 
 @contextlib.contextmanager
@@ -88,7 +89,7 @@ def measure(repeats: int, rounds: int = 5) -> dict[str, float]:
     blocks = {
         "block: torch.no_grad()": _block(torch.no_grad),
         "block: fuzzy(sr, op)": _block(lambda: numvar.fuzzy(mode="sr", granularity="op")),
-        "block: floor (codepath + IdentityMode)": _block(_floor),
+        "block: floor (codepath + IdentityMode)": _block(reference_path),
         "block: floor as set up before (legacy_codepath + IdentityMode)": _block(_legacy_floor),
     }
     ops = {
@@ -116,12 +117,6 @@ def _time(f, repeats: int) -> list[float]:
         f()
         out.append(time.perf_counter() - t)
     return out
-
-
-@contextlib.contextmanager
-def _floor():
-    with codepath(), IdentityMode():
-        yield
 
 
 @contextlib.contextmanager

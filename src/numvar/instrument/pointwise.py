@@ -485,9 +485,7 @@ def _block(src, s0, s1, s2, M2, r0, rows, j0, ncols, buf, held):
         if s2 == 1:
             copy_into(dst, src[b:b + ncols])
         else:
-            v = src[b]
-            for j in range(ncols):
-                dst[j] = v
+            _fill(dst, src[b])
         k += ncols
         i2 += 1
         if i2 == M2:
