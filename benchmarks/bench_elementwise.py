@@ -22,7 +22,12 @@ times, one thread, best of ``--repeats`` rounds of 50 calls (20 for ``_mulsub``)
 - in a second table, the sum tile against the same loop with its decline flag combined
   by ``and``/``or`` (as it was before 2026-12-04), on 1 024 and 16 384 elements (on
   1 024 the call's own overhead, about 1 µs from Python, is a third to a half of it).
-- in a third table, the SR product of ``pointwise.binary32_tensors`` (and
+- in a third table, ``_mulsub`` (each row in two passes, products then differences, since
+  2026-12-05) against the one-pass loop it replaced (both roundings of a term in one
+  vectorised body, which needs more constants than AVX2's sixteen vector registers
+  hold), on the trailing-block shapes of a 64 × 64 LU and triangular solve, and whether
+  the bits agree;
+- in a fourth table, the SR product of ``pointwise.binary32_tensors`` (and
   ``scalar32_tensor`` for a Python number) over 65 536 elements in the layouts a model's
   elementwise ops take: both operands contiguous of one shape (the reference: no copy),
   a number, one element expanded, a bias row (N < a tile), a column (one value per
@@ -188,6 +193,32 @@ def _mulsub_variant(s, v, X, O, kmul, ksub, l0, bad, rm, rs, split):
 
 
 @njit(error_model="numpy")
+def _mulsub_onepass(s, v, X, O, kmul, ksub, l0, bad):  # pragma: no cover - compiled
+    """``pointwise._mulsub`` in SR as it was until 2026-12-05: each row in one pass, both
+    roundings of a term (``pointwise.mulsub_term``) with both Weyl values stepped by γ."""
+    K.wide_vectors()
+    R, N = O.shape
+    nbad = 0
+    for i in range(R):
+        sf = np.float64(s[i])
+        x = X[i]
+        o = O[i]
+        li = np.uint64(l0 + i * N)
+        zm = _weyl(kmul, li)
+        zs = _weyl(ksub, li)
+        nb = 0
+        for c in range(N):
+            q, ok = P.mulsub_term(sf, v[c], x[c], _bits_weyl(zm), _bits_weyl(zs), SR)
+            zm += _G
+            zs += _G
+            o[c] = q
+            nb += 0 if ok else 1
+        bad[i] = nb != 0
+        nbad += nb
+    return nbad
+
+
+@njit(error_model="numpy")
 def _mulsub_indexed(s, v, X, O, kmul, ksub, l0, bad, rm, rs):  # pragma: no cover - compiled
     K.wide_vectors()
     return _mulsub_variant(s, v, X, O, kmul, ksub, l0, bad, rm, rs, False)
@@ -269,10 +300,11 @@ def main(argv=None) -> None:
         O1, O2, O3 = np.empty_like(X), np.empty_like(X), np.empty_like(X)
         bad = np.empty(R, np.bool_)
         rm, rs = np.empty(N, np.uint64), np.empty(N, np.uint64)
+        pr = np.empty(N, np.float32)
         k1, k2 = np.uint64(1), np.uint64(2)
         tx, ts, tv, to = (torch.from_numpy(X), torch.from_numpy(s)[:, None],
                           torch.from_numpy(v)[None, :], torch.empty(R, N))
-        t = _best({"shipped": lambda: P._mulsub(s, v, X, O1, k1, k2, 3, SR, bad),
+        t = _best({"shipped": lambda: P._mulsub(s, v, X, O1, k1, k2, 3, SR, bad, pr),
                    "split": lambda: _mulsub_split(s, v, X, O2, k1, k2, 3, bad, rm, rs),
                    "indexed": lambda: _mulsub_indexed(s, v, X, O3, k1, k2, 3, bad, rm, rs),
                    "torch": lambda: torch.addcmul(tx, ts, tv, value=-1, out=to)},
@@ -295,12 +327,36 @@ def main(argv=None) -> None:
                    "andor": lambda: _add_andor(a, b, o2, key, 7)}, args.repeats, inner)
         print(f"| sum | {n} | {n / t['shipped'] / 1e9:.3f} | {n / t['andor'] / 1e9:.3f} | "
               f"{t['andor'] / t['shipped']:.2f} | {_same(o1, o2)} |")
+    _passes_table(rng, args.repeats)
     _broadcast_table(rng, args.repeats, key)
+
+
+def _passes_table(rng, repeats: int) -> None:
+    """:func:`main`'s third table: ``pointwise._mulsub`` (two passes per row) against the
+    one-pass loop it replaced, on the block shapes of a 64 × 64 LU and triangular solve."""
+    print()
+    print("| _mulsub (sr, binary32) | rows × columns | one pass G/s | two passes (shipped) G/s "
+          "| speed-up | same bits |")
+    print("|---|---|---:|---:|---:|---|")
+    for R, N in ((64, 64), (16, 1024), (63, 20), (20, 40), (40, 8)):
+        s = rng.standard_normal(R).astype(np.float32)
+        v = rng.standard_normal(N).astype(np.float32)
+        X = rng.standard_normal((R, N)).astype(np.float32)
+        O1, O2 = np.empty_like(X), np.empty_like(X)
+        bad1, bad2 = np.empty(R, np.bool_), np.empty(R, np.bool_)
+        pr = np.empty(N, np.float32)
+        k1, k2 = np.uint64(1), np.uint64(2)
+        t = _best({"two": lambda: P._mulsub(s, v, X, O1, k1, k2, 3, SR, bad1, pr),
+                   "one": lambda: _mulsub_onepass(s, v, X, O2, k1, k2, 3, bad2)}, repeats, 20)
+        w = R * N
+        same = _same(O1, O2) if np.array_equal(bad1, bad2) else "**no**"
+        print(f"| _mulsub | {R} × {N} | {w / t['one'] / 1e9:.3f} | {w / t['two'] / 1e9:.3f} | "
+              f"{t['one'] / t['two']:.2f} | {same} |")
 
 
 def _layouts(rng, n: int) -> list:
     """(name, operands as binary32_tensors takes them (a Python number for the scalar
-    kernel), their materialised form) for :func:`main`'s third table, n elements each."""
+    kernel), their materialised form) for :func:`main`'s fourth table, n elements each."""
     M = n // 256
     a = torch.from_numpy(rng.standard_normal((M, 256)).astype(np.float32))
     row = torch.from_numpy(rng.standard_normal(192).astype(np.float32))
@@ -319,7 +375,7 @@ def _layouts(rng, n: int) -> list:
 
 
 def _broadcast_table(rng, repeats: int, key) -> None:
-    """:func:`main`'s third table (module docstring)."""
+    """:func:`main`'s fourth table (module docstring)."""
     n = 1 << 16
     print()
     print("| layout (sr, binary32 product) | numvar G/s | ÷ same-shape time | torch G/s "

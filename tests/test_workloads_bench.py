@@ -413,6 +413,7 @@ def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, ca
     """benchmarks/bench_elementwise.py: one row per loop (three tiles, the rounding tile,
     two _mulsub shapes), positive rates, and the split and indexed variants give the
     shipped loops' bits; the flags table: the sum tile with and/or flags, same bits; the
+    passes table: _mulsub's two passes against one at five shapes, same bits; the
     layouts table: every broadcast layout with the bits of its materialised operands."""
     import numba
 
@@ -424,7 +425,8 @@ def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, ca
         torch.set_num_threads(n)
         numba.set_num_threads(nn)
     out = capsys.readouterr().out
-    rows = [ln.split(" | ") for ln in out.splitlines() if ln.startswith("| _")]
+    rows = [ln.split(" | ") for ln in out.splitlines()
+            if ln.startswith("| _") and ln.count(" | ") == 10]
     assert [r[0][2:] for r in rows] == ["_tile product", "_tile sum", "_tile quotient",
                                         "_roundtile (float64 to binary32)", "_mulsub",
                                         "_mulsub"]
@@ -437,6 +439,12 @@ def test_bench_elementwise_prints_rates_and_the_split_loops_bits(monkeypatch, ca
     assert [r[1] for r in flags] == ["1024", "16384"]
     for r in flags:
         assert float(r[2]) > 0 and float(r[3]) > 0 and r[5].rstrip(" |") == "yes"
+    passes = [ln.split(" | ") for ln in out.splitlines()
+              if ln.startswith("| _mulsub |") and " × " in ln and ln.count(" | ") == 5]
+    assert [r[1] for r in passes] == ["64 × 64", "16 × 1024", "63 × 20", "20 × 40", "40 × 8"]
+    for r in passes:
+        assert float(r[2]) > 0 and float(r[3]) > 0 and float(r[4]) > 0
+        assert r[5].rstrip(" |") == "yes"
     layouts = [ln.split(" | ") for ln in out.splitlines()[out.splitlines().index(
         next(ln for ln in out.splitlines() if ln.startswith("| layout"))) + 2:]
         if ln.startswith("| ")]

@@ -307,40 +307,59 @@ def round_sum_into(op, a, b, o, ukey, l0, mode):
 
 
 @njit(inline="always", error_model="numpy")
+def sub_term(xc, pc, r, mode):
+    """``RND(xc − pc)`` of two binary32 values on the fast path with the bits ``r``:
+    (value, ok), ok False where it declines (the rounding, or an inexact finite float64
+    difference). The second rounding of :func:`mulsub_term`."""
+    xx = np.float64(xc)
+    y = -np.float64(pc)
+    t = xx + y
+    bv = t - xx
+    e = (xx - (t - bv)) + (y - bv)
+    q, ok = _fast32(t, r, mode)
+    # bitwise, not `and`/`or`: short-circuits returned from an inlined helper are branches
+    # that kept the loop from vectorising as well (0.25 -> 0.17 G terms/s, measured)
+    return q, ok & ((e == 0.0) | (not (abs(t) < np.inf)))
+
+
+@njit(inline="always", error_model="numpy")
 def mulsub_term(sf, vc, xc, rmul, rsub, mode):
     """``RND(xc − RND(sf·vc))`` on the fast path with the product's bits ``rmul`` and the
     difference's ``rsub`` (``sf`` float64, ``vc`` and ``xc`` binary32): (value, ok), ok
     False where the fast path declines (either rounding, or an inexact finite float64
-    difference). One element of :func:`_mulsubloop`."""
+    difference). One element of :func:`mulsub_rows`' update in one expression (what
+    ``benchmarks/bench_elementwise.py`` times the shipped two-pass loop against)."""
     p, okp = _fast32(sf * np.float64(vc), rmul, mode)
-    xx = np.float64(xc)
-    y = -np.float64(p)
-    t = xx + y
-    bv = t - xx
-    e = (xx - (t - bv)) + (y - bv)
-    q, oks = _fast32(t, rsub, mode)
-    # bitwise, not `and`/`or`: short-circuits returned from an inlined helper are branches
-    # that kept the loop from vectorising as well (0.25 -> 0.17 G terms/s, measured)
-    return q, okp & oks & ((e == 0.0) | (not (abs(t) < np.inf)))
+    q, oks = sub_term(xc, p, rsub, mode)
+    return q, okp & oks
 
 
 @njit(inline="always", error_model="numpy")
-def _mulsubloop(s, v, X, O, kmul, ksub, l0, mode, bad):
-    """:func:`mulsub_rows`' loop with the mode a constant (it vectorises over columns)."""
+def _mulsubloop(s, v, X, O, kmul, ksub, l0, mode, bad, p):
+    """:func:`mulsub_rows`' loops with the mode a constant. Each row in two passes that
+    vectorise over columns: the products (key ``kmul``) into the scratch row ``p``, then
+    the differences (key ``ksub``), each pass with one hash per element. One pass doing
+    both (:func:`mulsub_term`) needs more constants than AVX2's sixteen vector registers
+    hold and re-materialised them every pass: 1.15-1.2x slower (docs/speed.md)."""
     R, N = O.shape
     nbad = 0
+    pr = p[:N]
     for i in range(R):
         sf = np.float64(s[i])
         x = X[i]
         o = O[i]
         li = np.uint64(l0 + i * N)
-        zm = _weyl(kmul, li)  # (both stepped by γ: KN._weyl)
-        zs = _weyl(ksub, li)
+        z = _weyl(kmul, li)  # stepped by γ: KN._weyl
         nb = 0
         for c in range(N):
-            q, ok = mulsub_term(sf, v[c], x[c], _bits_weyl(zm), _bits_weyl(zs), mode)
-            zm += _G
-            zs += _G
+            q, ok = _fast32(sf * np.float64(v[c]), _bits_weyl(z), mode)
+            z += _G
+            pr[c] = q
+            nb += 0 if ok else 1
+        z = _weyl(ksub, li)
+        for c in range(N):
+            q, ok = sub_term(x[c], pr[c], _bits_weyl(z), mode)
+            z += _G
             o[c] = q
             nb += 0 if ok else 1
         bad[i] = nb != 0
@@ -349,18 +368,18 @@ def _mulsubloop(s, v, X, O, kmul, ksub, l0, mode, bad):
 
 
 @njit(cache=True, error_model="numpy")
-def _mulsub(s, v, X, O, kmul, ksub, l0, mode, bad):  # pragma: no cover - compiled
+def _mulsub(s, v, X, O, kmul, ksub, l0, mode, bad, p):  # pragma: no cover - compiled
     """:func:`_mulsubloop` specialised by mode (sr, ieee, ud, random; the other modes
     decline every row); the number of declined elements."""
     K.wide_vectors()
     if mode == _SR:
-        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _SR, bad)
+        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _SR, bad, p)
     if mode == _IEEE:
-        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _IEEE, bad)
+        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _IEEE, bad, p)
     if mode == _UD:
-        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _UD, bad)
+        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _UD, bad, p)
     if mode == _RANDOM:
-        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _RANDOM, bad)
+        return _mulsubloop(s, v, X, O, kmul, ksub, l0, _RANDOM, bad, p)
     bad[:] = True
     return O.size
 
@@ -376,7 +395,7 @@ def mulsub_rows(s, v, X, O, kmul, ksub, l0, mode, bad, pa, pb, prod):
     row with a declined element is redone through those two calls (``pa``, ``pb``,
     ``prod``: scratch of N elements, ``bad``: of R)."""
     R, N = O.shape
-    if _mulsub(s, v, X, O, kmul, ksub, l0, mode, bad) == 0:
+    if _mulsub(s, v, X, O, kmul, ksub, l0, mode, bad, prod) == 0:
         return
     for i in range(R):
         if bad[i]:
