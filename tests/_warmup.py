@@ -124,7 +124,7 @@ def _rnn_steps() -> tuple[str, float]:
 
 def _short_paths() -> tuple[str, float]:
     """The compiled short paths of linear algebra, FFTs and complex arithmetic
-    (``linalg_kernels.lu32``/``trsm32`` and their keys, ``fft_kernels.radix2_32``,
+    (``linalg_kernels.lu32``/``trsm32``/``solve32`` and their keys, ``fft_kernels.radix2_32``,
     ``pointwise.cmul32``/``polar32``) and the pointwise tiles they share (~100 s cold on
     one core: each of the two test workers compiled them before either had cached them),
     called once each with the types their callers pass."""
@@ -143,6 +143,8 @@ def _short_paths() -> tuple[str, float]:
     LK._flagged_keys(np.uint64(1), np.uint64(0), *np.ones((3, 4), np.bool_))
     LK.lu32(f32.copy(), 1, 4, 4, np.zeros(4, np.int32), np.zeros(1, np.int32), *keys, mode)
     LK.trsm32(f32.copy(), f32.copy(), 1, 4, 4, False, False, *keys, mode)
+    LK.solve32(f32.copy(), f32.copy(), 1, 4, 4, np.zeros(4, np.int32), np.zeros(1, np.int32),
+               np.ones((3, 12), np.uint64), mode)
     twr, twi = FK.stage_twiddles32(f32[:8], f32[:8], 2, 8)
     FK.radix2_32(f32, f32, 2, 8, twr, twi, *keys[:, :3].copy(), mode)
     return "short paths", time.perf_counter() - t0

@@ -59,6 +59,38 @@ def test_lu_and_solves_match_tensor_implementation(mode):
         assert same(fast, slow) and nf == ns
 
 
+@pytest.mark.parametrize("mode", ["sr", "ud", "up"])
+def test_solve_in_one_call_matches_the_calls_one_by_one(mode, monkeypatch):
+    """linalg.solve in one compiled call (linalg_kernels.solve32) against the LU and the
+    two triangular solves called one by one (SOLVE_IN_ONE_CALL off) and against the
+    tensor implementation (USE_KERNELS off): the same bits, the same strides of all four
+    results, the stream at the same position; batched with a zero pivot and a tie,
+    transposed operands, a vector and a batch of vectors as right-hand side, n = 1."""
+    from numvar.instrument import linalg_kernels as LK
+
+    calls = []
+    one_call = LK.solve32
+    monkeypatch.setattr(LK, "solve32", lambda *a: (calls.append(1), one_call(*a))[1])
+    A = _rand(3, 5, 5, seed=1)
+    A[1, :, 0] = 0.0
+    A[2, 3, 0] = A[2, 1, 0] = 9.0
+    cases = [(A, _rand(3, 5, 2, seed=2)), (A[0].mT, _rand(4, 5, seed=3).mT),
+             (A[2], _rand(5, seed=4)), (A, _rand(3, 5, seed=5)),
+             (_rand(1, 1, seed=6), _rand(1, 3, seed=7))]
+    for Am, Bx in cases:
+        got = []
+        for use, one in ((True, True), (True, False), (False, False)):
+            monkeypatch.setattr(LA, "USE_KERNELS", use)
+            monkeypatch.setattr(LA, "SOLVE_IN_ONE_CALL", one)
+            ctx = Ctx(mode, "flop", None, R.Stream(3))
+            out = LA.solve(ctx, Am, Bx)
+            got.append((out, [t.stride() for t in out], ctx.stream.counter))
+        (fused, sf, nf), (calls_, sc, nc), (tensor, st, nt) = got
+        assert same(fused, calls_) and same(fused, tensor)
+        assert sf == sc == st and nf == nc == nt
+    assert len(calls) == len(cases)
+
+
 def test_nan_pivot_matches_tensor_implementation():
     A = _rand(2, 4, 4, seed=7)
     A[0, 2, 0] = float("nan")  # torch.argmax picks the NaN

@@ -67,6 +67,8 @@ kernels' reference in the tests).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -77,6 +79,11 @@ from ._core import Ctx
 #: binary32 LU and triangular solves in the compiled kernels (False: the tensor
 #: implementation everywhere, the kernels' reference in the tests)
 USE_KERNELS = True
+#: with the kernels, ``linalg.solve`` of a square binary32 system whose right-hand side has
+#: the matrix's batch shape in one compiled call (:func:`_solve32`; False: the LU and the
+#: two triangular solves called one by one, as ``lu_factor`` and ``lu_solve`` run them;
+#: same bits either way)
+SOLVE_IN_ONE_CALL = True
 
 #: sweeps after which the Jacobi methods stop even if some pair is above the threshold
 MAX_SWEEPS = 40
@@ -217,13 +224,53 @@ def _is_vector_rhs(A: torch.Tensor, Bm: torch.Tensor) -> bool:
 
 def solve(ctx: Ctx, A: torch.Tensor, Bm: torch.Tensor, *, left: bool = True):
     """(X, LU, pivots, info) of ``_linalg_solve_ex``."""
-    LU, piv, info = lu_factor(ctx, A)
     vec = _is_vector_rhs(A, Bm)
     B2 = Bm.unsqueeze(-1) if vec and left else (Bm.unsqueeze(-2) if vec else Bm)
-    X = lu_solve(ctx, LU, piv, B2, left=left)
+    if (left and USE_KERNELS and SOLVE_IN_ONE_CALL and A.shape[-1] == A.shape[-2]
+            and B2.shape[:-2] == A.shape[:-2] and LK.serves(ctx, A, B2)):
+        X, LU, piv, info = _solve32(ctx, A, B2)
+    else:
+        LU, piv, info = lu_factor(ctx, A)
+        X = lu_solve(ctx, LU, piv, B2, left=left)
     if vec:
         X = X.squeeze(-1) if left else X.squeeze(-2)
     return X, LU, piv, info
+
+
+@functools.lru_cache(maxsize=64)
+def _solve_flags(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_solve32`'s key flags for an n × n system (shared between calls, never
+    written; not marked read-only, which would compile another ``keys`` kernel): the
+    LU's n steps, then the unit lower solve's, then the upper solve's, as their own
+    calls flag them. Divisions: the LU's columns with rows below, the upper solve's every step;
+    products and differences: every step but the last of each (the LU's column j has a
+    trailing block, a solve's step rows below or above j, while j + 1 < n)."""
+    rows = np.ones(3 * n, np.bool_)
+    rows[n - 1::n] = False
+    div = rows.copy()
+    div[n:2 * n] = False
+    div[2 * n:] = True
+    return div, rows, rows
+
+
+def _solve32(ctx: Ctx, A: torch.Tensor, B2: torch.Tensor):
+    """(X, LU, pivots, info) of :func:`solve` for square binary32 A (..., n, n) and B2
+    (..., n, r) of the same batch shape, by ``linalg_kernels.solve32``: what
+    :func:`lu_factor` and :func:`lu_solve` compute with the kernels (the same keys,
+    drawn in one call, the same arithmetic, results in the same layouts) without the
+    Python, the two key draws, the clones and the gather between their four compiled
+    calls (about 0.2 ms of a 64 × 64 solve with 64 right-hand sides: docs/speed.md)."""
+    W, lead = _batch(A)
+    nb, n, r = W.shape[0], W.shape[-1], B2.shape[-1]
+    X = B2.reshape(-1, n, r).clone()
+    piv = torch.zeros(nb, n, dtype=torch.int32)
+    info = torch.zeros(nb, dtype=torch.int32)
+    keys = LK.keys(ctx, *_solve_flags(n))
+    Wc, Y = W.detach().contiguous(), X.detach().contiguous()
+    LK.solve32(LK.flat32(Wc), LK.flat32(Y), nb, n, r, piv.view(-1).numpy(), info.numpy(),
+               keys, ctx.code)
+    return (_in_layout(X, Y).reshape(*lead, n, r), _in_layout(W, Wc).reshape(*lead, n, n),
+            piv.reshape(*lead, n), info.reshape(lead))
 
 
 def inv(ctx: Ctx, A: torch.Tensor):

@@ -142,6 +142,31 @@ def trsm32(T, Y, B, n, r, upper, unit, kdiv, kmul, ksub, mode):  # pragma: no co
             copy_into(blk, res[:w])
 
 
+@njit(cache=True, error_model="numpy")
+def solve32(W, Y, B, n, r, piv, info, keys, mode):  # pragma: no cover - compiled
+    """``torch.linalg.solve`` of square W (B, n, n) and Y (B, n, r), both float32 (flat C
+    order), in place, in one call: :func:`lu32` of W (``piv`` (B·n,), ``info`` (B,)), the
+    rows of Y swapped as ``piv`` says (j and piv[j] − 1 for j = 0..n−1, as
+    :func:`pivot_perm`), then :func:`trsm32` with the unit lower and with the upper
+    triangle of the factors. ``keys`` (3, 3n): the three calls' key rows side by side,
+    steps 0..n−1 for the LU, n..2n−1 and 2n..3n−1 for the solves (:func:`keys` on their
+    flags end to end draws them in the order the three calls draw them)."""
+    lu32(W, B, n, n, piv, info, keys[0, :n], keys[1, :n], keys[2, :n], mode)
+    for b in range(B):
+        yb = b * n * r
+        for j in range(n):
+            p = piv[b * n + j] - 1
+            if p != j:
+                for c in range(r):
+                    t = Y[yb + j * r + c]
+                    Y[yb + j * r + c] = Y[yb + p * r + c]
+                    Y[yb + p * r + c] = t
+    no = B < 0  # False as a run-time bool: literal flags would compile trsm32 twice more
+    trsm32(W, Y, B, n, r, no, not no, keys[0, n:2 * n], keys[1, n:2 * n], keys[2, n:2 * n],
+           mode)
+    trsm32(W, Y, B, n, r, not no, no, keys[0, 2 * n:], keys[1, 2 * n:], keys[2, 2 * n:], mode)
+
+
 @njit(cache=True)
 def pivot_perm(piv, n, reverse):  # pragma: no cover - compiled
     """The row permutation (B, n) int64 that LAPACK pivots ``piv`` (B, k) int32 (1-based)
