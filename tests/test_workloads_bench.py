@@ -569,3 +569,20 @@ def test_bench_zoo_bounds_a_missed_op_goal_by_the_float64_reruns_and_kernels(mon
     assert one["f64 ref"] > 0 and one["op kernels"] >= 0 and one["wall native"] > 0
     assert 0 < bz.op_bound(one) < float("inf")
     assert "f64 ref" not in bz.measure(built, 1, time.perf_counter)
+
+
+def test_bench_heap_runs_each_side_in_its_own_processes(monkeypatch, capsys):
+    """benchmarks/bench_heap.py: one row per model and process, malloc as it was
+    (NUMVAR_KEEP_FREED_MEMORY=0) then kept, each read back from the child process that
+    measured it, with positive times and counts."""
+    mod = _load_script(monkeypatch, "bench_heap")
+    mod.main(["--models", "sine_mlp", "--repeats", "1", "--pairs", "1"])
+    rows = [ln.split(" | ") for ln in capsys.readouterr().out.splitlines()
+            if ln.startswith("| sine_mlp")]
+    from numvar.instrument import heap
+
+    sides = ["as it was"] + (["freed memory kept"] if heap._glibc() else ["as it was"])
+    assert [r[1] for r in rows] == sides
+    for r in rows:
+        assert float(r[2]) > 0 and float(r[3]) > 0 and float(r[4]) > 0
+        assert float(r[5]) >= 0 and float(r[6].rstrip(" |")) >= 0

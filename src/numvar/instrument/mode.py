@@ -58,6 +58,7 @@ import numvar.rounding as R
 from ..errors import ConfigError, UninstrumentedOpError
 from . import grid_kernels as GK
 from . import handlers as H
+from . import heap
 from . import norm_kernels as NK
 from . import oplevel as _oplevel  # noqa: F401  (registers its handlers)
 from . import ops as O
@@ -815,6 +816,7 @@ class Fuzzy:
         if any(isinstance(m, FuzzyMode) for m in _get_current_dispatch_mode_stack()):
             raise ConfigError("numvar.fuzzy blocks cannot be nested")
         c = self.config
+        heap.keep_freed_memory()  # (once per process: numvar.instrument.heap)
         self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend,
                         on_escape=self._handler_escape, contraction=c.contraction,
                         format=c.format, accumulate=c.accumulate)
