@@ -13,6 +13,14 @@ in interleaved rounds (best of ``repeat``) so that load on a shared machine hits
 alike::
 
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_rounding.py --core --n 10000000
+
+Both sides allocate fresh tensors of millions of elements per call. The script first sets
+glibc's malloc to keep freed memory, as every fuzzy block's entry does
+(``numvar.instrument.heap.keep_freed_memory``); with malloc as it was, the top of the heap
+was returned to the system between calls now and then, and the next call faulted its
+output in page by page: a plain float64 -> float32 cast into a new tensor of 10⁶ elements
+took 2.6 ms instead of 0.33, in some processes and not others. The first line says which
+(``NUMVAR_KEEP_FREED_MEMORY=0`` measures with malloc as it was).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import numba
 import torch
 
 import numvar.rounding as R
+from numvar.instrument import heap
 
 
 def best(fn, repeat: int) -> float:
@@ -119,6 +128,8 @@ def main() -> None:
     ap.add_argument("--core", action="store_true",
                     help="only the section 'the rounding core' (issue 16's four cases)")
     args = ap.parse_args()
+    kept = heap.keep_freed_memory()
+    print(f"malloc: {'freed memory kept for reuse' if kept else 'as it was'}")
     if args.core:
         core_section(args.n, args.repeat)
         return

@@ -949,6 +949,20 @@ def _narrow_fast(h, l, mode, t, p, emin, emax, r):
     return v, slow
 
 
+@njit(inline="always", error_model="numpy")
+def _fast_pass(hi, out, z, p, emin, emax, mode, t):
+    """:func:`_round_block`'s vectorised pass: the integer fast path on every element of
+    ``hi`` into ``out`` (element i with ``mix64(z + i·γ)``); the number of elements it
+    declines."""
+    nslow = 0
+    for i in range(hi.size):
+        v, slow = _narrow_fast(np.float64(hi[i]), 0.0, mode, t, p, emin, emax, mix64(z))
+        z += _G
+        _store_fast(out, i, v, p, emin)
+        nslow += np.int64(slow)
+    return nslow
+
+
 @njit(cache=True, error_model="numpy")
 def _round_block(hi, lo, out, j0, has_lo, p, emin, emax, mode, t, key):
     """One block of _k_round_narrow (hi, lo, out: slices starting at element j0): the
@@ -956,16 +970,20 @@ def _round_block(hi, lo, out, j0, has_lo, p, emin, emax, mode, t, key):
     count of the non-zero lo; then, only if the block has any, the elements the fast path
     does not take (``_narrow_fast``'s ``slow``, or lo != 0) are redone by round_narrow on
     TwoSum(hi, lo) while the block is in cache. (A separate function: LLVM vectorises its
-    loop; a loop nested in the prange body stayed 2-3x slower. One vectorised loop, not
-    one per has_lo: each costs seconds of cold compilation.)"""
-    nslow = 0
+    loop; a loop nested in the prange body stayed 2-3x slower. No vectorised loop per
+    has_lo: each costs seconds of cold compilation; one for sr and one for ud.)"""
+    wide_vectors()
     z = weyl64(key, j0)  # element j0's Weyl value, stepped by γ (weyl64)
-    for i in range(hi.size):
-        wide_vectors()
-        v, slow = _narrow_fast(np.float64(hi[i]), 0.0, mode, t, p, emin, emax, mix64(z))
-        z += _G
-        _store_fast(out, i, v, p, emin)
-        nslow += np.int64(slow)
+    # sr and ud with the mode a constant: LLVM does not take the mode's branches out of
+    # the loop, which then ran 2.5-3x slower (docs/speed.md, "The rounding core's pass by
+    # mode"); a copy per mode costs about 4 s of cold compilation, so the other modes
+    # (random, ieee and the directed ones) share the general one
+    if mode == MODE_SR:
+        nslow = _fast_pass(hi, out, z, p, emin, emax, MODE_SR, t)
+    elif mode == MODE_UD:
+        nslow = _fast_pass(hi, out, z, p, emin, emax, MODE_UD, t)
+    else:
+        nslow = _fast_pass(hi, out, z, p, emin, emax, mode, t)
     if has_lo:
         for i in range(hi.size):
             nslow += np.int64(lo[i] != 0.0)
