@@ -1277,44 +1277,78 @@ def _div32_fast(x, y, mode, r):
     return lo32_fast(q, lo, r, mode)
 
 
+@njit(inline="always", error_model="numpy")
+def _narrow_binary_pass(op, a, b, out, z, p, emin, emax, mode, t):
+    """:func:`_narrow_binary_block`'s vectorised pass: the integer fast path on the float64
+    product, sum or difference of every element pair (element j with ``mix64(z + j·γ)``)
+    into ``out``; the number of elements it declines (the float64 result inexact or out of
+    the format's normal range, or the rounded one beyond it)."""
+    lo_b = np.uint64(1023 + emin)
+    hi_b = np.uint64(1023 + emax)
+    nslow = 0
+    for j in range(out.size):
+        x = np.float64(a[j])
+        y = np.float64(b[j])
+        if op == OP_MUL:
+            s = x * y
+            e = 0.0
+        else:
+            s, e = two_sum(x, -y if op == OP_SUB else y)
+        bs = _f64_bits(s)
+        be = (bs >> np.uint64(52)) & _EXPMASK
+        v = _fast_bits(bs, mode, t, p, emin, emax, mix64(z))
+        z += _G
+        out[j] = _bits_f64(v)
+        ve = (v >> np.uint64(52)) & _EXPMASK
+        nslow += np.int64((be < lo_b) | (be > hi_b) | (ve > hi_b) | (e != 0.0))
+    return nslow
+
+
+@njit(cache=True, error_model="numpy")
+def _narrow_binary_block(op, a, b, out, j0, p, emin, emax, mode, t, key):
+    """One block of :func:`_k_binary_narrow`'s product, sum or difference (a, b, out:
+    slices starting at element j0): the fast pass, with the mode a constant for sr and ud
+    (as :func:`_round_block`), then, only if it declined elements, those elements redone
+    exactly while the block is in cache (the same test as before the blocks, same bits)."""
+    wide_vectors()
+    z = weyl64(key, j0)
+    if mode == MODE_SR:
+        nslow = _narrow_binary_pass(op, a, b, out, z, p, emin, emax, MODE_SR, t)
+    elif mode == MODE_UD:
+        nslow = _narrow_binary_pass(op, a, b, out, z, p, emin, emax, MODE_UD, t)
+    else:
+        nslow = _narrow_binary_pass(op, a, b, out, z, p, emin, emax, mode, t)
+    if nslow == 0:
+        return
+    lo_b = np.uint64(1023 + emin)
+    hi_b = np.uint64(1023 + emax)
+    for j in range(out.size):
+        x = np.float64(a[j])
+        y = np.float64(b[j])
+        if op == OP_MUL:
+            s = x * y
+            e = 0.0
+        else:
+            s, e = two_sum(x, -y if op == OP_SUB else y)
+        be = (_f64_bits(s) >> np.uint64(52)) & _EXPMASK
+        if be < lo_b or be > hi_b or e != 0.0 or not (abs(out[j]) < np.inf) or \
+                abs(out[j]) >= pow2(emax + 1):
+            out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax,
+                                        bits64(key, j0 + j))
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def _k_binary_narrow(op, a, b, out, p, emin, emax, mode, t, key):
     key = np.uint64(key)
     n = out.size
     if op != OP_DIV:
-        # fast pass (exact float64 result in the normal range); the rest redone exactly
-        lo_b = np.uint64(1023 + emin)
-        hi_b = np.uint64(1023 + emax)
-        nslow = 0
-        for j in prange(n):
-            wide_vectors()
-            x = np.float64(a[j])
-            y = np.float64(b[j])
-            if op == OP_MUL:
-                s = x * y
-                e = 0.0
-            else:
-                s, e = two_sum(x, -y if op == OP_SUB else y)
-            bs = _f64_bits(s)
-            be = (bs >> np.uint64(52)) & _EXPMASK
-            v = _fast_bits(bs, mode, t, p, emin, emax, bits64(key, j))
-            out[j] = _bits_f64(v)
-            ve = (v >> np.uint64(52)) & _EXPMASK
-            nslow += np.int64((be < lo_b) | (be > hi_b) | (ve > hi_b) | (e != 0.0))
-        if nslow == 0:
-            return
-        for j in prange(n):
-            x = np.float64(a[j])
-            y = np.float64(b[j])
-            if op == OP_MUL:
-                s = x * y
-                e = 0.0
-            else:
-                s, e = two_sum(x, -y if op == OP_SUB else y)
-            be = (_f64_bits(s) >> np.uint64(52)) & _EXPMASK
-            if be < lo_b or be > hi_b or e != 0.0 or not (abs(out[j]) < np.inf) or \
-                    abs(out[j]) >= pow2(emax + 1):
-                out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
+        # fast pass (exact float64 result in the normal range), the rest redone exactly,
+        # block by block
+        for blk in prange((n + ROUND_BLOCK - 1) // ROUND_BLOCK):
+            j0 = blk * ROUND_BLOCK
+            j1 = min(j0 + ROUND_BLOCK, n)
+            _narrow_binary_block(op, a[j0:j1], b[j0:j1], out[j0:j1], j0, p, emin, emax, mode,
+                                 t, key)
         return
     if p == 24 and t == 24:  # binary32 division: fast pass, the rest redone exactly
         nslow = 0
