@@ -151,12 +151,14 @@ def _bits16_all(x: np.ndarray, p: int, emin: int) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_binary_ops_over_blocks_with_declined_elements(dtype):
-    """add, sub and mul of the numba backend, block by block (``kernels.ROUND_BLOCK``
-    elements, the fast pass with the mode a constant for sr and ud), against the torch
-    backend: clean pairs over three blocks and a few more, with pairs the fast pass
-    declines (an inexact float64 sum, a result below or beyond the format's normal range,
-    inf, NaN, signed zeros) at the start, at block boundaries and at the end; every mode,
-    the format's precision and a virtual one."""
+    """add, sub, mul and div of the numba backend, block by block
+    (``kernels.ROUND_BLOCK`` elements, the fast pass with the mode a constant for sr and
+    ud; binary32 division at 24 bits has its own), against the torch backend: clean
+    pairs over three blocks and a few more, with pairs the fast pass declines (an inexact
+    float64 sum, a result below or beyond the format's normal range, inf, NaN, signed
+    zeros, a division by zero, a quotient below the normal range, whose rounding draws
+    on the element's random bits) at the start, at block boundaries and at the end; every
+    mode, the format's precision and a virtual one."""
     n = 3 * K.ROUND_BLOCK + 5
     g = torch.Generator().manual_seed(9)
     fmt = R.FORMATS[dtype]
@@ -164,12 +166,13 @@ def test_binary_ops_over_blocks_with_declined_elements(dtype):
     b = (torch.rand(n, dtype=torch.float64, generator=g) + 1.0).to(dtype)
     tiny, big = 2.0 ** (fmt.emin - 1), fmt.max_finite
     odd = [(1.0, 2.0 ** -(fmt.p + 3)), (tiny, 0.25), (big, big), (float("inf"), 1.0),
-           (float("nan"), 2.0), (-0.0, 0.0), (big, -tiny)]
+           (float("nan"), 2.0), (-0.0, 0.0), (big, -tiny), (1.0, 0.0), (tiny, 3.0)]
     for (x, y), pos in zip(odd, (0, K.ROUND_BLOCK - 1, K.ROUND_BLOCK, 2 * K.ROUND_BLOCK + 1,
-                                 n - 1, n // 2, 2 * K.ROUND_BLOCK), strict=True):
+                                 n - 1, n // 2, 2 * K.ROUND_BLOCK, 5, 3 * K.ROUND_BLOCK + 1),
+                           strict=True):
         a[pos], b[pos] = x, y
     for mode in MODES:
-        for op in (R.add, R.sub, R.mul):
+        for op in (R.add, R.sub, R.mul, R.div):
             for t in (FULL[dtype], SMALL_T[dtype]):
                 got = op(a, b, mode=mode, stream=R.Stream(4), precision=t, backend="numba")
                 want = op(a, b, mode=mode, stream=R.Stream(4), precision=t, backend="torch")

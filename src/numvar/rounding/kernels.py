@@ -1337,6 +1337,42 @@ def _narrow_binary_block(op, a, b, out, j0, p, emin, emax, mode, t, key):
                                         bits64(key, j0 + j))
 
 
+@njit(inline="always", error_model="numpy")
+def _div32_pass(a, b, out, z, mode):
+    """:func:`_div32_block`'s vectorised pass (element j with ``mix64(z + j·γ)``); the
+    number of quotients :func:`lo32_fast` declined."""
+    nslow = 0
+    for j in range(out.size):
+        v, ok = _div32_fast(np.float64(a[j]), np.float64(b[j]), mode, mix64(z))
+        z += _G
+        out[j] = v
+        nslow += np.int64(not ok)
+    return nslow
+
+
+@njit(cache=True, error_model="numpy")
+def _div32_block(a, b, out, j0, emin, emax, mode, key):
+    """One block of :func:`_k_binary_narrow`'s division at p = t = 24 (a, b, out: slices
+    starting at element j0): the fast pass, with the mode a constant for sr and ud (as
+    :func:`_round_block`), then the quotients it declined redone exactly (the same test
+    and calls as before the blocks)."""
+    wide_vectors()
+    z = weyl64(key, j0)
+    if mode == MODE_SR:
+        nslow = _div32_pass(a, b, out, z, MODE_SR)
+    elif mode == MODE_UD:
+        nslow = _div32_pass(a, b, out, z, MODE_UD)
+    else:
+        nslow = _div32_pass(a, b, out, z, mode)
+    if nslow == 0:
+        return
+    for j in range(out.size):
+        r = bits64(key, j0 + j)
+        v, ok = _div32_fast(np.float64(a[j]), np.float64(b[j]), mode, r)
+        if not ok:
+            out[j] = call_narrow_binary(OP_DIV, a[j], b[j], mode, 24, 24, emin, emax, r)
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def _k_binary_narrow(op, a, b, out, p, emin, emax, mode, t, key):
     key = np.uint64(key)
@@ -1351,18 +1387,10 @@ def _k_binary_narrow(op, a, b, out, p, emin, emax, mode, t, key):
                                  t, key)
         return
     if p == 24 and t == 24:  # binary32 division: fast pass, the rest redone exactly
-        nslow = 0
-        for j in prange(n):
-            wide_vectors()
-            v, ok = _div32_fast(np.float64(a[j]), np.float64(b[j]), mode, bits64(key, j))
-            out[j] = v
-            nslow += np.int64(not ok)
-        if nslow == 0:
-            return
-        for j in prange(n):
-            v, ok = _div32_fast(np.float64(a[j]), np.float64(b[j]), mode, bits64(key, j))
-            if not ok:
-                out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
+        for blk in prange((n + ROUND_BLOCK - 1) // ROUND_BLOCK):
+            j0 = blk * ROUND_BLOCK
+            j1 = min(j0 + ROUND_BLOCK, n)
+            _div32_block(a[j0:j1], b[j0:j1], out[j0:j1], j0, emin, emax, mode, key)
         return
     for j in prange(n):
         out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
