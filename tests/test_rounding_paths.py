@@ -177,3 +177,24 @@ def test_binary_ops_over_blocks_with_declined_elements(dtype):
                 got = op(a, b, mode=mode, stream=R.Stream(4), precision=t, backend="numba")
                 want = op(a, b, mode=mode, stream=R.Stream(4), precision=t, backend="torch")
                 assert same_bits(got, want), (mode, op.__name__, t)
+
+
+def test_sqrt_over_blocks_with_declined_elements():
+    """The numba backend's binary32 square root, block by block (a vectorised fast pass
+    for ieee, sr, ud and random at 24 bits; the directed modes and virtual precisions
+    element by element), against the torch backend: values over three blocks and a few
+    more, with the roots the fast pass declines or passes through (negative, -0, +0, a
+    subnormal, inf, -inf, NaN) at the start, at block boundaries and at the end; every
+    mode, 24 bits and a virtual precision."""
+    n = 3 * K.ROUND_BLOCK + 5
+    g = torch.Generator().manual_seed(10)
+    x = torch.rand(n, generator=g) * 1e3
+    odd = [-1.5, -0.0, 0.0, 1e-40, float("inf"), float("-inf"), float("nan")]
+    for v, pos in zip(odd, (0, K.ROUND_BLOCK - 1, K.ROUND_BLOCK, 2 * K.ROUND_BLOCK + 1,
+                            n - 1, n // 2, 3 * K.ROUND_BLOCK + 2), strict=True):
+        x[pos] = v
+    for mode in MODES:
+        for t in (24, SMALL_T[torch.float32]):
+            got = R.sqrt(x, mode=mode, stream=R.Stream(6), precision=t, backend="numba")
+            want = R.sqrt(x, mode=mode, stream=R.Stream(6), precision=t, backend="torch")
+            assert same_bits(got, want), (mode, t)
