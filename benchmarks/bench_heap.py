@@ -28,6 +28,16 @@ import time
 DEFAULT_MODELS = ("efficientnet_mbconv", "unet")
 
 
+def _best_forward(model, x, repeats: int) -> float:
+    """The best of ``repeats`` forwards, seconds of the thread's CPU time."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.thread_time()
+        model(*x)
+        best = min(best, time.thread_time() - t)
+    return best
+
+
 def measure(names, granularity: str, repeats: int) -> list[dict]:
     """One process's rows (see the module docstring)."""
     import numba
@@ -48,17 +58,9 @@ def measure(names, granularity: str, repeats: int) -> list[dict]:
                 for _ in range(3):
                     model(*x)
                 r0 = resource.getrusage(resource.RUSAGE_SELF)
-                best = float("inf")
-                for _ in range(repeats):
-                    t = time.thread_time()
-                    model(*x)
-                    best = min(best, time.thread_time() - t)
+                best = _best_forward(model, x, repeats)
                 r1 = resource.getrusage(resource.RUSAGE_SELF)
-            native = float("inf")
-            for _ in range(repeats):
-                t = time.thread_time()
-                model(*x)
-                native = min(native, time.thread_time() - t)
+            native = _best_forward(model, x, repeats)
             rows.append({"model": name, "kept": heap.keep_freed_memory(), "ms": best * 1e3,
                          "native_ms": native * 1e3,
                          "faults": (r1.ru_minflt - r0.ru_minflt) / repeats,

@@ -1278,6 +1278,15 @@ def _div32_fast(x, y, mode, r):
 
 
 @njit(inline="always", error_model="numpy")
+def _sum_or_product(op, x, y):
+    """The float64 product (residual 0), sum or difference of ``x`` and ``y`` with its
+    TwoSum residual: :func:`_narrow_binary_block`'s exact step before the rounding."""
+    if op == OP_MUL:
+        return x * y, 0.0
+    return two_sum(x, -y if op == OP_SUB else y)
+
+
+@njit(inline="always", error_model="numpy")
 def _narrow_binary_pass(op, a, b, out, z, p, emin, emax, mode, t):
     """:func:`_narrow_binary_block`'s vectorised pass: the integer fast path on the float64
     product, sum or difference of every element pair (element j with ``mix64(z + j·γ)``)
@@ -1287,13 +1296,7 @@ def _narrow_binary_pass(op, a, b, out, z, p, emin, emax, mode, t):
     hi_b = np.uint64(1023 + emax)
     nslow = 0
     for j in range(out.size):
-        x = np.float64(a[j])
-        y = np.float64(b[j])
-        if op == OP_MUL:
-            s = x * y
-            e = 0.0
-        else:
-            s, e = two_sum(x, -y if op == OP_SUB else y)
+        s, e = _sum_or_product(op, np.float64(a[j]), np.float64(b[j]))
         bs = _f64_bits(s)
         be = (bs >> np.uint64(52)) & _EXPMASK
         v = _fast_bits(bs, mode, t, p, emin, emax, mix64(z))
@@ -1323,13 +1326,7 @@ def _narrow_binary_block(op, a, b, out, j0, p, emin, emax, mode, t, key):
     lo_b = np.uint64(1023 + emin)
     hi_b = np.uint64(1023 + emax)
     for j in range(out.size):
-        x = np.float64(a[j])
-        y = np.float64(b[j])
-        if op == OP_MUL:
-            s = x * y
-            e = 0.0
-        else:
-            s, e = two_sum(x, -y if op == OP_SUB else y)
+        s, e = _sum_or_product(op, np.float64(a[j]), np.float64(b[j]))
         be = (_f64_bits(s) >> np.uint64(52)) & _EXPMASK
         if be < lo_b or be > hi_b or e != 0.0 or not (abs(out[j]) < np.inf) or \
                 abs(out[j]) >= pow2(emax + 1):
