@@ -198,3 +198,27 @@ def test_sqrt_over_blocks_with_declined_elements():
             got = R.sqrt(x, mode=mode, stream=R.Stream(6), precision=t, backend="numba")
             want = R.sqrt(x, mode=mode, stream=R.Stream(6), precision=t, backend="torch")
             assert same_bits(got, want), (mode, t)
+
+
+def test_fma_over_blocks_with_declined_elements():
+    """The numba backend's binary32 fma, block by block (a vectorised fast pass for
+    ieee, sr, ud and random at 24 bits; the directed modes and virtual precisions element
+    by element), against the torch backend: triples over three blocks and a few more,
+    with ones the fast pass declines (a result below the normal range, whose rounding
+    draws on the element's random bits; beyond it; an exact cancellation; inf, NaN)
+    at the start, at block boundaries and at the end; every mode, 24 bits and a virtual
+    precision."""
+    n = 3 * K.ROUND_BLOCK + 5
+    g = torch.Generator().manual_seed(11)
+    a, b, c = (torch.randn(n, generator=g) for _ in range(3))
+    tiny, big = 2.0 ** -127, 3e38
+    odd = [(tiny, 0.75, 0.0), (big, 4.0, 0.0), (2.0, 3.0, -6.0), (float("inf"), 1.0, 1.0),
+           (float("nan"), 1.0, 0.0), (1.0, 2.0 ** -140, -(2.0 ** -141)), (tiny, 0.5, tiny)]
+    for (x, y, z), pos in zip(odd, (0, K.ROUND_BLOCK - 1, K.ROUND_BLOCK, 2 * K.ROUND_BLOCK + 1,
+                                    n - 1, n // 2, 3 * K.ROUND_BLOCK + 2), strict=True):
+        a[pos], b[pos], c[pos] = x, y, z
+    for mode in MODES:
+        for t in (24, SMALL_T[torch.float32]):
+            got = R.fma(a, b, c, mode=mode, stream=R.Stream(7), precision=t, backend="numba")
+            want = R.fma(a, b, c, mode=mode, stream=R.Stream(7), precision=t, backend="torch")
+            assert same_bits(got, want), (mode, t)

@@ -1473,11 +1473,58 @@ def k_sqrt(a, out, p, emin, emax, mode, t, key):
             out[j] = call_narrow_sqrt(a[j], mode, t, p, emin, emax, r)
 
 
+@njit(inline="always", error_model="numpy")
+def _fma32_pass(a, b, c, out, z, mode):
+    """:func:`_fma32_block`'s vectorised pass: ``a·b + c`` of binary32 values as
+    :func:`narrow_fma` computes it (the exact product, TwoSum with ``c``), rounded by
+    :func:`lo32_fast` (element j with ``mix64(z + j·γ)``); the number it declined."""
+    nslow = 0
+    for j in range(out.size):
+        s, e = two_sum(np.float64(a[j]) * np.float64(b[j]), np.float64(c[j]))
+        v, ok = lo32_fast(s, e, mix64(z), mode)
+        z += _G
+        out[j] = v
+        nslow += np.int64(not ok)
+    return nslow
+
+
+@njit(cache=True, error_model="numpy")
+def _fma32_block(a, b, c, out, j0, mode, key):
+    """One block of :func:`k_fma` into binary32 at 24 bits (slices starting at element
+    j0): the fast pass, with the mode a constant for sr and ud (as :func:`_round_block`),
+    then the elements it declined by :func:`narrow_fma`."""
+    wide_vectors()
+    z = weyl64(key, j0)
+    if mode == MODE_SR:
+        nslow = _fma32_pass(a, b, c, out, z, MODE_SR)
+    elif mode == MODE_UD:
+        nslow = _fma32_pass(a, b, c, out, z, MODE_UD)
+    else:
+        nslow = _fma32_pass(a, b, c, out, z, mode)
+    if nslow == 0:
+        return
+    for j in range(out.size):
+        r = bits64(key, j0 + j)
+        s, e = two_sum(np.float64(a[j]) * np.float64(b[j]), np.float64(c[j]))
+        v, ok = lo32_fast(s, e, r, mode)
+        if not ok:
+            out[j] = call_narrow_fma(a[j], b[j], c[j], mode, 24, 24, -126, 127, r)
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def k_fma(a, b, c, out, p, emin, emax, mode, t, key):
     key = np.uint64(key)
+    n = out.size
+    if p == 24 and t == 24 and emin == -126 and emax == 127 and mode <= MODE_RANDOM:
+        # binary32 in the modes lo32_fast takes: a vectorised fast pass per block, the
+        # rest redone exactly (until 2026-12-05 every element went through narrow_fma)
+        for blk in prange((n + ROUND_BLOCK - 1) // ROUND_BLOCK):
+            j0 = blk * ROUND_BLOCK
+            j1 = min(j0 + ROUND_BLOCK, n)
+            _fma32_block(a[j0:j1], b[j0:j1], c[j0:j1], out[j0:j1], j0, mode, key)
+        return
     wide = p == 53
-    for j in prange(out.size):
+    for j in prange(n):
         r = bits64(key, j)
         if wide:
             out[j] = wide_fma(np.float64(a[j]), np.float64(b[j]), np.float64(c[j]), mode, t, r)
