@@ -160,6 +160,16 @@ def _tile_indexed(op, a, b, o, ukey, l0):  # pragma: no cover - compiled
 
 
 @njit(inline="always", error_model="numpy")
+def _mulsub_term(sf, vc, xc, rmul, rsub):
+    """``RND(xc − RND(sf·vc))`` in SR on the fast path, both roundings in one expression
+    (``pointwise._fast32`` then ``pointwise.sub_term``): one element of the one-pass
+    loops below, as ``pointwise.mulsub_term`` computed it until 2026-12-05."""
+    p, okp = _fast32(sf * np.float64(vc), rmul, SR)
+    q, oks = P.sub_term(xc, p, rsub, SR)
+    return q, okp & oks
+
+
+@njit(inline="always", error_model="numpy")
 def _mulsub_variant(s, v, X, O, kmul, ksub, l0, bad, rm, rs, split):
     """``pointwise._mulsubloop`` in SR with both hashes from the element's index: drawn
     in the accumulating loop (``split`` False, as the loop was before the Weyl value
@@ -184,7 +194,7 @@ def _mulsub_variant(s, v, X, O, kmul, ksub, l0, bad, rm, rs, split):
             else:
                 r = np.uint64(li + c)
                 hm, hs = _bits(kmul, r), _bits(ksub, r)
-            q, ok = P.mulsub_term(sf, v[c], x[c], hm, hs, SR)
+            q, ok = _mulsub_term(sf, v[c], x[c], hm, hs)
             o[c] = q
             nb += 0 if ok else 1
         bad[i] = nb != 0
@@ -195,7 +205,7 @@ def _mulsub_variant(s, v, X, O, kmul, ksub, l0, bad, rm, rs, split):
 @njit(error_model="numpy")
 def _mulsub_onepass(s, v, X, O, kmul, ksub, l0, bad):  # pragma: no cover - compiled
     """``pointwise._mulsub`` in SR as it was until 2026-12-05: each row in one pass, both
-    roundings of a term (``pointwise.mulsub_term``) with both Weyl values stepped by γ."""
+    roundings of a term (:func:`_mulsub_term`) with both Weyl values stepped by γ."""
     K.wide_vectors()
     R, N = O.shape
     nbad = 0
@@ -208,7 +218,7 @@ def _mulsub_onepass(s, v, X, O, kmul, ksub, l0, bad):  # pragma: no cover - comp
         zs = _weyl(ksub, li)
         nb = 0
         for c in range(N):
-            q, ok = P.mulsub_term(sf, v[c], x[c], _bits_weyl(zm), _bits_weyl(zs), SR)
+            q, ok = _mulsub_term(sf, v[c], x[c], _bits_weyl(zm), _bits_weyl(zs))
             zm += _G
             zs += _G
             o[c] = q

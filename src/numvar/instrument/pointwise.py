@@ -310,7 +310,7 @@ def round_sum_into(op, a, b, o, ukey, l0, mode):
 def sub_term(xc, pc, r, mode):
     """``RND(xc − pc)`` of two binary32 values on the fast path with the bits ``r``:
     (value, ok), ok False where it declines (the rounding, or an inexact finite float64
-    difference). The second rounding of :func:`mulsub_term`."""
+    difference). The second rounding of :func:`mulsub_rows`' update."""
     xx = np.float64(xc)
     y = -np.float64(pc)
     t = xx + y
@@ -323,24 +323,13 @@ def sub_term(xc, pc, r, mode):
 
 
 @njit(inline="always", error_model="numpy")
-def mulsub_term(sf, vc, xc, rmul, rsub, mode):
-    """``RND(xc − RND(sf·vc))`` on the fast path with the product's bits ``rmul`` and the
-    difference's ``rsub`` (``sf`` float64, ``vc`` and ``xc`` binary32): (value, ok), ok
-    False where the fast path declines (either rounding, or an inexact finite float64
-    difference). One element of :func:`mulsub_rows`' update in one expression (what
-    ``benchmarks/bench_elementwise.py`` times the shipped two-pass loop against)."""
-    p, okp = _fast32(sf * np.float64(vc), rmul, mode)
-    q, oks = sub_term(xc, p, rsub, mode)
-    return q, okp & oks
-
-
-@njit(inline="always", error_model="numpy")
 def _mulsubloop(s, v, X, O, kmul, ksub, l0, mode, bad, p):
     """:func:`mulsub_rows`' loops with the mode a constant. Each row in two passes that
     vectorise over columns: the products (key ``kmul``) into the scratch row ``p``, then
     the differences (key ``ksub``), each pass with one hash per element. One pass doing
-    both (:func:`mulsub_term`) needs more constants than AVX2's sixteen vector registers
-    hold and re-materialised them every pass: 1.15-1.2x slower (docs/speed.md)."""
+    both (``benchmarks/bench_elementwise.py``'s ``_mulsub_term``) needs more constants
+    than AVX2's sixteen vector registers hold and re-materialised them every pass:
+    1.15-1.2x slower (docs/speed.md)."""
     R, N = O.shape
     nbad = 0
     pr = p[:N]
@@ -595,13 +584,11 @@ def binary32(op, a, sa, b, sb, out, dims, key, mode) -> None:
 @njit(inline="always", error_model="numpy")
 def _sqrt_at(a, jj):
     """``a[jj]`` as float64 ``x``, its float64 square root ``s`` and the residual the
-    rounding core's square root rounds it with (``K._sqrt_parts``: ``(x − s²)/(2s)`` for
-    finite positive ``x``, else 0), flags combined bitwise (``_fast32``)."""
+    rounding core's square root rounds it with (``K.sqrt32_parts``), flags combined
+    bitwise (``_fast32``)."""
     x = np.float64(a[jj])
-    s = np.sqrt(x)
-    ph = s * s
-    e = ((x - ph) - _prod_err(s, s, ph)) / (2.0 * s)
-    return x, s, e if ((x > 0.0) & (x < np.inf)) else 0.0
+    s, e = K.sqrt32_parts(x)
+    return x, s, e
 
 
 @njit(inline="always", error_model="numpy")

@@ -1405,14 +1405,25 @@ def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
 
 
 @njit(inline="always", error_model="numpy")
+def sqrt32_parts(x):
+    """The float64 square root ``s`` of a binary32 value ``x`` (as float64) and the residual
+    :func:`_sqrt_parts` rounds it with (``(x − s²)/(2s)`` for finite positive ``x``, else
+    0), without branches; ``s² − RN(s²)`` by one hardware FMA, the value of Dekker's
+    TwoProduct for the root of every binary32 value (``instrument.pointwise._prod_err``).
+    Shared by :func:`_sqrt32_fast` and flop granularity's square-root tile."""
+    s = np.sqrt(x)
+    ph = s * s
+    e = ((x - ph) - fma64(s, s, -ph)) / (2.0 * s)
+    return s, e if ((x > 0.0) & (x < np.inf)) else 0.0
+
+
+@njit(inline="always", error_model="numpy")
 def _sqrt32_fast(x, mode, r):
     """binary32 sqrt(x) at 24 bits (x a binary32 value as float64) as :func:`narrow_sqrt`
-    computes it where :func:`lo32_fast` accepts the root and its residual (those of
-    :func:`_sqrt_parts`, written without branches), and ``x >= 0``: (value, ok)."""
-    s = np.sqrt(x)
-    ph, pl = two_prod(s, s)
-    e = ((x - ph) - pl) / (2.0 * s)
-    v, ok = lo32_fast(s, e if ((x > 0.0) & (x < np.inf)) else 0.0, r, mode)
+    computes it where :func:`lo32_fast` accepts the root and its residual
+    (:func:`sqrt32_parts`), and ``x >= 0``: (value, ok)."""
+    s, e = sqrt32_parts(x)
+    v, ok = lo32_fast(s, e, r, mode)
     return v, ok & (x >= 0.0)
 
 
@@ -1474,14 +1485,20 @@ def k_sqrt(a, out, p, emin, emax, mode, t, key):
 
 
 @njit(inline="always", error_model="numpy")
+def _fma32_fast(a, b, c, mode, r):
+    """binary32 ``a·b + c`` at 24 bits as :func:`narrow_fma` computes it (the exact
+    product, TwoSum with ``c``) where :func:`lo32_fast` accepts it: (value, ok)."""
+    s, e = two_sum(np.float64(a) * np.float64(b), np.float64(c))
+    return lo32_fast(s, e, r, mode)
+
+
+@njit(inline="always", error_model="numpy")
 def _fma32_pass(a, b, c, out, z, mode):
-    """:func:`_fma32_block`'s vectorised pass: ``a·b + c`` of binary32 values as
-    :func:`narrow_fma` computes it (the exact product, TwoSum with ``c``), rounded by
-    :func:`lo32_fast` (element j with ``mix64(z + j·γ)``); the number it declined."""
+    """:func:`_fma32_block`'s vectorised pass (element j with ``mix64(z + j·γ)``); the
+    number of results :func:`_fma32_fast` declined."""
     nslow = 0
     for j in range(out.size):
-        s, e = two_sum(np.float64(a[j]) * np.float64(b[j]), np.float64(c[j]))
-        v, ok = lo32_fast(s, e, mix64(z), mode)
+        v, ok = _fma32_fast(a[j], b[j], c[j], mode, mix64(z))
         z += _G
         out[j] = v
         nslow += np.int64(not ok)
@@ -1505,8 +1522,7 @@ def _fma32_block(a, b, c, out, j0, mode, key):
         return
     for j in range(out.size):
         r = bits64(key, j0 + j)
-        s, e = two_sum(np.float64(a[j]) * np.float64(b[j]), np.float64(c[j]))
-        v, ok = lo32_fast(s, e, r, mode)
+        v, ok = _fma32_fast(a[j], b[j], c[j], mode, r)
         if not ok:
             out[j] = call_narrow_fma(a[j], b[j], c[j], mode, 24, 24, -126, 127, r)
 
