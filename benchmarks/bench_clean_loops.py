@@ -5,16 +5,19 @@ exactness test.
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_clean_loops.py \\
         [--k 288] [--n 320] [--repeats 15]
 
-Every k ≥ 1 step of a clean row tile (``kernels._clean_loops``, SR, 24 bits) runs two
-vectorised loops over the tile's n columns: ``_term_bits_row`` (the terms' random bits
-into a row buffer) and the accumulating loop (``_clean_step``: the product rounded, the
-float64 sum, its exactness test ``s − c == p and s − p == c``, the sum rounded, a NaN
-where the test fails). This script runs, on one row tile held in L1 (K × n, values in
+Every k ≥ 1 step of a clean row tile (``kernels._clean_loops``, SR, 24 bits) runs, where
+``kernels.TERM_BITS_APART`` holds (no AVX-512DQ), two vectorised loops over the tile's n
+columns: ``_term_bits_row`` (the terms' random bits into a row buffer) and the
+accumulating loop (``_clean_step``: the product rounded, the float64 sum, its exactness
+test ``s − c == p and s − p == c``, the sum rounded, a NaN where the test fails); with
+AVX-512DQ one loop, the bits drawn inside the accumulating one (``kernels._term_r``), and
+the two split rows below price the parts of the split form. This script runs, on one row tile held in L1 (K × n, values in
 [0.5, 1)), one thread, the best of ``--repeats`` rounds by thread CPU time, in cycles per 8
 terms at the clock ``bench_pipes.clock_hz`` measures:
 
-- **both loops**: the shipped ``_clean_loops`` (``contract`` spends its time here);
-- **term bits**: ``_term_bits_row`` for every step;
+- **both loops**: the shipped ``_clean_loops`` (``contract`` spends its time here; one
+  fused loop where ``TERM_BITS_APART`` is false);
+- **term bits**: ``_term_bits_row``'s loop for every step;
 - **accumulating**: the accumulating loop for every step, on fixed bits;
 - **accumulating, one comparison**: the same with only ``s − c == p`` (not a valid test:
   it misses inexact sums where ``|p| > |c|``; timed to price the second comparison);
@@ -44,13 +47,17 @@ _f64_bits, _bits_f64 = KN._f64_bits, KN._bits_f64
 
 @njit(cache=True)
 def both_loops(acc, jg, arow, bmat, ukey, base, n):  # pragma: no cover - compiled
+    KN._wide_vectors()  # as the kernel (_clean32): 512-bit vectors where the CPU has them
     KN._clean_loops(acc, jg, arow, bmat, ukey, base, 0, n, _SR, 24)
 
 
 @njit(cache=True)
 def term_bits(rb, jg, arow, ukey, base, n):  # pragma: no cover - compiled
+    KN._wide_vectors()
     for k in range(1, arow.size):
-        KN._term_bits_row(rb, KN._bits(ukey, base + np.uint64(k)), jg, n, _SR)
+        hk = KN._bits(ukey, base + np.uint64(k))
+        for jj in range(n):  # _term_bits_row's loop (a no-op where the kernel fuses it)
+            rb[jj] = KN._mix(hk + jg[jj])
 
 
 @njit(inline="always")
@@ -80,6 +87,7 @@ def _accumulating(step):
     fixed bits ``rb``."""
     @njit
     def loop(acc, rb, arow, bmat, n):  # pragma: no cover - compiled
+        KN._wide_vectors()
         for k in range(1, arow.size):
             ak = np.float64(arow[k])
             bk = bmat[k, 0:n]

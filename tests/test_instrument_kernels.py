@@ -622,8 +622,9 @@ def test_narrow_products_match_reference(monkeypatch):
         bad = np.isnan(acc) | ~clean[:70, None]
         assert np.isnan(acc[10:20]).any() and not bad.all(), m
         assert _same(acc[~bad].astype(np.float32), ref[0][~bad]), m
-    # the widest narrow product, one block of rows over a broadcast batch, K below a block
-    a2 = rng.standard_normal((1, 33, 3)).astype(np.float32)
+    # the widest narrow product, 49 rows (three quarters of a block of 64, or a block of
+    # 32 and a partial one) over a broadcast batch, K below a block
+    a2 = rng.standard_normal((1, 49, 3)).astype(np.float32)
     b2 = rng.standard_normal((2, 3, KN.NARROW_N)).astype(np.float32)
     for m in MODES:
         code = RK.mode_code(m)
@@ -638,7 +639,7 @@ def test_narrow_products_match_reference(monkeypatch):
         ref = KN.contract_reference(a3, b3, 6, code, 24)
         assert _same(KN.contract(a3, b3, 6, code, 24), ref), m
         assert _same(_narrow_direct(a3, b3, 6, code).astype(np.float32), ref[0]), m
-    assert calls == [(2, 70, 5)] * 4 + [(2, 33, KN.NARROW_N)] * 4 + [(1, 40, 3)] * 3
+    assert calls == [(2, 70, 5)] * 4 + [(2, 49, KN.NARROW_N)] * 4 + [(1, 40, 3)] * 3
 
 
 def test_narrow64_products_match_reference(monkeypatch):
@@ -668,12 +669,12 @@ def test_narrow64_products_match_reference(monkeypatch):
             ok = clean[:70]
             assert not np.isnan(acc[ok]).any(), (m, n)
             assert _same(acc[ok], ref[0][ok]), (m, n)
-    a2 = rng.standard_normal((1, 33, 3))
+    a2 = rng.standard_normal((1, 49, 3))  # as in the binary32 test
     b2 = rng.standard_normal((2, 3, KN.NARROW_N))
     for m in MODES:
         code = RK.mode_code(m)
         assert _same(KN.contract(a2, b2, 5, code, 53), KN.contract_reference(a2, b2, 5, code, 53))
-    assert calls == [(2, 70, 1)] * 4 + [(2, 70, 5)] * 4 + [(2, 33, KN.NARROW_N)] * 4
+    assert calls == [(2, 70, 1)] * 4 + [(2, 70, 5)] * 4 + [(2, 49, KN.NARROW_N)] * 4
     # give-ups: sums of 2**-650 products (in the loops' range) that cancel to 2**-702 in
     # rows 1 and 2 of 40, below it
     a3 = np.full((1, 40, 2), 2.0 ** -400)
@@ -736,7 +737,14 @@ def test_narrow_kernel_serves_a_few_dozen_columns_without_512_bit_vectors(monkey
     assert not serves((1, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)  # 2 blocks for 4 threads
     assert serves((2, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)
     monkeypatch.setattr(KN, "VECTORS_512", True)
-    assert not serves((2, 2 * L, 32), 1, False) and serves((1, L // 2, KN.NARROW_N), 1, False)
+    assert not serves((2, 2 * L, 32), 1, False) and serves((1, L // 2, 4), 1, False)
+    monkeypatch.setattr(KN, "TERM_BITS_APART", True)
+    assert serves((1, L // 2, KN.NARROW_N), 1, False)
+    assert not serves((1, L // 2 - 1, KN.NARROW_N), 1, False)
+    monkeypatch.setattr(KN, "TERM_BITS_APART", False)  # the column kernel is faster
+    assert not serves((1, L // 2, KN.NARROW_N), 1, False)
+    assert not serves((1, 3 * L // 4 - 1, 8), 1, False)
+    assert serves((1, 3 * L // 4, 8), 1, False) and serves((1, L // 2, 7), 1, False)
 
 
 def test_narrow_and_wide_kernels_agree():

@@ -149,6 +149,20 @@ the previous kernel in its own numba cache in the same session: :func:`contract`
 3.22 GHz), fma 0.61 (57 %), binary64 0.238 (51 %). A third loop for the rounded products
 (the accumulating loop then only adds) was slower: 1.33 → 1.14 G terms/s on the bare
 loops. Not measured on Zen 4, where the fused loop was chain-bound too (above).
+
+Term bits apart or inside (:data:`TERM_BITS_APART`, 2026-12-05). On an Intel Xeon with
+AVX-512 (Golden Cove class, AVX-512DQ's ``vpmullq``: the hash's multiply is one
+instruction) the separate term-bits loop cost more than it saved: the same clean loops
+with the bits drawn inside the accumulating loop (:func:`_term_r`, the one-loop form of
+before 2026-12-03) ran, one thread, bare loops, cycles per 8 terms, apart → inside, in
+two alternating processes each (a scratch script; the same bits): binary32 sr K × n =
+16 × 32 45–47 → 18–19, 64 × 64 25 → 14–15, 128 × 128 17–19 → 15–16, 288 × 320 16 → 14–15,
+288 × 1024 17–18 → 14; ``"fma"`` 48–54 → 25–26 at 16 × 32, 22–23 → 20–21 at 288 × 1024;
+binary64 64–69 → 49–53 at 16 × 32, 43–44 → 44–47 at 288 × 1024. With few columns the
+separate loop's body (32 terms per pass) hardly ran. ``bench_kernels.py --narrow``
+(column kernel, G terms/s): 48 × 576 × 32 1.0 → 2.1, 256 × 2304 × 24 0.86 → 2.18,
+128 × 128 × 64 1.3–1.6 → 2.2–2.3; the narrow kernel's rule for such hosts follows
+(:func:`_narrow_rows_fit`). Hosts without AVX-512DQ keep the bits apart (Zen 3 above).
 """
 
 from __future__ import annotations
@@ -464,10 +478,11 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, exact=False):
     for k in range(1, arow.size):
         ak = np.float64(arow[k])
         bk = bmat[k, j0:j0 + n]
-        _term_bits_row(rb, _bits(ukey, base + np.uint64(k)), jg, n, mode)
+        hk = _bits(ukey, base + np.uint64(k))
+        _term_bits_row(rb, hk, jg, n, mode)
         for jj in range(n):
-            acc[jj] = _clean_step(acc[jj], ak * np.float64(bk[jj]), rb[jj], mode, t, exact,
-                                  ud_min)
+            acc[jj] = _clean_step(acc[jj], ak * np.float64(bk[jj]), _term_r(rb, hk, jg, jj),
+                                  mode, t, exact, ud_min)
 
 
 @njit(inline="always")
@@ -486,9 +501,17 @@ def _term_bits_row(rb, hk, jg, n, mode):
     NARROW_ROWS row lanes the same way, with the roles swapped: ``hk`` the column's
     ``j·γ`` and ``jg`` the lanes' line hashes (the Weyl sum is the same): 1.08–1.16×
     on Zen 3 (docs/speed.md, "Products with few columns")."""
-    if mode != _IEEE:
+    if mode != _IEEE and TERM_BITS_APART:
         for jj in range(n):
             rb[jj] = _mix(hk + jg[jj])
+
+
+@njit(inline="always")
+def _term_r(rb, hk, jg, jj):
+    """The bits of lane ``jj``'s term in a k-step whose line hash is ``hk``: drawn by
+    :func:`_term_bits_row` into ``rb`` (:data:`TERM_BITS_APART`), or here, in the
+    accumulating loop (the same :func:`_mix` of ``hk + jg[jj]``)."""
+    return rb[jj] if TERM_BITS_APART else _mix(hk + jg[jj])
 
 
 @njit(inline="always")
@@ -542,6 +565,12 @@ def _cpu_feature(name: str) -> bool:
 VECTOR_INT64 = _vector_int64_conversion()
 #: 512-bit vectors (AVX-512F): which products take the narrow kernel (:data:`NARROW_N_AVX2`)
 VECTORS_512 = _cpu_feature("avx512f")
+#: whether the clean and narrow loops draw a k-step's term bits in a loop of their own
+#: (:func:`_term_bits_row`) or inside the accumulating loop (:func:`_term_r`): apart where
+#: the hash's 64-bit multiply is three instructions (no AVX-512DQ ``vpmullq``), inside
+#: where it is one. The same bits either way; a compile-time constant of the kernels
+#: (numba's cache is kept per CPU). Measured: module docstring, "Term bits apart or inside".
+TERM_BITS_APART = not _cpu_feature("avx512dq")
 _MAGIC52 = np.uint64(0x4330000000000000)  # the float64 pattern of 2**52
 _TWO52 = 2.0 ** 52
 
@@ -620,9 +649,10 @@ def _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):
     for k in range(1, arow.size):
         ak = np.float64(arow[k])
         bk = bmat[k, j0:j0 + n]
-        _term_bits_row(rb, _bits(ukey, base + np.uint64(k)), jg, n, mode)
+        hk = _bits(ukey, base + np.uint64(k))
+        _term_bits_row(rb, hk, jg, n, mode)
         for jj in range(n):
-            r = rb[jj]
+            r = _term_r(rb, hk, jg, jj)
             p = ak * np.float64(bk[jj])  # exact
             c = acc[jj]
             s = c + p
@@ -1107,13 +1137,22 @@ def _narrow_rows_fit(M: int, N: int) -> bool:
     Without: at least three quarters of a block for N ≤ NARROW_N; for more columns,
     where the column kernel is less far behind, whole blocks, and a last partial block
     either of at most an eighth of a block (computed row by row) or at least three
-    quarters full. Measured on AMD Zen 3 with blocks of 32 (column kernel's time ÷ the
+    quarters full. With 512-bit vectors and the term bits inside the column loops
+    (:data:`TERM_BITS_APART` false), from 8 columns: three quarters of a block. Measured
+    on AMD Zen 3 with blocks of 32 (column kernel's time ÷ the
     narrow one's, K = 64 and 576, N = 4–128): M = 16 at N = 16 0.75–0.86; M = 24–28
     1.1–2.7; last blocks of 8 and 16 rows at N ≥ 32 0.69–1.22, of 1, 4 and 24 rows
     0.98–2.2, whole blocks 1.1–2.4 (docs/speed.md, "Blocks of 32 rows on AVX2")."""
     L = NARROW_ROWS
-    if VECTORS_512:
+    if VECTORS_512 and (TERM_BITS_APART or N < 8):
         return N <= NARROW_N and M >= L // 2
+    if VECTORS_512:
+        # the column kernel with the term bits inside its loop and a full 8-lane vector
+        # per row: narrow from three quarters of a block (measured on an Intel Xeon with
+        # AVX-512, one thread, narrow ÷ column: N = 8 and 16 with 32 rows 0.75–0.87, 40
+        # rows 0.92, 48 rows 0.90–1.09, 56 and 64 rows 1.04–1.96; N = 4: 2.2–3.1 from
+        # 32 rows; ``benchmarks/bench_kernels.py --narrow``)
+        return N <= NARROW_N and M >= 3 * L // 4
     if N <= NARROW_N:
         return M >= 3 * L // 4
     r = M % L
@@ -1145,22 +1184,25 @@ def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode, wide):
             bkj = bmat[k, j]
             row = acc[j]
             # the terms' bits in a loop of their own, as in the clean loops
-            _term_bits_row(rb, np.uint64(j) * _G, hk, NARROW_ROWS, mode)
+            gj = np.uint64(j) * _G
+            _term_bits_row(rb, gj, hk, NARROW_ROWS, mode)
             if wide and k == 0:  # binary64: _clean64_loops' steps
                 for lane in range(NARROW_ROWS):
-                    row[lane] = _product64(ak[lane], bkj, rb[lane], mode)
+                    row[lane] = _product64(ak[lane], bkj, _term_r(rb, gj, hk, lane), mode)
             elif wide:
                 for lane in range(NARROW_ROWS):
-                    r = rb[lane]
+                    r = _term_r(rb, gj, hk, lane)
                     row[lane] = _sum64_step(row[lane], _product64(ak[lane], bkj, r, mode), r,
                                             mode)
             elif k == 0:
                 for lane in range(NARROW_ROWS):
-                    row[lane] = _round_term(ak[lane] * bkj, rb[lane], mode, 24, False)
+                    row[lane] = _round_term(ak[lane] * bkj, _term_r(rb, gj, hk, lane), mode,
+                                            24, False)
             else:
                 for lane in range(NARROW_ROWS):
-                    row[lane] = _clean_step(row[lane], ak[lane] * bkj, rb[lane], mode, 24,
-                                            False, _UD_MIN)
+                    row[lane] = _clean_step(row[lane], ak[lane] * bkj,
+                                            _term_r(rb, gj, hk, lane), mode, 24, False,
+                                            _UD_MIN)
 
 
 @njit(cache=True)
@@ -1409,9 +1451,10 @@ def _clean64_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode):
     for k in range(1, arow.size):
         ak = arow[k]
         bk = bmat[k, j0:j0 + n]
-        _term_bits_row(rb, _bits(ukey, base + np.uint64(k)), jg, n, mode)
+        hk = _bits(ukey, base + np.uint64(k))
+        _term_bits_row(rb, hk, jg, n, mode)
         for jj in range(n):
-            r = rb[jj]
+            r = _term_r(rb, hk, jg, jj)
             acc[jj] = _sum64_step(acc[jj], _product64(ak, bk[jj], r, mode), r, mode)
 
 
