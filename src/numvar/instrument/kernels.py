@@ -1079,7 +1079,7 @@ def _fast32_task(a, b, b64, clean, out, ukey, mode, t, fma, exact, task, ntile, 
     """Task ``task`` of :func:`_contract_fast32` (one row of one batch, one column tile)
     with its run's row buffers; ``jg`` holds the column hashes of the tile that starts at
     column ``jg_j0`` (-1: none). Returns the tile start whose hashes ``jg`` then holds."""
-    BO, M, N = out.shape
+    _, M, N = out.shape
     Kd = b.shape[1]
     bo = task // (M * ntile)
     rem = task - bo * (M * ntile)
