@@ -930,3 +930,74 @@ def test_clean64_loop_gives_up_on_sums_out_of_its_range():
         ref = KN.contract_reference(a, b, 3, code, 53)[0]
         assert _same(acc[0, [0, 2, 3]], ref[0, [0, 2, 3]]), m
         assert _same(KN.contract(a, b, 3, code, 53), KN.contract_reference(a, b, 3, code, 53)), m
+
+
+# The clean loops compiled with TERM_BITS_APART set before compiling (a compile-time
+# constant: the host's form runs in every other test, the other form only here), in a
+# fresh process, uncached: one row tile of binary32 sr (separate and "fma") and binary64
+# sr; prints the accumulators' bit patterns.
+_TERM_BITS_SCRIPT = """
+import sys
+import numpy as np
+from numba import njit
+from numvar.instrument import kernels as KN
+
+KN.TERM_BITS_APART = sys.argv[1] == "1"
+
+
+@njit
+def sep32(acc, jg, arow, bmat, ukey, n):
+    KN._clean_loops(acc, jg, arow, bmat, ukey, np.uint64(0), 0, n, KN._SR, 24)
+
+
+@njit
+def fma32(acc, jg, arow, bmat, ukey, n):
+    KN._clean_fma_loops(acc, jg, arow, bmat, ukey, np.uint64(0), 0, n, KN._SR, 24)
+
+
+@njit
+def sep64(acc, jg, arow, bmat, ukey, n):
+    KN._clean64_loops(acc, jg, arow, bmat, ukey, np.uint64(0), 0, n, KN._SR)
+
+
+rng = np.random.default_rng(31)
+K, n = 40, 37
+a = rng.uniform(0.5, 1.0, K)
+b = rng.uniform(0.5, 1.0, (K, n))
+jg = np.arange(n, dtype=np.uint64) * np.uint64(KN._G)
+out = []
+for fn, dt in ((sep32, np.float32), (fma32, np.float32), (sep64, np.float64)):
+    acc = np.empty(n)
+    fn(acc, jg, a.astype(dt), b.astype(dt).astype(np.float64), np.uint64(12), n)
+    out.append(acc.view(np.uint64))
+print(" ".join(str(v) for v in np.concatenate(out)))
+"""
+
+
+def test_term_bits_apart_and_inside_give_the_same_bits():
+    """The clean loops with the term bits drawn in a loop of their own and inside the
+    accumulating loop (``KN.TERM_BITS_APART``; which one a host compiles depends on its
+    CPU): the same bit patterns for binary32 sr (separate and ``"fma"``) and binary64 sr,
+    and those of the exact reference (``contract_reference``) for one row tile. A form
+    that drew a lane's bits from another lane or k-step fails it."""
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", _TERM_BITS_SCRIPT, flag],
+                              stdout=subprocess.PIPE, text=True) for flag in ("1", "0")]
+    apart, inside = (np.array(p.communicate()[0].split(), dtype=np.uint64) for p in procs)
+    assert all(p.returncode == 0 for p in procs)
+    assert apart.size == 3 * 37 and np.array_equal(apart, inside)
+    rng = np.random.default_rng(31)
+    a = rng.uniform(0.5, 1.0, 40)
+    b = rng.uniform(0.5, 1.0, (40, 37))
+    for part, (dt, kw) in enumerate(((np.float32, {}),
+                                     (np.float32, {"contraction": "fma"}),
+                                     (np.float64, {}))):
+        got = apart[part * 37:(part + 1) * 37].view(np.float64)
+        t = 24 if dt == np.float32 else 53
+        ref = KN.contract_reference(a.astype(dt)[None, None], b.astype(dt)[None], 12, RK.MODE_SR,
+                                    t, **kw)[0, 0]
+        ok = ~np.isnan(got)
+        assert ok.sum() >= 30, part  # positive terms: float64 sums exact almost always
+        assert np.array_equal(got[ok].astype(dt), ref[ok]), part

@@ -1215,7 +1215,8 @@ def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode, wide):
         for j in range(N):
             bkj = bmat[k, j]
             row = acc[j]
-            # the terms' bits in a loop of their own, as in the clean loops
+            # the terms' bits as in the clean loops (in a loop of their own or inside
+            # the rounding loop: TERM_BITS_APART)
             gj = np.uint64(j) * _G
             _term_bits_row(rb, gj, hk, NARROW_ROWS, mode)
             if wide and k == 0:  # binary64: _clean64_loops' steps
