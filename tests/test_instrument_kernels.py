@@ -420,10 +420,10 @@ def _clean32_direct(a, b, key, code):
 
 
 def test_clean_rows_over_narrowed_tiles_equal_the_full_path():
-    """K >= 384 narrows the column tiles to 256 (clean_tile), and b64 holds each tile as
-    its own block (tiled64): clean rows over three tiles (256, 256, 88 columns) and two
-    batches of b give the bits of the same rows on the full path (``clean`` all False,
-    which reads b, not b64), for sr/ieee/ud/random, t = 24 and 12, separate, exact
+    """K >= 384 narrows the column tiles to 256 (clean_tile), each widened into its own
+    block: clean rows over three tiles (256, 256, 88 columns) and two batches of b give
+    the bits of the same rows on the full path (``clean`` all False, which reads b
+    itself), for sr/ieee/ud/random, t = 24 and 12, separate, exact
     (bf16-valued inputs) and fma; the sr product also against the reference."""
     rng = np.random.default_rng(40)
     a = rng.uniform(0.5, 1.0, (1, 2, 400)).astype(np.float32)
@@ -432,7 +432,6 @@ def test_clean_rows_over_narrowed_tiles_equal_the_full_path():
     af = (a.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
     assert KN.clean_tile(400) == 256
     for x, y, exact in ((a, b, False), (af, bf, True)):
-        b64 = KN.tiled64(y)
         on = KN.clean_rows(x, y, 2, 24)
         assert on.all()
         for m in MODES:
@@ -442,8 +441,8 @@ def test_clean_rows_over_narrowed_tiles_equal_the_full_path():
                     continue
                 out = np.empty((2, 2, 600), np.float32)
                 ref = np.empty((2, 2, 600), np.float32)
-                KN._contract_fast32(x, y, b64, on, out, np.uint64(3), code, t, fma, exact)
-                KN._contract_fast32(x, y, b64, ~on, ref, np.uint64(3), code, t, fma, False)
+                KN._contract_fast32(x, y, on, out, np.uint64(3), code, t, fma, exact, 1)
+                KN._contract_fast32(x, y, ~on, ref, np.uint64(3), code, t, fma, False, 1)
                 assert _same(out, ref), (m, t, fma, exact)
     a1, b1 = a[:, :1, :384], b[:1, :384, :300]
     code = RK.mode_code("sr")

@@ -27,8 +27,7 @@ def _inputs(rng, BA, BB, M, Kd, N):
 @pytest.mark.parametrize("shapes", [(1, 1, 6, 5, 7), (2, 1, 6, 3, 9), (1, 3, 6, 4, 2),
                                     (1, 2, 5, 400, 600), (1, 1, 5, 5, 1300)])
 def test_prepare32_matches_serial_pieces(threads, shapes):
-    """One parallel pass = b widened in tiled64's layout, clean_rows and narrow_products,
-    at 1 and 2 threads (rows with zeros, subnormals, inf, NaN; bf16-valued and huge
+    """One parallel pass = clean_rows and narrow_products, at 1 and 2 threads (rows with zeros, subnormals, inf, NaN; bf16-valued and huge
     inputs; products of one column tile and of several, the last one narrower)."""
     rng = np.random.default_rng(sum(shapes))
     BA, BB = shapes[:2]
@@ -42,11 +41,9 @@ def test_prepare32_matches_serial_pieces(threads, shapes):
     try:
         for x, y in cases:
             for t in (24, 12):
-                b64 = np.empty(y.size)
-                clean, pab = KN._prepare32(x, y, b64, BO, t)
+                clean, pab = KN._prepare32(x, y, BO, t)
                 assert np.array_equal(clean, KN.clean_rows(x, y, BO, t))
                 assert (pab <= t) == KN.narrow_products(x, y, t)
-                assert np.array_equal(b64.view(np.uint64), KN.tiled64(y).view(np.uint64))
     finally:
         numba.set_num_threads(n0)
 
@@ -75,24 +72,39 @@ def test_contract_same_bits_at_every_thread_count(monkeypatch, mode):
             assert np.array_equal(o.view(np.uint32), ref.view(np.uint32))
 
 
-def test_tiled64_is_each_column_tile_as_its_own_block():
-    """Element (k, j) of batch bb, j in the tile starting at j0 of width w, sits at
-    bb·K·N + j0·K + k·w + (j − j0): written out element by element (3 tiles of 256, 256
-    and 88 columns at K = 400; one tile, the plain layout, at K = 3)."""
-    rng = np.random.default_rng(5)
-    for BB, Kd, N in ((2, 400, 600), (1, 3, 7)):
-        b = rng.standard_normal((BB, Kd, N)).astype(np.float32)
-        tw = KN.clean_tile(Kd)
-        out = KN.tiled64(b)
-        assert out.shape == (BB * Kd * N,) and out.dtype == np.float64
-        expect = np.empty(BB * Kd * N)
-        for bb in range(BB):
-            for j in range(N):
-                j0 = j // tw * tw
-                w = min(tw, N - j0)
-                for k in range(Kd):
-                    expect[bb * Kd * N + j0 * Kd + k * w + (j - j0)] = float(b[bb, k, j])
-        assert np.array_equal(out, expect)
-    assert KN.clean_tile(400) == 256 and KN.clean_tile(3) == 1024
-    assert np.array_equal(KN.tiled64(b), b.astype(np.float64).reshape(-1))  # one tile
+@pytest.mark.parametrize("threads", THREADS)
+def test_fast32_chunks_widen_each_tile_of_each_batch(threads):
+    """``_contract_fast32`` in any number of chunks (numba runs each thread's iterations
+    as one contiguous range; ``contract`` passes one chunk per thread): a chunk widens a
+    column tile of ``b`` into its own block when the tile or ``b``'s batch changes, for
+    its clean rows only. Clean rows next to rows that are not; ``b`` batched with one
+    column tile (consecutive tasks of two batches read the same tile of different
+    matrices) and with three (256, 256 and 88 columns at K = 400), and broadcast (one
+    ``b`` for three batches): the same bits for 1, 2, 3, 5 chunks and more chunks than
+    tasks, equal to every row on the full path (which reads ``b`` itself), in sr, ud
+    and fma."""
+    assert KN.clean_tile(400) == 256
+    rng = np.random.default_rng(8)
+    n0 = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        for BA, BB, N in ((1, 2, 100), (1, 2, 600), (3, 1, 600)):
+            BO = max(BA, BB)
+            a = rng.uniform(0.5, 1.0, (BA, 3, 400)).astype(np.float32)
+            b = rng.uniform(-1.0, 1.0, (BB, 400, N)).astype(np.float32)
+            clean = np.ones(BO * 3, dtype=np.bool_)
+            clean[1::3] = False
+            for mode, fma in (("sr", False), ("ud", False), ("sr", True)):
+                code = RK.mode_code(mode)
+                ref = np.empty((BO, 3, N), np.float32)
+                KN._contract_fast32(a, b, np.zeros_like(clean), ref, np.uint64(4), code, 24, fma,
+                                    False, 1)
+                for nchunk in (1, 2, 3, 5, 1000):
+                    out = np.empty_like(ref)
+                    KN._contract_fast32(a, b, clean, out, np.uint64(4), code, 24, fma, False,
+                                        nchunk)
+                    assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (
+                        BA, BB, N, mode, fma, nchunk)
+    finally:
+        numba.set_num_threads(n0)
 

@@ -100,8 +100,7 @@ def test_exact_product_contract_is_the_general_path(dtype, mode):
     assert clean.any() and not clean.all()
     fast = KN.contract(a, b, 11, code, 24)
     general = np.empty_like(fast)
-    KN._contract_fast32(a, b, KN.tiled64(b), clean, general, np.uint64(11), code, 24,
-                        False, False)
+    KN._contract_fast32(a, b, clean, general, np.uint64(11), code, 24, False, False, 1)
     assert _same_bits(fast, general)
     assert _same_bits(fast, KN.contract_reference(a, b, 11, code, 24))
 

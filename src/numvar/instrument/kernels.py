@@ -104,7 +104,10 @@ the count above), and prints the fraction of both ceilings :func:`contract` reac
 timed by the calling thread's CPU time (one core).
 See ``docs/speed.md`` for the measured fractions; outside the loop, :func:`contract`
 spends the per-k line hash and loop set-up (K passes over N/8 vectors per row), the
-first-product loop, the NaN scan, the clean-row test and the widening of ``b``.
+first-product loop, the NaN scan, the clean-row test and the widening of ``b`` (one
+column tile at a time, into L2). On the Intel Xeon (Golden Cove cores, 2026-12-05)
+:func:`contract` reaches 81–83 % of that measured ceiling at 16 × 288 @ 288 × 1024
+(the bare loops 85–86 %); the ``"fma"`` loop 84–88 % of its own.
 
 The same count for the other clean loops (``bench_kernels.py`` prints it on the host):
 the ``"fma"`` sr loop (:func:`_clean_fma_loops`: term bits 6, exact product 2, TwoSum 6,
@@ -204,6 +207,11 @@ def launch(work: int, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     finally:
         numba.set_num_threads(n)
+
+
+def _threads(work: int) -> int:
+    """The threads :func:`launch` runs a kernel of ``work`` on."""
+    return numba.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
 
 
 # bit casts shared with the rounding core (numba intrinsics, one instruction each)
@@ -785,6 +793,7 @@ def _column32(arow, bmat, ukey, base, j, mode, t, fma=False):  # pragma: no cove
 
 
 _ABS32 = np.uint32(0x7FFFFFFF)
+_ONE32 = np.uint32(1)
 _INF32 = np.uint32(0x7F800000)
 
 
@@ -840,16 +849,22 @@ def clean_rows(a, b, BO, t):  # pragma: no cover - compiled
 def _row_stats(u):
     """(max, min nonzero, OR of the fraction fields) of the magnitudes' bit patterns of
     one contiguous row of binary32 patterns ``u``: :func:`_absbits` and
-    :func:`_fraction_or` in one pass."""
+    :func:`_fraction_or` in one pass. Every intermediate is cast back to uint32: numba
+    widens uint32 arithmetic to uint64, and the loop then ran in 64-bit lanes with its
+    ``max``/``min`` half scalar, 0.27 ns per element (in :func:`_prepare32`, 71 of its
+    140 µs for a 288 × 1024 ``b``, one thread); in 32-bit lanes (``vpmaxud``/``vpminud``)
+    0.08 ns."""
     hi = np.uint32(0)
     lo = np.uint32(0xFFFFFFFF)
     fo = np.uint32(0)
     for i in range(u.size):
-        m = u[i] & _ABS32
+        x = u[i]
+        m = np.uint32(x & _ABS32)
         hi = max(hi, m)
-        lo = min(lo, m - np.uint32(1))  # ±0 wraps to 0xFFFFFFFF: ignored
-        fo |= u[i]
-    return hi, lo + np.uint32(1) if lo != np.uint32(0xFFFFFFFF) else lo, fo & _FRAC32
+        mm = np.uint32(m - _ONE32)  # ±0 wraps to 0xFFFFFFFF: ignored
+        lo = min(lo, mm)
+        fo = np.uint32(fo | x)
+    return hi, lo + _ONE32 if lo != np.uint32(0xFFFFFFFF) else lo, fo & _FRAC32
 
 
 _FRAC32 = np.uint32(0x7FFFFF)
@@ -860,14 +875,14 @@ PREPARE_CHUNK = 8192
 
 
 @njit(parallel=True, cache=True)
-def _prepare32(a, b, b64, BO, t):  # pragma: no cover - compiled
+def _prepare32(a, b, BO, t):  # pragma: no cover - compiled
     """What :func:`contract` needs before a binary32 product, in one parallel pass over
-    ``a`` (BA, M, K) and ``b`` (BB, K, N): ``b`` widened to float64 into ``b64``
-    (BB·K·N float64, in the column-tile layout of :func:`tiled64`), the clean rows (the
-    same as :func:`clean_rows`) and the OR of the fraction fields of ``a`` and of ``b``
-    (for :func:`narrow_products`). Before, these ran on the calling thread alone
-    (``astype``, :func:`clean_rows`, :func:`_narrow_bits`): about 4 % of a ResNet
-    forward at flop, a serial part that two threads could not shrink. ``b``'s statistics
+    ``a`` (BA, M, K) and ``b`` (BB, K, N): the clean rows (the same as
+    :func:`clean_rows`) and the OR of the fraction fields of ``a`` and of ``b`` (for
+    :func:`narrow_products`). Before, these ran on the calling thread alone
+    (:func:`clean_rows`, :func:`_narrow_bits`): about 4 % of a ResNet forward at flop, a
+    serial part that two threads could not shrink. (It widened ``b`` to float64 too, until
+    :func:`_contract_fast32` widened its column tiles itself.) ``b``'s statistics
     are per batch, so its tasks are runs of rows of about :data:`PREPARE_CHUNK` elements
     (one task per row of ``b`` cost 64 µs for a 4096 × 4 classifier head, whose rows are
     4 elements; 7 µs in runs). Returns (clean, the significant bits bound of a's values
@@ -875,9 +890,6 @@ def _prepare32(a, b, b64, BO, t):  # pragma: no cover - compiled
     BA, M, Kd = a.shape
     BB, _, N = b.shape
     bu = b.reshape(BB * Kd * N).view(np.uint32)
-    bf = b.reshape(BB * Kd * N)
-    bw = b64.reshape(BB * Kd * N)
-    tw = clean_tile(Kd)
     rows = max(1, PREPARE_CHUNK // max(N, 1))  # rows of b per task
     nch = (Kd + rows - 1) // rows
     bst = np.empty((BB * nch, 3), dtype=np.uint32)
@@ -888,20 +900,6 @@ def _prepare32(a, b, b64, BO, t):  # pragma: no cover - compiled
         s0 = (bb * Kd + k0) * N
         s1 = (bb * Kd + k1) * N
         bst[task, 0], bst[task, 1], bst[task, 2] = _row_stats(bu[s0:s1])
-        if N <= tw:  # one column tile: tiled64's layout is the plain one
-            src = bf[s0:s1]
-            dst = bw[s0:s1]
-            for q in range(s1 - s0):
-                dst[q] = np.float64(src[q])
-            continue
-        for k in range(k0, k1):
-            src = bf[(bb * Kd + k) * N:(bb * Kd + k + 1) * N]
-            for j0 in range(0, N, tw):  # row k of each column tile's block (tiled64)
-                w = min(tw, N - j0)
-                dst = bw[bb * Kd * N + j0 * Kd + k * w:]
-                part = src[j0:j0 + w]  # (indexed from 0: src[j0 + jj] did not vectorise)
-                for jj in range(w):
-                    dst[jj] = np.float64(part[jj])
     au = a.reshape(BA * M, Kd).view(np.uint32)
     ast = np.empty((BA * M, 3), dtype=np.uint32)
     for r in prange(BA * M):
@@ -994,91 +992,72 @@ def _tile32(o, arow, bmat, ukey, base, N, j0, mode, t, bad):  # pragma: no cover
         _tile_fast(o, arow, bmat, ukey, base, N, j0, _RANDOM, t, bad, False)
 
 
-#: bytes of b64 (float64) one clean-row task streams per k-pass set, kept within L2
+#: bytes of a widened column tile of b (float64) the clean-row tasks stream per k-pass
+#: set, kept within L2
 CLEAN_TILE_BYTES = 768 * 1024
 
 
 @njit(cache=True)
 def clean_tile(K):  # pragma: no cover - compiled
     """Columns per task of :func:`_contract_fast32`: ``TILE`` (1024), narrowed so that a
-    task's slice of ``b64`` (K × columns × 8 bytes) stays within ``CLEAN_TILE_BYTES``,
+    task's widened tile of ``b`` (K × columns × 8 bytes) stays within ``CLEAN_TILE_BYTES``,
     but never below 256 columns (the per-k set-up then dominates)."""
     w = (CLEAN_TILE_BYTES // (8 * max(K, 1))) // 64 * 64
     return max(256, min(TILE, w))
 
 
-def tiled64(b: np.ndarray) -> np.ndarray:
-    """``b`` (BB, K, N) widened to float64 in the layout :func:`_prepare32` writes and the
-    clean loops read: per batch, the column tiles of :func:`clean_tile` one after the
-    other, each a C-order (K, w) block (w = the tile's width), flat (BB·K·N,). In the
-    plain (K, N) layout one tile's rows lie N·8 bytes apart: for N = 2048 a 256-column
-    tile's rows fall into 256 of a 2 MB, 16-way L2's 2048 sets, so a K = 576 tile
-    (1.2 MB) thrashed the L2 and ran 16–20 % slower than in its own block. (With one
-    tile, N <= the tile width, the two layouts are the same memory.)"""
-    BB, Kd, N = b.shape
-    tw = clean_tile(Kd)
-    out = np.empty(BB * Kd * N)
-    for bb in range(BB):
-        for j0 in range(0, N, tw):
-            w = min(tw, N - j0)
-            blk = b[bb, :, j0:j0 + w].astype(np.float64)
-            out[bb * Kd * N + j0 * Kd:bb * Kd * N + (j0 + w) * Kd] = blk.reshape(-1)
-    return out
-
-
-#: at most this many consecutive tasks (rows of a column tile) of :func:`_contract_fast32`
-#: per parallel iteration, which share its row buffers; fewer where the product would
-#: otherwise have fewer than FAST32_MIN_RUNS iterations to spread over the threads (where
-#: it may run on several: :func:`launch`)
-FAST32_RUN = 16
-FAST32_MIN_RUNS = 32
-
-
 @njit(parallel=True, cache=True)
-def _contract_fast32(a, b, b64, clean, out, key, mode, t, fma=False,
-                     exact=False):  # pragma: no cover
+def _contract_fast32(a, b, clean, out, key, mode, t, fma=False, exact=False,
+                     nchunk=1):  # pragma: no cover
     """binary32 at t <= 24 bits. Clean rows (see above): vectorised loops without range
-    checks on ``b64`` (``b`` widened to float64 once per call, flat in the column-tile
-    layout of :func:`tiled64`: the loops then multiply from memory instead of widening
-    every element of ``b`` once per row; same products), NaN-poisoned lanes recomputed
-    on the full path. Other rows: at 24 bits the checked fast path per tile, full path
-    for its rejects; below, the full path.
+    checks on ``b``'s column tile widened to float64 (the loops then multiply from memory
+    instead of widening every element of ``b`` once per row; same products), NaN-poisoned
+    lanes recomputed on the full path. Other rows: at 24 bits the checked fast path per
+    tile, full path for its rejects; below, the full path.
     ``fma``: one rounding per multiply-add (clean rows vectorised, other rows on the
     full path). ``exact`` (separate, t = 24, sr/ieee/random; see :func:`narrow_products`):
-    clean rows skip the product roundings."""
+    clean rows skip the product roundings. ``nchunk``: the threads it runs on (numba
+    gives each thread an equal contiguous range of a parallel loop's iterations); any
+    value gives the same bits."""
     BO, M, N = out.shape
-    tw = clean_tile(b.shape[1])
+    Kd = b.shape[1]
+    tw = clean_tile(Kd)
     ntile = (N + tw - 1) // tw
     ukey = np.uint64(key)
-    # tasks batch-major, then column tile, then row: consecutive tasks of a thread reuse
-    # one tile of b64 (K × tw float64) while it is in L2. Every element is computed by one
-    # task from its own counter-based bits: the order and the tile width change no bit.
-    # The tasks run in runs of up to FAST32_RUN consecutive ones, so that the row buffers are
-    # allocated once per run and the column hashes computed once per tile in it, not
-    # once per task (an allocation per task was 4–10 % of small products, e.g.
-    # attention's 8 × 32 × 16 @ 16 × 32, on an Intel Xeon).
+    # tasks batch-major, then column tile, then row, in ``nchunk`` contiguous chunks, one
+    # per thread: consecutive tasks share one column tile of b, which a chunk widens once
+    # into its own (K, w) block ``bt`` (K × w float64, within L2: clean_tile). In the
+    # plain (K, N) layout a tile's rows lie N·8 bytes apart: for N = 2048 a 256-column
+    # tile's rows fall into 256 of a 2 MB, 16-way L2's 2048 sets, and a K = 576 tile
+    # (1.2 MB) thrashed the L2 (16–20 % slower than in its own block). Widening b whole
+    # before the call (_prepare32, until 2026-12-05) wrote and read back 8 bytes per
+    # element through memory: 0.1 of 2.1 ms at 16 × 288 × 1024. The chunk's row buffers
+    # are allocated once and the column hashes computed once per tile (an allocation per
+    # task was 4–10 % of small products, e.g. attention's 8 × 32 × 16 @ 16 × 32).
+    # Every element is computed by one task from its own counter-based bits: the order,
+    # the chunks and the tile width change no bit.
     ntask = BO * M * ntile
-    step = FAST32_RUN  # one thread (launch) below PARALLEL_MIN_WORK: runs of any length
-    if BO * M * N * b.shape[1] >= PARALLEL_MIN_WORK:
-        step = max(1, min(FAST32_RUN, ntask // FAST32_MIN_RUNS))
-    nrun = (ntask + step - 1) // step
+    nch = max(1, min(nchunk, ntask))
     wmax = min(N, tw)
-    for run in prange(nrun):
+    for c in prange(nch):
         acc = np.empty(wmax)
         jg = np.empty(wmax, dtype=np.uint64)
         bad = np.empty(wmax, dtype=np.bool_)
-        jg_j0 = -1  # the first column of the tile whose column hashes jg holds
-        for task in range(run * step, min(ntask, (run + 1) * step)):
-            jg_j0 = _fast32_task(a, b, b64, clean, out, ukey, mode, t, fma, exact, task,
-                                 ntile, tw, acc, jg, bad, jg_j0)
+        bt = np.empty(Kd * wmax)
+        held = (-1, -1)  # (the first column of the tile whose hashes jg holds,
+        #                   the batch of b times ntile plus the tile that bt holds)
+        for task in range(c * ntask // nch, (c + 1) * ntask // nch):
+            held = _fast32_task(a, b, clean, out, ukey, mode, t, fma, exact, task, ntile,
+                                tw, acc, jg, bad, bt, held)
 
 
 @njit(inline="always")
-def _fast32_task(a, b, b64, clean, out, ukey, mode, t, fma, exact, task, ntile, tw, acc,
-                 jg, bad, jg_j0):
+def _fast32_task(a, b, clean, out, ukey, mode, t, fma, exact, task, ntile, tw, acc, jg,
+                 bad, bt, held):
     """Task ``task`` of :func:`_contract_fast32` (one row of one batch, one column tile)
-    with its run's row buffers; ``jg`` holds the column hashes of the tile that starts at
-    column ``jg_j0`` (-1: none). Returns the tile start whose hashes ``jg`` then holds."""
+    with its chunk's row buffers: ``held`` = (the first column of the tile whose column
+    hashes ``jg`` holds, the tile of b widened in ``bt`` as ``bb·ntile + tile``; -1:
+    none). Returns ``held`` after the task."""
     _, M, N = out.shape
     Kd = b.shape[1]
     bo = task // (M * ntile)
@@ -1093,28 +1072,40 @@ def _fast32_task(a, b, b64, clean, out, ukey, mode, t, fma, exact, task, ntile, 
     bb = bo % b.shape[0]
     base = np.uint64(row) * np.uint64(Kd)
     o = out[bo, i]
+    jg_j0, bt_tile = held
     if clean[row]:
         if j0 != jg_j0:
             for jj in range(n):
                 jg[jj] = np.uint64(j0 + jj) * _G
-        # the tile's own (K, n) block of b64 (tiled64); jg carries the column indices
-        o0 = bb * Kd * N + j0 * Kd
-        bt = b64[o0:o0 + Kd * n].reshape(Kd, n)
+            jg_j0 = j0
+        if bb * ntile + tile != bt_tile:  # the tile's own (K, n) block, widened
+            bt_tile = bb * ntile + tile
+            if n == N:  # one tile: the block is b[bb], contiguous (one loop)
+                src = b[bb].reshape(Kd * N)
+                for q in range(Kd * N):
+                    bt[q] = np.float64(src[q])
+            else:
+                for k in range(Kd):
+                    src = b[bb, k, j0:j1]
+                    dst = bt[k * n:(k + 1) * n]
+                    for jj in range(n):
+                        dst[jj] = np.float64(src[jj])
+        bk = bt[:Kd * n].reshape(Kd, n)
         if fma:
-            _cleanfma32(acc, jg, arow, bt, ukey, base, 0, n, mode, t)
+            _cleanfma32(acc, jg, arow, bk, ukey, base, 0, n, mode, t)
         elif exact:
-            _cleanx32(acc, jg, arow, bt, ukey, base, 0, n, mode)
+            _cleanx32(acc, jg, arow, bk, ukey, base, 0, n, mode)
         elif t == 24:
-            _clean32(acc, jg, arow, bt, ukey, base, 0, n, mode)
+            _clean32(acc, jg, arow, bk, ukey, base, 0, n, mode)
         else:
-            _cleant32(acc, jg, arow, bt, ukey, base, 0, n, mode, t)
+            _cleant32(acc, jg, arow, bk, ukey, base, 0, n, mode, t)
         for jj in range(n):
             v = acc[jj]
             if v == v:
                 o[j0 + jj] = np.float32(v)
             else:
                 o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t, fma)
-        return j0
+        return jg_j0, bt_tile
     if fma:
         for jj in range(n):
             o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t, fma)
@@ -1123,7 +1114,7 @@ def _fast32_task(a, b, b64, clean, out, ukey, mode, t, fma, exact, task, ntile, 
     else:
         for jj in range(n):
             o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t, fma)
-    return jg_j0
+    return jg_j0, bt_tile
 
 
 # ------------------------------------------------------------ narrow products (few columns)
@@ -1332,8 +1323,7 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
                 _tile32(out[bo, i], arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24,
                         bad)
             continue
-        # (N <= NARROW_N_AVX2 < 256 <= clean_tile(K) is one column tile: tiled64's layout
-        # is the plain (K, N) one)
+        # (b64: b widened, flat)
         acc = _narrow_block(arows, b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N), ukey,
                             bo * M, i0, i1, mode, False)
         for lane in range(i1 - i0):
@@ -1914,18 +1904,18 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
         work = out.size * a.shape[2]
         if a.dtype == np.float32 and 1 <= t <= 24 and mode <= _RANDOM:
-            # products exact (bf16/fp16 values): sr, ieee and random leave them unchanged
-            # b widened, clean rows and significant bits in one parallel pass (same values
-            # as tiled64(b), clean_rows and narrow_products)
-            b64 = np.empty(b.size)  # tiled64's layout
-            clean, pab = launch(a.size + b.size, _prepare32, a, b, b64, BO, t)
+            # clean rows and significant bits in one parallel pass (the same values as
+            # clean_rows and narrow_products); products exact (bf16/fp16 values): sr, ieee
+            # and random leave them unchanged
+            clean, pab = launch(a.size + b.size, _prepare32, a, b, BO, t)
             exact = EXACT_PRODUCTS and not fma and t == 24 and mode != _UD and pab <= t
             if NARROW_KERNEL and not fma and t == 24 and _narrow32_serves(out.shape, work,
                                                                          exact):
-                launch(work, _contract_narrow32, a, b, b64, clean, out, np.uint64(key), mode)
+                launch(work, _contract_narrow32, a, b, b.astype(np.float64).reshape(-1),
+                       clean, out, np.uint64(key), mode)
             else:
-                launch(work, _contract_fast32, a, b, b64, clean, out, np.uint64(key), mode, t,
-                       fma, exact)
+                launch(work, _contract_fast32, a, b, clean, out, np.uint64(key), mode, t,
+                       fma, exact, _threads(work))
         elif a.dtype == np.float64 and t == 53 and mode <= _RANDOM and not fma:
             narrow = (NARROW_KERNEL and out.shape[2] <= NARROW_N
                       and _narrow_rows_fit(out.shape[1], out.shape[2]))
