@@ -736,14 +736,47 @@ def test_narrow_kernel_serves_a_few_dozen_columns_without_512_bit_vectors(monkey
     assert not serves((1, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)  # 2 blocks for 4 threads
     assert serves((2, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)
     monkeypatch.setattr(KN, "VECTORS_512", True)
-    assert not serves((2, 2 * L, 32), 1, False) and serves((1, L // 2, 4), 1, False)
     monkeypatch.setattr(KN, "TERM_BITS_APART", True)
+    assert not serves((2, 2 * L, 32), 1, False) and serves((1, L // 2, 4), 1, False)
     assert serves((1, L // 2, KN.NARROW_N), 1, False)
     assert not serves((1, L // 2 - 1, KN.NARROW_N), 1, False)
     monkeypatch.setattr(KN, "TERM_BITS_APART", False)  # the column kernel is faster
     assert not serves((1, L // 2, KN.NARROW_N), 1, False)
     assert not serves((1, 3 * L // 4 - 1, 8), 1, False)
     assert serves((1, 3 * L // 4, 8), 1, False) and serves((1, L // 2, 7), 1, False)
+    # more columns, up to NARROW_N_512: rows in whole blocks, not all exact, a block for
+    # every thread where several run it (4 here)
+    assert serves((2, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)
+    assert serves((1, L, KN.NARROW_N_512), 1, False)
+    assert not serves((1, L, KN.NARROW_N_512 + 1), 1, False)
+    assert not serves((1, 2 * L + 1, 32), 1, False) and not serves((1, 3 * L // 2, 32), 1, False)
+    assert not serves((1, 2 * L, 32), 1, True)
+    assert not serves((1, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)
+
+
+def test_narrow_kernel_on_wide_products_agrees_with_the_column_kernel():
+    """Rows in whole blocks across more than NARROW_N columns (on 512-bit hosts with the
+    term bits inside the loops up to NARROW_N_512 take ``_contract_narrow32``), forced
+    each way on any host: bit for bit, every mode, two batches, with a row that is not
+    clean (tiny values) and a batch of ``b`` holding a value near the binary32 maximum
+    (none of its rows clean)."""
+    rng = np.random.default_rng(31)
+    L = KN.NARROW_ROWS
+    a = rng.standard_normal((2, 2 * L, 40)).astype(np.float32)
+    a[0, 5] *= np.float32(1e-38)  # not clean
+    b = rng.standard_normal((2, 40, 300)).astype(np.float32)
+    b[1, 3, 7] = np.float32(3e38)
+    for m in MODES:
+        code = RK.mode_code(m)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(KN, "_narrow32_serves", lambda shape, work, exact: True)
+            calls = _count_calls(mp, "_contract_narrow32", 4)
+            narrow = KN.contract(a, b, 77, code, 24)
+            assert calls == [(2, 2 * L, 300)], m
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(KN, "NARROW_KERNEL", False)
+            wide = KN.contract(a, b, 77, code, 24)
+        assert _same(narrow, wide), m
 
 
 def test_narrow_and_wide_kernels_agree():

@@ -1135,6 +1135,15 @@ NARROW_N = 16
 #: the same bits; with 32 rows (then half a block of 64) 0.85× (``benchmarks/bench_kernels.py
 #: --narrow``). On AVX-512 the column kernel's 8 lanes keep NARROW_N.
 NARROW_N_AVX2 = 128
+#: the same with 512-bit vectors and the term bits drawn inside the loops
+#: (:data:`TERM_BITS_APART` false), for rows in whole blocks of 64 only: measured
+#: 2026-12-05 on an Intel Xeon (AVX-512DQ), one thread, sr, column kernel's time ÷ the
+#: narrow one's, M = 64, 128, 192, 512, K = 32, 64, 576: N = 24 1.12–1.36, N = 32
+#: 1.14–1.18, 64 1.07–1.16, 256 1.05–1.14, 1024 1.02–1.20; rows not in whole blocks
+#: lose (48 and 96 rows 0.77–0.89, 72 = 64 + 8 row by row 0.87–0.93, 120 and 176 rows
+#: 0.98–1.11; docs/speed.md, "Whole blocks of rows across the columns on AVX-512").
+#: Wider products were not measured (the block's accumulators, N × 64 float64, leave L2).
+NARROW_N_512 = 1024
 #: rows of a block of :func:`_contract_narrow32` and :func:`_contract_narrow64`: the vector
 #: lanes of their loops (a constant, so that the loops over them have a fixed trip count
 #: and no remainder). Eight float64 vectors either way: 64 lanes with 512-bit vectors, 32
@@ -1161,7 +1170,8 @@ def _narrow_rows_fit(M: int, N: int) -> bool:
     where the column kernel is less far behind, whole blocks, and a last partial block
     either of at most an eighth of a block (computed row by row) or at least three
     quarters full. With 512-bit vectors and the term bits inside the column loops
-    (:data:`TERM_BITS_APART` false), from 8 columns: three quarters of a block. Measured
+    (:data:`TERM_BITS_APART` false), from 8 columns: three quarters of a block; more than
+    :data:`NARROW_N` columns (up to :data:`NARROW_N_512`): whole blocks. Measured
     on AMD Zen 3 with blocks of 32 (column kernel's time ÷ the
     narrow one's, K = 64 and 576, N = 4–128): M = 16 at N = 16 0.75–0.86; M = 24–28
     1.1–2.7; last blocks of 8 and 16 rows at N ≥ 32 0.69–1.22, of 1, 4 and 24 rows
@@ -1174,8 +1184,10 @@ def _narrow_rows_fit(M: int, N: int) -> bool:
         # per row: narrow from three quarters of a block (measured on an Intel Xeon with
         # AVX-512, one thread, narrow ÷ column: N = 8 and 16 with 32 rows 0.75–0.87, 40
         # rows 0.92, 48 rows 0.90–1.09, 56 and 64 rows 1.04–1.96; N = 4: 2.2–3.1 from
-        # 32 rows; ``benchmarks/bench_kernels.py --narrow``)
-        return N <= NARROW_N and M >= 3 * L // 4
+        # 32 rows; ``benchmarks/bench_kernels.py --narrow``); more columns: whole blocks
+        if N > NARROW_N:
+            return M >= L and M % L == 0
+        return M >= 3 * L // 4
     if N <= NARROW_N:
         return M >= 3 * L // 4
     r = M % L
@@ -1930,13 +1942,17 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
 def _narrow32_serves(shape, work: int, exact: bool) -> bool:
     """Whether :func:`contract` computes a binary32 product of output ``shape`` (BO, M, N)
     with :func:`_contract_narrow32`: N ≤ :data:`NARROW_N` and rows that fill its blocks
-    (:func:`_narrow_rows_fit`); or, without 512-bit vectors, N ≤ :data:`NARROW_N_AVX2`,
-    rows that fill its blocks, not all products exact, and a block for every thread where
-    the product runs on several. Either kernel gives the same bits."""
+    (:func:`_narrow_rows_fit`); or N ≤ :data:`NARROW_N_AVX2` (without 512-bit vectors) or
+    :data:`NARROW_N_512` (with them and the term bits inside the loops), rows that fill
+    its blocks, not all products exact, and a block for every thread where the product
+    runs on several. Either kernel gives the same bits."""
     BO, M, N = shape
-    if N <= NARROW_N or VECTORS_512:
+    if N <= NARROW_N:
         return _narrow_rows_fit(M, N)
-    return (N <= NARROW_N_AVX2 and _narrow_rows_fit(M, N) and not exact
+    if VECTORS_512 and TERM_BITS_APART:
+        return False
+    return (N <= (NARROW_N_512 if VECTORS_512 else NARROW_N_AVX2) and _narrow_rows_fit(M, N)
+            and not exact
             and (work < PARALLEL_MIN_WORK
                  or BO * (M // NARROW_ROWS) >= numba.get_num_threads()))
 
