@@ -744,12 +744,14 @@ def test_narrow_kernel_serves_a_few_dozen_columns_without_512_bit_vectors(monkey
     assert not serves((1, L // 2, KN.NARROW_N), 1, False)
     assert not serves((1, 3 * L // 4 - 1, 8), 1, False)
     assert serves((1, 3 * L // 4, 8), 1, False) and serves((1, L // 2, 7), 1, False)
-    # more columns, up to NARROW_N_512: rows in whole blocks, not all exact, a block for
-    # every thread where several run it (4 here)
+    # more columns, up to NARROW_N_512: rows in whole blocks (and a tail of at most
+    # NARROW_TAIL), not all exact, a block for every thread where several run it (4 here)
     assert serves((2, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)
     assert serves((1, L, KN.NARROW_N_512), 1, False)
     assert not serves((1, L, KN.NARROW_N_512 + 1), 1, False)
-    assert not serves((1, 2 * L + 1, 32), 1, False) and not serves((1, 3 * L // 2, 32), 1, False)
+    assert serves((1, 2 * L + KN.NARROW_TAIL, 32), 1, False)  # a tail row by row
+    assert not serves((1, 2 * L + KN.NARROW_TAIL + 1, 32), 1, False)
+    assert not serves((1, 3 * L // 2, 32), 1, False) and not serves((1, L - 1, 32), 1, False)
     assert not serves((1, 2 * L, 32), 1, True)
     assert not serves((1, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)
 

@@ -1052,6 +1052,28 @@ def _contract_fast32(a, b, clean, out, key, mode, t, fma=False, exact=False,
 
 
 @njit(inline="always")
+def _clean_row32(o, acc, jg, arow, bk, bmat, ukey, base, j0, n, mode, t, fma, exact):
+    """Columns ``j0 .. j0+n−1`` of the clean binary32 output row ``o`` (a ``a`` row
+    ``arow``, ``b`` of the batch ``bmat``): the clean loops over ``bk`` (those columns of
+    ``b`` widened, a (K, n) block) into ``acc``, with the column hashes ``jg``; NaN lanes
+    (the loops gave up) from the full path (:func:`_column32`)."""
+    if fma:
+        _cleanfma32(acc, jg, arow, bk, ukey, base, 0, n, mode, t)
+    elif exact:
+        _cleanx32(acc, jg, arow, bk, ukey, base, 0, n, mode)
+    elif t == 24:
+        _clean32(acc, jg, arow, bk, ukey, base, 0, n, mode)
+    else:
+        _cleant32(acc, jg, arow, bk, ukey, base, 0, n, mode, t)
+    for jj in range(n):
+        v = acc[jj]
+        if v == v:
+            o[j0 + jj] = np.float32(v)
+        else:
+            o[j0 + jj] = _column32(arow, bmat, ukey, base, j0 + jj, mode, t, fma)
+
+
+@njit(inline="always")
 def _fast32_task(a, b, clean, out, ukey, mode, t, fma, exact, task, ntile, tw, acc, jg,
                  bad, bt, held):
     """Task ``task`` of :func:`_contract_fast32` (one row of one batch, one column tile)
@@ -1090,21 +1112,8 @@ def _fast32_task(a, b, clean, out, ukey, mode, t, fma, exact, task, ntile, tw, a
                     dst = bt[k * n:(k + 1) * n]
                     for jj in range(n):
                         dst[jj] = np.float64(src[jj])
-        bk = bt[:Kd * n].reshape(Kd, n)
-        if fma:
-            _cleanfma32(acc, jg, arow, bk, ukey, base, 0, n, mode, t)
-        elif exact:
-            _cleanx32(acc, jg, arow, bk, ukey, base, 0, n, mode)
-        elif t == 24:
-            _clean32(acc, jg, arow, bk, ukey, base, 0, n, mode)
-        else:
-            _cleant32(acc, jg, arow, bk, ukey, base, 0, n, mode, t)
-        for jj in range(n):
-            v = acc[jj]
-            if v == v:
-                o[j0 + jj] = np.float32(v)
-            else:
-                o[j0 + jj] = _column32(arow, b[bb], ukey, base, j0 + jj, mode, t, fma)
+        _clean_row32(o, acc, jg, arow, bt[:Kd * n].reshape(Kd, n), b[bb], ukey, base, j0, n,
+                     mode, t, fma, exact)
         return jg_j0, bt_tile
     if fma:
         for jj in range(n):
@@ -1136,12 +1145,13 @@ NARROW_N = 16
 #: --narrow``). On AVX-512 the column kernel's 8 lanes keep NARROW_N.
 NARROW_N_AVX2 = 128
 #: the same with 512-bit vectors and the term bits drawn inside the loops
-#: (:data:`TERM_BITS_APART` false), for rows in whole blocks of 64 only: measured
-#: 2026-12-05 on an Intel Xeon (AVX-512DQ), one thread, sr, column kernel's time ÷ the
-#: narrow one's, M = 64, 128, 192, 512, K = 32, 64, 576: N = 24 1.12–1.36, N = 32
-#: 1.14–1.18, 64 1.07–1.16, 256 1.05–1.14, 1024 1.02–1.20; rows not in whole blocks
-#: lose (48 and 96 rows 0.77–0.89, 72 = 64 + 8 row by row 0.87–0.93, 120 and 176 rows
-#: 0.98–1.11; docs/speed.md, "Whole blocks of rows across the columns on AVX-512").
+#: (:data:`TERM_BITS_APART` false), for rows in whole blocks of 64 and a last partial
+#: block of at most NARROW_TAIL rows (computed row by row): measured 2026-12-05 on an
+#: Intel Xeon (AVX-512DQ), one thread, sr, column kernel's time ÷ the narrow one's,
+#: M = 64, 128, 192, 512, K = 32, 64, 576: N = 24 1.12–1.36, N = 32 1.14–1.18, 64
+#: 1.07–1.16, 256 1.05–1.14, 1024 1.02–1.20; M = 66, 72, 80, 130, 136, K = 64 and 256,
+#: N = 16–256: 1.05–1.30; partial blocks of lanes lose (48 and 96 rows 0.77–0.89;
+#: docs/speed.md, "Whole blocks of rows across the columns on AVX-512")
 #: Wider products were not measured (the block's accumulators, N × 64 float64, leave L2).
 NARROW_N_512 = 1024
 #: rows of a block of :func:`_contract_narrow32` and :func:`_contract_narrow64`: the vector
@@ -1157,9 +1167,9 @@ NARROW_ROWS = 64 if VECTORS_512 else 32
 #: in L1)
 NARROW_KC = 32
 #: a last, partial block of at most this many rows (a quarter of a block) is computed row
-#: by row (:func:`_tile32`, vectorised across the columns) instead of as a block of
-#: NARROW_ROWS lanes, most of them repeats whose values are dropped (attention's 65 = 64 +
-#: 1 rows ran at half speed)
+#: by row (vectorised across the columns: a clean row on the clean loops, another on
+#: :func:`_tile32`) instead of as a block of NARROW_ROWS lanes, most of them repeats whose
+#: values are dropped (attention's 65 = 64 + 1 rows ran at half speed)
 NARROW_TAIL = NARROW_ROWS // 4
 
 
@@ -1171,7 +1181,8 @@ def _narrow_rows_fit(M: int, N: int) -> bool:
     either of at most an eighth of a block (computed row by row) or at least three
     quarters full. With 512-bit vectors and the term bits inside the column loops
     (:data:`TERM_BITS_APART` false), from 8 columns: three quarters of a block; more than
-    :data:`NARROW_N` columns (up to :data:`NARROW_N_512`): whole blocks. Measured
+    :data:`NARROW_N` columns (up to :data:`NARROW_N_512`): whole blocks, and a last
+    partial block of at most :data:`NARROW_TAIL` rows (computed row by row). Measured
     on AMD Zen 3 with blocks of 32 (column kernel's time ÷ the
     narrow one's, K = 64 and 576, N = 4–128): M = 16 at N = 16 0.75–0.86; M = 24–28
     1.1–2.7; last blocks of 8 and 16 rows at N ≥ 32 0.69–1.22, of 1, 4 and 24 rows
@@ -1185,8 +1196,9 @@ def _narrow_rows_fit(M: int, N: int) -> bool:
         # AVX-512, one thread, narrow ÷ column: N = 8 and 16 with 32 rows 0.75–0.87, 40
         # rows 0.92, 48 rows 0.90–1.09, 56 and 64 rows 1.04–1.96; N = 4: 2.2–3.1 from
         # 32 rows; ``benchmarks/bench_kernels.py --narrow``); more columns: whole blocks
+        # and a last partial block of at most NARROW_TAIL rows (row by row)
         if N > NARROW_N:
-            return M >= L and M % L == 0
+            return M >= L and M % L <= NARROW_TAIL
         return M >= 3 * L // 4
     if N <= NARROW_N:
         return M >= 3 * L // 4
@@ -1311,8 +1323,8 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
     (:func:`_narrow32_serves`): one task per block of NARROW_ROWS rows of one batch. The
     block's rows are the lanes of :func:`_narrow32` (``a`` transposed NARROW_KC k-steps at
     a time; a last, partial block repeats its last row in the missing lanes, whose values
-    are dropped, or, of at most :data:`NARROW_TAIL` rows, is computed row by row as a row
-    that is not clean). A clean row takes its lanes' values, and its NaN lanes (inexact
+    are dropped, or, of at most :data:`NARROW_TAIL` rows, is computed row by row as
+    :func:`_contract_fast32` computes a row of one column tile). A clean row takes its lanes' values, and its NaN lanes (inexact
     sums) from the full path (:func:`_column32`); another row is computed as
     :func:`_contract_fast32` computes it (:func:`_tile32`). Same bits."""
     BO, M, N = out.shape
@@ -1328,16 +1340,26 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
         i1 = min(M, i0 + L)
         arows = a[bo % BA]
         bb = bo % BB
+        bw = b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N)  # b widened
         if i1 - i0 <= NARROW_TAIL and i1 - i0 < L:
+            # row by row: clean rows on the column loops (as _contract_fast32 computes
+            # them, one column tile of all N columns), the others on _tile32
             bad = np.empty(N, dtype=np.bool_)
+            racc = np.empty(N)
+            jg = np.empty(N, dtype=np.uint64)
+            for jj in range(N):
+                jg[jj] = np.uint64(jj) * _G
             for i in range(i0, i1):
-                base = np.uint64(bo * M + i) * np.uint64(Kd)
-                _tile32(out[bo, i], arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24,
-                        bad)
+                row = bo * M + i
+                base = np.uint64(row) * np.uint64(Kd)
+                if clean[row]:
+                    _clean_row32(out[bo, i], racc, jg, arows[i], bw, b[bb], ukey, base, 0, N,
+                                 mode, np.int64(24), np.bool_(False), np.bool_(False))
+                else:
+                    _tile32(out[bo, i], arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24,
+                            bad)
             continue
-        # (b64: b widened, flat)
-        acc = _narrow_block(arows, b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N), ukey,
-                            bo * M, i0, i1, mode, False)
+        acc = _narrow_block(arows, bw, ukey, bo * M, i0, i1, mode, False)
         for lane in range(i1 - i0):
             i = i0 + lane
             row = bo * M + i
