@@ -1053,8 +1053,8 @@ def _contract_fast32(a, b, clean, out, key, mode, t, fma=False, exact=False,
 
 @njit(inline="always")
 def _clean_row32(o, acc, jg, arow, bk, bmat, ukey, base, j0, n, mode, t, fma, exact):
-    """Columns ``j0 .. j0+n−1`` of the clean binary32 output row ``o`` (a ``a`` row
-    ``arow``, ``b`` of the batch ``bmat``): the clean loops over ``bk`` (those columns of
+    """Columns ``j0 .. j0+n−1`` of the clean binary32 output row ``o`` (``a``'s row
+    ``arow``, the batch's ``b`` ``bmat``): the clean loops over ``bk`` (those columns of
     ``b`` widened, a (K, n) block) into ``acc``, with the column hashes ``jg``; NaN lanes
     (the loops gave up) from the full path (:func:`_column32`)."""
     if fma:
@@ -1151,7 +1151,7 @@ NARROW_N_AVX2 = 128
 #: M = 64, 128, 192, 512, K = 32, 64, 576: N = 24 1.12–1.36, N = 32 1.14–1.18, 64
 #: 1.07–1.16, 256 1.05–1.14, 1024 1.02–1.20; M = 66, 72, 80, 130, 136, K = 64 and 256,
 #: N = 16–256: 1.05–1.30; partial blocks of lanes lose (48 and 96 rows 0.77–0.89;
-#: docs/speed.md, "Whole blocks of rows across the columns on AVX-512")
+#: docs/speed.md, "Whole blocks of rows across the columns on AVX-512").
 #: Wider products were not measured (the block's accumulators, N × 64 float64, leave L2).
 NARROW_N_512 = 1024
 #: rows of a block of :func:`_contract_narrow32` and :func:`_contract_narrow64`: the vector
@@ -1324,8 +1324,8 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
     block's rows are the lanes of :func:`_narrow32` (``a`` transposed NARROW_KC k-steps at
     a time; a last, partial block repeats its last row in the missing lanes, whose values
     are dropped, or, of at most :data:`NARROW_TAIL` rows, is computed row by row as
-    :func:`_contract_fast32` computes a row of one column tile). A clean row takes its lanes' values, and its NaN lanes (inexact
-    sums) from the full path (:func:`_column32`); another row is computed as
+    :func:`_contract_fast32` computes a row of one column tile). A clean row takes its
+    lanes' values, and its NaN lanes (inexact sums) from the full path (:func:`_column32`); another row is computed as
     :func:`_contract_fast32` computes it (:func:`_tile32`). Same bits."""
     BO, M, N = out.shape
     Kd = b.shape[1]
