@@ -27,8 +27,9 @@ def _inputs(rng, BA, BB, M, Kd, N):
 @pytest.mark.parametrize("shapes", [(1, 1, 6, 5, 7), (2, 1, 6, 3, 9), (1, 3, 6, 4, 2),
                                     (1, 2, 5, 400, 600), (1, 1, 5, 5, 1300)])
 def test_prepare32_matches_serial_pieces(threads, shapes):
-    """One parallel pass = clean_rows and narrow_products, at 1 and 2 threads (rows with zeros, subnormals, inf, NaN; bf16-valued and huge
-    inputs; products of one column tile and of several, the last one narrower)."""
+    """One parallel pass = clean_rows and narrow_products, at 1 and 2 threads (rows with
+    zeros, subnormals, inf, NaN; bf16-valued and huge inputs; ``b`` of one batch and of
+    several, in chunks of one row and of many)."""
     rng = np.random.default_rng(sum(shapes))
     BA, BB = shapes[:2]
     BO = max(BA, BB)
