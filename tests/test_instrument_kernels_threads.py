@@ -29,7 +29,7 @@ def _inputs(rng, BA, BB, M, Kd, N):
 def test_prepare32_matches_serial_pieces(threads, shapes):
     """One parallel pass = clean_rows and narrow_products, at 1 and 2 threads (rows with
     zeros, subnormals, inf, NaN; bf16-valued and huge inputs; ``b`` of one batch and of
-    several, in chunks of one row and of many)."""
+    several, in one chunk of its rows and in many)."""
     rng = np.random.default_rng(sum(shapes))
     BA, BB = shapes[:2]
     BO = max(BA, BB)
