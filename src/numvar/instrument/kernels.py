@@ -1102,16 +1102,11 @@ def _fast32_task(a, b, clean, out, ukey, mode, t, fma, exact, task, ntile, tw, a
             jg_j0 = j0
         if bb * ntile + tile != bt_tile:  # the tile's own (K, n) block, widened
             bt_tile = bb * ntile + tile
-            if n == N:  # one tile: the block is b[bb], contiguous (one loop)
-                src = b[bb].reshape(Kd * N)
-                for q in range(Kd * N):
-                    bt[q] = np.float64(src[q])
-            else:
-                for k in range(Kd):
-                    src = b[bb, k, j0:j1]
-                    dst = bt[k * n:(k + 1) * n]
-                    for jj in range(n):
-                        dst[jj] = np.float64(src[jj])
+            for k in range(Kd):
+                src = b[bb, k, j0:j1]
+                dst = bt[k * n:(k + 1) * n]
+                for jj in range(n):
+                    dst[jj] = np.float64(src[jj])
         _clean_row32(o, acc, jg, arow, bt[:Kd * n].reshape(Kd, n), b[bb], ukey, base, j0, n,
                      mode, t, fma, exact)
         return jg_j0, bt_tile
@@ -1971,8 +1966,6 @@ def _narrow32_serves(shape, work: int, exact: bool) -> bool:
     BO, M, N = shape
     if N <= NARROW_N:
         return _narrow_rows_fit(M, N)
-    if VECTORS_512 and TERM_BITS_APART:
-        return False
     return (N <= (NARROW_N_512 if VECTORS_512 else NARROW_N_AVX2) and _narrow_rows_fit(M, N)
             and not exact
             and (work < PARALLEL_MIN_WORK
