@@ -43,15 +43,21 @@ def _run(mode: str, bag_mode: str, special: bool, psw: bool, padding: int | None
     return out, after
 
 
-@pytest.mark.parametrize("mode", ["sr", "ud", "random", "ieee"])
+@pytest.mark.parametrize("mode", ["sr", "ud", "random", "ieee", "up"])
 @pytest.mark.parametrize("bag_mode,psw", [("sum", False), ("sum", True), ("mean", False)])
 def test_kernel_matches_tensor_path(mode, bag_mode, psw, monkeypatch):
+    """Bags of 4, 0, 3 and 5 indices; with the kernel's runs cut at 2 rows too (a bag's
+    rows over several calls)."""
     for special, padding, last in [(False, None, False), (True, 4, True)]:
         fast = _run(mode, bag_mode, special, psw, padding, last, True, monkeypatch)
         ref = _run(mode, bag_mode, special, psw, padding, last, False, monkeypatch)
         for a, b in zip(fast, ref):
             assert a.dtype == b.dtype == torch.float32 and a.shape == b.shape
             assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (special, padding)
+    monkeypatch.setattr(BK, "BAG_ROWS", 2)
+    short = _run(mode, bag_mode, True, psw, 4, True, True, monkeypatch)
+    for a, b in zip(short, ref):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 def test_kernel_is_taken_and_rounds(monkeypatch):

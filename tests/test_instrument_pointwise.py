@@ -222,13 +222,13 @@ def test_binary32_matches_the_scalar_core_on_hard_quotients():
 
 
 @njit(error_model="numpy")
-def _core_binary_all(op, x, y, key, mode, out):
+def _core_binary_all(op, x, y, key, mode, out, l0=0):
     """The rounding core's binary32 ``x op y`` (``div_f32``, ``add_f32``: narrow_binary
-    at 24 bits) per element, with ``bits64(key, j)``."""
+    at 24 bits) per element, with ``bits64(key, l0 + j)``."""
     for j in range(x.size):
         out[j] = np.float32(RK.narrow_binary(op, np.float64(x[j]), np.float64(y[j]), mode,
                                              24, 24, -126, 127,
-                                             RK.bits64(np.uint64(key), np.uint64(j))))
+                                             RK.bits64(np.uint64(key), np.uint64(l0 + j))))
 
 
 @njit(error_model="numpy")
@@ -366,6 +366,45 @@ def test_mulsub_rows_equals_the_two_broadcast_calls(mode):
     two = np.full((R, N), np.nan, np.float32)
     _mulsub_both(s, v, X, 0x51, 0x77, 1000, RK.mode_code(mode), fused, two)
     assert _same(torch.from_numpy(fused), torch.from_numpy(two))
+
+
+@njit(error_model="numpy")
+def _accumulate_row_by_row(x, acc, key, l0, mode):
+    tmp = np.empty(acc.size, np.float32)
+    d = acc.size
+    for r in range(x.shape[0]):  # the calls accumulate_rows32 replaces
+        PW.round_into(RK.OP_ADD, acc, x[r], tmp, np.uint64(key), l0 + r * d, mode)
+        acc[:] = tmp
+
+
+@pytest.mark.parametrize("mode", MODES + ("up", "down"))
+def test_accumulate_rows_equals_round_into_row_after_row(mode):
+    """:func:`pointwise.accumulate_rows32` (a bag's rows summed in one call) equals
+    :func:`pointwise.round_into` called row after row with the same key and indices
+    ``l0 + r·d + j``, and the core element by element: ordinary rows, a row whose sums
+    are inexact in float64 (a term 2**-40 times the sum: declined, redone by the
+    residual path), a row of special values, rows that overflow, and a row longer than
+    a tile (d = 1100 > ROUND_TILE)."""
+    rng = np.random.default_rng(9)
+    code, key = RK.mode_code(mode), 0x0ACC_0123_4567_89AB
+    for d in (5, 64, PW.ROUND_TILE + 76):
+        R = 9
+        x = rng.standard_normal((R, d)).astype(np.float32)
+        x[2] = (x[:2].sum(0).astype(np.float64) * 2.0 ** -40).astype(np.float32)
+        x[4] = _weird(rng, d)
+        x[6, : d // 2] = np.float32(3e38)
+        acc0 = rng.standard_normal(d).astype(np.float32)
+        got = acc0.copy()
+        PW.accumulate_rows32(x, got, np.uint64(key), 700, code)
+        want = acc0.copy()
+        _accumulate_row_by_row(x, want, key, 700, code)
+        assert _same(torch.from_numpy(got), torch.from_numpy(want)), (mode, d)
+        core = acc0.copy()
+        for r in range(R):  # the rounding core, one row at a time
+            nxt = np.empty_like(core)
+            _core_binary_all(RK.OP_ADD, core, x[r], key, code, nxt, 700 + r * d)
+            core = nxt
+        assert _same(torch.from_numpy(got), torch.from_numpy(core)), (mode, d)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -37,12 +37,24 @@ from . import pointwise as PW
 USE_KERNEL = True
 
 
+#: rows of one bag taken per rounding call by :func:`bag32` (a longer run of a bag is
+#: split: the sums are sequential, so the same values); its row buffers hold this many
+BAG_ROWS = 64
+
+
 @njit(cache=True, error_model="numpy")
-def bag32(weight, idx, bag, w, key_mul, key_add, key_div, mode, mean, out):  # pragma: no cover
+def bag32(weight, idx, bag, w, key_mul, key_add, key_div, mode, mean, out,
+          run):  # pragma: no cover - compiled
     """Bags of rows of ``weight`` (V, d) float32 C-contiguous into ``out`` (B, d) float32
     zeros: index k (``idx[k]`` a valid row, ``bag[k]`` in [0, B)) times ``w[k]`` when
     ``w`` is not empty, summed per bag in k order, divided by the count when ``mean``;
-    keys and order of the module docstring."""
+    keys and order of the module docstring.
+
+    The indices are taken in runs of up to ``run`` consecutive k of one bag
+    (``nn.EmbeddingBag``'s bags are such runs): a run's rows are gathered, their products
+    rounded in one call (their indices k·d + j are consecutive) and added to the bag's
+    sum in one call of ``pointwise.accumulate_rows32``. Row by row, the two calls per
+    index cost more than the row's 64 roundings (docs/speed.md)."""
     n = idx.size
     d = weight.shape[1]
     nb = out.shape[0]
@@ -50,31 +62,41 @@ def bag32(weight, idx, bag, w, key_mul, key_add, key_div, mode, mean, out):  # p
     ukm = np.uint64(key_mul)
     uka = np.uint64(key_add)
     ukd = np.uint64(key_div)
-    scale = np.empty(d, np.float32)
-    x = np.empty(d, np.float32)
-    tmp = np.empty(d, np.float32)
+    rows = np.empty(run * d, np.float32)
+    scale = np.empty(run * d, np.float32)
+    prod = np.empty(run * d, np.float32)
     count = np.zeros(nb, np.int64)
-    for k in range(n):
-        b = bag[k]
-        q = k * d
-        src = weight[idx[k]]
+    k0 = 0
+    while k0 < n:
+        b = bag[k0]
+        k1 = k0 + 1
+        while k1 < n and bag[k1] == b and k1 - k0 < run:
+            k1 += 1
+        m = (k1 - k0) * d
+        for r in range(k1 - k0):
+            PW.copy_into(rows[r * d:(r + 1) * d], weight[idx[k0 + r]])
+        x = rows[:m]
         if has_w:
-            scale[:] = w[k]
-            PW.round_into(K.OP_MUL, src, scale, x, ukm, q, mode)
-            src = x
+            for r in range(k1 - k0):
+                PW.fill(scale[r * d:(r + 1) * d], w[k0 + r])
+            PW.round_into(K.OP_MUL, rows[:m], scale[:m], prod[:m], ukm, k0 * d, mode)
+            x = prod[:m]
+        first = 0
         if count[b] == 0:
-            PW.copy_into(out[b], src)
-        else:
-            PW.round_into(K.OP_ADD, out[b], src, tmp, uka, q, mode)
-            PW.copy_into(out[b], tmp)
-        count[b] += 1
+            PW.copy_into(out[b], x[:d])
+            first = 1
+        if k1 - k0 > first:
+            PW.accumulate_rows32(x[first * d:].reshape((k1 - k0 - first, d)), out[b], uka,
+                                 (k0 + first) * d, mode)
+        count[b] += k1 - k0
+        k0 = k1
     if mean:
         c = 0
         for b in range(nb):
             if count[b] > 0:
-                scale[:] = np.float32(count[b])
-                PW.round_into(K.OP_DIV, out[b], scale, tmp, ukd, c * d, mode)
-                PW.copy_into(out[b], tmp)
+                PW.fill(scale[:d], np.float32(count[b]))
+                PW.round_into(K.OP_DIV, out[b], scale[:d], prod[:d], ukd, c * d, mode)
+                PW.copy_into(out[b], prod[:d])
                 c += 1
 
 
@@ -98,5 +120,5 @@ def embedding_bag32(ctx: Ctx, weight: torch.Tensor, idx: torch.Tensor, bag: torc
          else np.empty(0, np.float32))
     bag32(weight.detach().contiguous().numpy(), idx.contiguous().numpy(),
           bag.contiguous().numpy(), w, np.uint64(key_mul), np.uint64(key_add),
-          np.uint64(key_div), ctx.code, mean, out.numpy())
+          np.uint64(key_div), ctx.code, mean, out.numpy(), BAG_ROWS)
     return out

@@ -394,6 +394,44 @@ def mulsub_rows(s, v, X, O, kmul, ksub, l0, mode, bad, pa, pb, prod):
             round_into(OP_SUB, pb[:N], prod[:N], O[i], ksub, l0 + i * N, mode)
 
 
+@njit(inline="always", error_model="numpy")
+def _accumulate(x, acc, tmp, ukey, l0, mode):
+    """:func:`accumulate_rows32`'s rows with the mode a constant."""
+    d = acc.size
+    for r in range(x.shape[0]):
+        li = l0 + r * d
+        bad = _addloop(acc, x[r], tmp, ukey, li, False, mode)
+        if bad:
+            _redo(OP_ADD, acc, x[r], tmp, ukey, li, mode, bad)
+        copy_into(acc, tmp)
+
+
+@njit(cache=True, error_model="numpy")
+def accumulate_rows32(x, acc, ukey, l0, mode):  # pragma: no cover - compiled
+    """``acc[j] = RND(acc[j] + x[r, j])`` for the rows r of ``x`` ((R, d) float32, C
+    order; ``acc`` (d,) float32) in order, with ``bits64(key, l0 + r·d + j)``: the values
+    of :func:`round_into` (``OP_ADD``, ``acc``, ``x[r]``) row after row (the vectorised
+    loop of :func:`_tile`, :func:`_redo` where it declines), in one call. A compiled
+    caller summing rows one at a time through :func:`round_into` paid about 90 ns per
+    call on top of the row's own work (one thread, AVX-512 Xeon: 64-element rows 2.1 ns
+    an element against 0.8 in bulk): the loop here is inlined once per mode."""
+    K.wide_vectors()
+    ukey = np.uint64(ukey)
+    tmp = np.empty(acc.size, np.float32)
+    if mode == _SR:
+        _accumulate(x, acc, tmp, ukey, l0, _SR)
+    elif mode == _IEEE:
+        _accumulate(x, acc, tmp, ukey, l0, _IEEE)
+    elif mode == _UD:
+        _accumulate(x, acc, tmp, ukey, l0, _UD)
+    elif mode == _RANDOM:
+        _accumulate(x, acc, tmp, ukey, l0, _RANDOM)
+    else:  # up, down, zero, farthest: the scalar path, as _tile leaves them to _slow
+        for r in range(x.shape[0]):
+            _slow(OP_ADD, acc, x[r], tmp, ukey, l0 + r * acc.size, mode)
+            copy_into(acc, tmp)
+
+
 @njit(cache=True, error_model="numpy")
 def cmul32(A, B, kp, ka, mode):  # pragma: no cover - compiled
     """The complex product of interleaved binary32 pairs ``A`` and ``B`` ((2·S,) each,
@@ -454,7 +492,7 @@ def polar32(r, c, s, kr, km, mode):  # pragma: no cover - compiled
 
 
 @njit(inline="always")
-def _fill(buf, v):
+def fill(buf, v):
     """Every element of ``buf`` set to ``v``."""
     for j in range(buf.size):
         buf[j] = v
@@ -493,7 +531,7 @@ def _block(src, s0, s1, s2, M2, r0, rows, j0, ncols, buf, held):
         if s2 == 1:
             copy_into(dst, src[b:b + ncols])
         else:
-            _fill(dst, src[b])
+            fill(dst, src[b])
         k += ncols
         i2 += 1
         if i2 == M2:
@@ -516,9 +554,9 @@ def _bchunk(c, per, total, op, a, sa, b, sb, out, M1, M2, N, ukey, mode):
     const_a = sa[0] == 0 and sa[1] == 0 and sa[2] == 0
     const_b = sb[0] == 0 and sb[1] == 0 and sb[2] == 0
     if const_a:
-        _fill(bufa, a[0])
+        fill(bufa, a[0])
     if const_b:
-        _fill(bufb, b[0])
+        fill(bufb, b[0])
     for t in range(c * per, min(total, (c + 1) * per)):
         if N >= TILE:
             r0 = t // ntr
