@@ -224,11 +224,13 @@ def step_loops(asm: str) -> list[list[str]]:
     """The loops one k >= 1 step of a clean row runs, in the machine code of one SR clean
     loop (:func:`clean_loop_asm`): the accumulating loop (the innermost vector loop with a
     float64 add that stores to an address it loads from, :func:`_updates_memory`) and,
-    where the term hash is not in it, the term-bits loop before it
-    (``kernels._term_bits_row``: the hash's 64-bit multiply, ``vpmullq`` with AVX-512,
-    ``vpmuludq`` halves with AVX2, and no float64 arithmetic). Of each kind the main
-    vectorised body: the most terms per pass (:func:`terms_per_iteration`), then the
-    shortest (not a remainder loop)."""
+    where the term hash is not in it, the loop before it that draws the bits (the hash's
+    64-bit multiply, ``vpmullq`` with AVX-512, ``vpmuludq`` halves with AVX2): the
+    term-bits loop (``kernels._term_bits_row``, no float64 arithmetic) or, for binary64
+    where ``kernels.PRODUCTS64_APART``, the loop of the bits and the rounded products
+    (two stores per pass's vector of terms: the k = 0 loop, which also multiplies, stores
+    one). Of each kind the main vectorised body: the most terms per pass
+    (:func:`terms_per_iteration`), then the shortest (not a remainder loop)."""
     loops = _innermost_loops(asm)
 
     def main_body(cands):
@@ -240,12 +242,19 @@ def step_loops(asm: str) -> list[list[str]]:
         raise RuntimeError("SR clean loop not found in the generated code")
     if _HASH_MUL.search("\n".join(step)):
         return [step]
-    bits = main_body([b for b in loops if _HASH_MUL.search("\n".join(b))
-                      and not any(_F64_ARITH.match(x) for x in b)
-                      and not _updates_memory(b)])
+    hashed = [b for b in loops if _HASH_MUL.search("\n".join(b)) and not _updates_memory(b)]
+    bits = main_body([b for b in hashed if not any(_F64_ARITH.match(x) for x in b)])
+    if bits is None:  # the bits with the products (binary64, kernels.PRODUCTS64_APART)
+        bits = main_body([b for b in hashed if _stores_per_vector(b) >= 2])
     if bits is None:
         raise RuntimeError("the term-bits loop not found in the generated code")
     return [bits, step]
+
+
+def _stores_per_vector(body: list[str]) -> float:
+    """Vector stores per vector of terms (8 lanes of zmm, 4 of ymm) of one pass of ``body``."""
+    lanes = 8 if re.search("zmm", "\n".join(body)) else 4
+    return sum(1 for x in body if _STORE.match(x)) * lanes / terms_per_iteration(body)
 
 
 def loop_uops(body: list[str]) -> int:

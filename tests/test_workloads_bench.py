@@ -374,6 +374,53 @@ def test_bench_kernels_counts_both_loops_of_a_split_step(monkeypatch):
     assert [b[-1] for b in bk.step_loops(outer)] == [bits[-1], step[-1]]
 
 
+#: binary64 with its products apart (``kernels.PRODUCTS64_APART``, AVX-512), abridged: the
+#: k = 0 loop (hash, product, one store), the k >= 1 step's loop of the bits and products
+#: (hash, product, two stores) and its adds (no hash; the accumulator updated)
+_512_K0 = """.LBB0_20:
+\tvpaddq\t(%r14,%rax,8), %zmm6, %zmm7
+\tvpmullq\t%zmm15, %zmm7, %zmm4
+\tvmulpd\t(%rsi,%rax,8), %zmm5, %zmm8
+\tvfmsub213pd\t%zmm8, %zmm5, %zmm9
+\tvmovupd\t%zmm8, (%r12,%rax,8)
+\taddq\t$8, %rax
+\tcmpq\t%rax, %r11
+\tjne\t.LBB0_20
+"""
+_512_PRODUCTS = """.LBB0_31:
+\tvpaddq\t(%r14,%rax,8), %zmm6, %zmm7
+\tvpmullq\t%zmm15, %zmm7, %zmm4
+\tvmulpd\t(%rsi,%rax,8), %zmm5, %zmm8
+\tvfmsub213pd\t%zmm8, %zmm5, %zmm9
+\tvmovdqu64\t%zmm4, (%rdx,%rax,8)
+\tvmovupd\t%zmm8, (%rdi,%rax,8)
+\taddq\t$8, %rax
+\tcmpq\t%rax, %r11
+\tjne\t.LBB0_31
+"""
+_512_ADDS = """.LBB0_47:
+\tvmovupd\t(%rbp,%r11,8), %zmm1
+\tvaddpd\t(%rdi,%r11,8), %zmm1, %zmm8
+\tvsubpd\t%zmm1, %zmm8, %zmm6
+\tvpxorq\t(%rdx,%r11,8), %zmm11, %zmm7
+\tvmovupd\t%zmm8, (%rbp,%r11,8)
+\taddq\t$8, %r11
+\tcmpq\t%r11, %r13
+\tjne\t.LBB0_47
+"""
+
+
+def test_bench_kernels_counts_the_products_loop_of_a_binary64_step(monkeypatch):
+    """binary64 with its products in a loop of their own: the step is that loop (two
+    stores per vector of terms: the bits and the products), not the k = 0 loop (one
+    store), and the adds after it."""
+    bk, _ = _bench_kernels(monkeypatch, "avx512")
+    products, adds = bk.step_loops(_512_K0 + _512_PRODUCTS + _512_ADDS)
+    assert products[-1].strip() == "jne\t.LBB0_31" and adds[-1].strip() == "jne\t.LBB0_47"
+    assert bk._stores_per_vector(products) == 2 and bk._stores_per_vector(_512_K0.split("\n")) == 1
+    assert bk.loop_uops(products) == 4 and bk.loop_uops(adds) == 3
+
+
 def test_bench_kernels_independent_instructions_fit_the_hosts_registers(monkeypatch):
     bk, _ = _bench_kernels(monkeypatch)
     out = bk.independent(_AVX2_K1.splitlines()[1:])

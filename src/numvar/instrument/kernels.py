@@ -166,6 +166,23 @@ separate loop's body (32 terms per pass) hardly ran. ``bench_kernels.py --narrow
 (column kernel, G terms/s): 48 × 576 × 32 1.0 → 2.1, 256 × 2304 × 24 0.86 → 2.18,
 128 × 128 × 64 1.3–1.6 → 2.2–2.3; the narrow kernel's rule for such hosts follows
 (:func:`_narrow_rows_fit`). Hosts without AVX-512DQ keep the bits apart (Zen 3 above).
+
+binary64 products in a loop of their own (:data:`PRODUCTS64_APART`, 2026-12-05). On the
+same Xeon the binary64 clean loop ran 44 cycles per 8 terms where its instructions, with
+every dependency cut, take 32 (``bench_kernels.py``: 71–75 % of that ceiling), whether or
+not ``b`` fits in L2, and with the bits apart or inside alike: one iteration's chain
+(hash, TwoProduct, rounding, TwoSum, rounding: well over 100 cycles) with some 68 vector
+instructions per 8 terms left the scheduler too few independent passes. Splitting a
+k-step into a loop of the terms' bits and rounded products (both kept in row buffers)
+and a loop of the adds reading them shortens each chain. Bare loops, one thread, ns per
+term, one loop → two (three loops, the bits alone first, in parentheses), the same bits:
+K × n = 288 × 1024 1.33 → 1.17 (1.21), 128 × 128 1.32 → 1.17 (1.20), 16 × 32 1.45 →
+1.32 (1.32), 288 × 320 1.42 → 1.23 (1.25). ``bench_kernels.py`` (16 × 288 @ 288 × 1024):
+binary64 sr 0.725 → 0.862 G terms/s, 85 % of the ceiling measured for the two loops
+(32.3 cycles per 8 terms, 67 vector instructions). The narrow kernel's binary64 lanes
+split the same way (``bench_kernels.py --narrow``: 512 × 576 × 4 0.64 → 0.71 G terms/s,
+256 × 576 × 16 0.76 → 0.82). Hosts that draw the bits apart keep one loop (not measured
+there).
 """
 
 from __future__ import annotations
@@ -579,6 +596,15 @@ VECTORS_512 = _cpu_feature("avx512f")
 #: where it is one. The same bits either way; a compile-time constant of the kernels
 #: (numba's cache is kept per CPU). Measured: module docstring, "Term bits apart or inside".
 TERM_BITS_APART = not _cpu_feature("avx512dq")
+#: whether the binary64 clean loops (:func:`_clean64_loops`) round a k-step's products in
+#: a loop of their own, with the term bits (kept for the adds), before the loop of the
+#: adds; or round products and adds in one loop (with the bits drawn as
+#: :data:`TERM_BITS_APART` says). Split where the bits are drawn inside the loops
+#: (AVX-512DQ): the one loop's dependency chain (hash, TwoProduct, rounding, TwoSum,
+#: rounding; some 68 vector instructions per 8 terms) kept fewer passes in flight than
+#: its ports allow (module docstring, "binary64 products in a loop of their own"). The
+#: same bits either way; a compile-time constant of the kernels.
+PRODUCTS64_APART = not TERM_BITS_APART
 _MAGIC52 = np.uint64(0x4330000000000000)  # the float64 pattern of 2**52
 _TWO52 = 2.0 ** 52
 
@@ -1216,6 +1242,7 @@ def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode, wide):
     where a sum left the step's range (:func:`_narrow64`)."""
     N = acc.shape[0]
     rb = np.empty(NARROW_ROWS, np.uint64)
+    pb = np.empty(NARROW_ROWS if wide and PRODUCTS64_APART else 0)
     for kk in range(kc):
         k = k0 + kk
         gk = np.uint64(k) * _G
@@ -1232,6 +1259,13 @@ def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode, wide):
             if wide and k == 0:  # binary64: _clean64_loops' steps
                 for lane in range(NARROW_ROWS):
                     row[lane] = _product64(ak[lane], bkj, _term_r(rb, gj, hk, lane), mode)
+            elif wide and PRODUCTS64_APART:  # products, then adds (_clean64_loops)
+                for lane in range(NARROW_ROWS):
+                    r = _term_r(rb, gj, hk, lane)
+                    rb[lane] = r
+                    pb[lane] = _product64(ak[lane], bkj, r, mode)
+                for lane in range(NARROW_ROWS):
+                    row[lane] = _sum64_step(row[lane], pb[lane], rb[lane], mode)
             elif wide:
                 for lane in range(NARROW_ROWS):
                     r = _term_r(rb, gj, hk, lane)
@@ -1492,7 +1526,8 @@ def _clean64_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode):
     """Every k-step of one clean binary64 row tile into ``acc``: the order and bits of
     :func:`contract` (product with ``r``, add with ``rot(r)``), TwoProduct by FMA and
     TwoSum; a lane whose sum leaves the range of :func:`_rn64_step` becomes NaN and stays
-    NaN (the inputs are finite: NaN marks exactly those lanes)."""
+    NaN (the inputs are finite: NaN marks exactly those lanes). A k-step's products in a
+    loop of their own where :data:`PRODUCTS64_APART`."""
     a0 = arow[0]
     b0 = bmat[0, j0:j0 + n]
     h0 = _bits(ukey, base)
@@ -1500,14 +1535,23 @@ def _clean64_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode):
         r = _mix(h0 + jg[jj])
         acc[jj] = _product64(a0, b0[jj], r, mode)
     rb = np.empty(n, np.uint64)
+    p = np.empty(n if PRODUCTS64_APART else 0)
     for k in range(1, arow.size):
         ak = arow[k]
         bk = bmat[k, j0:j0 + n]
         hk = _bits(ukey, base + np.uint64(k))
-        _term_bits_row(rb, hk, jg, n, mode)
-        for jj in range(n):
-            r = _term_r(rb, hk, jg, jj)
-            acc[jj] = _sum64_step(acc[jj], _product64(ak, bk[jj], r, mode), r, mode)
+        if PRODUCTS64_APART:
+            for jj in range(n):  # the terms' bits and rounded products
+                r = _mix(hk + jg[jj])
+                rb[jj] = r
+                p[jj] = _product64(ak, bk[jj], r, mode)
+            for jj in range(n):  # the adds, with the same bits
+                acc[jj] = _sum64_step(acc[jj], p[jj], rb[jj], mode)
+        else:
+            _term_bits_row(rb, hk, jg, n, mode)
+            for jj in range(n):
+                r = _term_r(rb, hk, jg, jj)
+                acc[jj] = _sum64_step(acc[jj], _product64(ak, bk[jj], r, mode), r, mode)
 
 
 @njit(inline="always")
