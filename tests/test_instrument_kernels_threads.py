@@ -109,3 +109,43 @@ def test_fast32_chunks_widen_each_tile_of_each_batch(threads):
     finally:
         numba.set_num_threads(n0)
 
+
+
+@pytest.mark.parametrize("threads", THREADS)
+def test_narrow_tail_joins_the_last_block_with_the_same_bits(threads, monkeypatch):
+    """A tail of at most NARROW_TAIL rows after whole blocks (ViT's 2 × 65 = 130 rows, and
+    65 rows in each of two batches) runs in the task of the batch's last block: every
+    row's bits as the column kernel's, binary32 and binary64, at 1 and 2 threads, with
+    clean and unclean rows in the tail; the narrow kernel is taken."""
+    L = KN.NARROW_ROWS
+    rng = np.random.default_rng(31)
+    monkeypatch.setattr(KN, "_narrow_rows_fit", lambda M, N: True)
+    monkeypatch.setattr(KN, "PARALLEL_MIN_WORK", 0)  # every call on the parallel path
+    n0 = numba.get_num_threads()
+    for dt, t, name in ((np.float32, 24, "_contract_narrow32"),
+                        (np.float64, 53, "_contract_narrow64")):
+        for BO, M in ((1, 2 * L + 2), (2, L + 1), (1, L + KN.NARROW_TAIL)):
+            a = rng.standard_normal((BO, M, 20)).astype(dt)
+            b = rng.standard_normal((1, 20, 6)).astype(dt)
+            a[-1, -1, 3] = 1e-40 if dt == np.float32 else 1e-310  # an unclean tail row
+            taken = []
+            real = getattr(KN, name)
+
+            def spy(*args, real=real, taken=taken):
+                taken.append(args[-3].shape)
+                return real(*args)
+
+            numba.set_num_threads(threads)
+            try:
+                with monkeypatch.context() as mp:
+                    mp.setattr(KN, name, spy)
+                    narrow = KN.contract(a, b, 17, RK.MODE_SR, t)
+                with monkeypatch.context() as mp:
+                    mp.setattr(KN, "NARROW_KERNEL", False)
+                    columns = KN.contract(a, b, 17, RK.MODE_SR, t)
+            finally:
+                numba.set_num_threads(n0)
+            assert taken == [(BO, M, 6)], (name, BO, M)
+            assert np.array_equal(narrow, columns) and np.array_equal(
+                narrow.view(np.uint32 if dt == np.float32 else np.uint64),
+                columns.view(np.uint32 if dt == np.float32 else np.uint64)), (name, BO, M)

@@ -1346,6 +1346,31 @@ def _narrow_block(arows, bmat, ukey, row0, i0, i1, mode, wide):
     return acc
 
 
+@njit(inline="always")
+def _narrow_tail32(a, b, b64, clean, out, ukey, mode, bo, i0, i1):
+    """Rows ``i0 .. i1−1`` of batch ``bo`` of :func:`_contract_narrow32` row by row: clean
+    rows on the column loops (as :func:`_contract_fast32` computes them, one column tile
+    of all N columns), the others on :func:`_tile32`."""
+    _, M, N = out.shape
+    Kd = b.shape[1]
+    arows = a[bo % a.shape[0]]
+    bb = bo % b.shape[0]
+    bw = b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N)  # b widened
+    bad = np.empty(N, dtype=np.bool_)
+    racc = np.empty(N)
+    jg = np.empty(N, dtype=np.uint64)
+    for jj in range(N):
+        jg[jj] = np.uint64(jj) * _G
+    for i in range(i0, i1):
+        row = bo * M + i
+        base = np.uint64(row) * np.uint64(Kd)
+        if clean[row]:
+            _clean_row32(out[bo, i], racc, jg, arows[i], bw, b[bb], ukey, base, 0, N,
+                         mode, np.int64(24), np.bool_(False), np.bool_(False))
+        else:
+            _tile32(out[bo, i], arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24, bad)
+
+
 @njit(parallel=True, cache=True)
 def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
     """:func:`_contract_fast32` at 24 bits, ``"separate"``, for products with few columns
@@ -1353,41 +1378,34 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
     block's rows are the lanes of :func:`_narrow32` (``a`` transposed NARROW_KC k-steps at
     a time; a last, partial block repeats its last row in the missing lanes, whose values
     are dropped, or, of at most :data:`NARROW_TAIL` rows, is computed row by row as
-    :func:`_contract_fast32` computes a row of one column tile). A clean row takes its
-    lanes' values, and its NaN lanes (inexact sums) from the full path (:func:`_column32`); another row is computed as
-    :func:`_contract_fast32` computes it (:func:`_tile32`). Same bits."""
+    :func:`_contract_fast32` computes a row of one column tile, :func:`_narrow_tail32`). A
+    clean row takes its lanes' values, and its NaN lanes (inexact sums) from the full path
+    (:func:`_column32`); another row is computed as :func:`_contract_fast32` computes it
+    (:func:`_tile32`). Same bits.
+
+    A tail after at least one whole block is computed by the task of the batch's last
+    whole block, not by a task of its own: numba hands each thread an equal contiguous
+    range of tasks, and ViT's 2 × 65 = 130 rows made three tasks, two blocks on one thread
+    and the two tail rows on the other (no gain from a second thread)."""
     BO, M, N = out.shape
     Kd = b.shape[1]
     BA = a.shape[0]
     BB = b.shape[0]
     L = NARROW_ROWS
-    nblk = (M + L - 1) // L
+    tail = M % L
+    joined = M >= L and 0 < tail <= NARROW_TAIL  # the tail runs in the last block's task
+    nblk = M // L if joined else (M + L - 1) // L
     ukey = np.uint64(key)
     for task in prange(BO * nblk):
         bo = task // nblk
         i0 = (task - bo * nblk) * L
         i1 = min(M, i0 + L)
+        if i1 - i0 <= NARROW_TAIL and i1 - i0 < L:
+            _narrow_tail32(a, b, b64, clean, out, ukey, mode, bo, i0, i1)
+            continue
         arows = a[bo % BA]
         bb = bo % BB
         bw = b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N)  # b widened
-        if i1 - i0 <= NARROW_TAIL and i1 - i0 < L:
-            # row by row: clean rows on the column loops (as _contract_fast32 computes
-            # them, one column tile of all N columns), the others on _tile32
-            bad = np.empty(N, dtype=np.bool_)
-            racc = np.empty(N)
-            jg = np.empty(N, dtype=np.uint64)
-            for jj in range(N):
-                jg[jj] = np.uint64(jj) * _G
-            for i in range(i0, i1):
-                row = bo * M + i
-                base = np.uint64(row) * np.uint64(Kd)
-                if clean[row]:
-                    _clean_row32(out[bo, i], racc, jg, arows[i], bw, b[bb], ukey, base, 0, N,
-                                 mode, np.int64(24), np.bool_(False), np.bool_(False))
-                else:
-                    _tile32(out[bo, i], arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24,
-                            bad)
-            continue
         acc = _narrow_block(arows, bw, ukey, bo * M, i0, i1, mode, False)
         for lane in range(i1 - i0):
             i = i0 + lane
@@ -1406,6 +1424,8 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
                 bad = np.empty(N, dtype=np.bool_)
                 # j0 as int64, not the literal 0: the signature _contract_fast32 compiles
                 _tile32(o, arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24, bad)
+        if joined and i1 == nblk * L:
+            _narrow_tail32(a, b, b64, clean, out, ukey, mode, bo, i1, M)
 
 
 @njit(inline="always")
@@ -1702,20 +1722,35 @@ def _narrow64(acc, at, bmat, hb, hk, k0, kc, mode):  # pragma: no cover - compil
         _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _RANDOM, True)
 
 
+@njit(inline="always")
+def _narrow_tail64(arows, bmat, clean, out, ukey, mode, bo, i0, i1):
+    """Rows ``i0 .. i1−1`` of batch ``bo`` of :func:`_contract_narrow64` row by row
+    (:func:`_row64`)."""
+    _, M, N = out.shape
+    Kd = bmat.shape[0]
+    for i in range(i0, i1):
+        row = bo * M + i
+        _row64(out[bo, i], arows[i], bmat, ukey, np.uint64(row) * np.uint64(Kd),
+               np.int64(0), N, clean[row], mode)
+
+
 @njit(parallel=True, cache=True)
 def _contract_narrow64(a, b, clean, out, key, mode):  # pragma: no cover
     """:func:`_contract_fast64` for products with few columns (N <= :data:`NARROW_N`), as
     :func:`_contract_narrow32` is :func:`_contract_fast32`'s: one task per block of
     NARROW_ROWS rows, the rows the lanes of :func:`_narrow64` (a partial last block of at
     most :data:`NARROW_TAIL` rows row by row); a clean row takes its lanes' values (NaN
-    lanes from :func:`_column64`), another row :func:`_row64`. Same bits. (Row by row, an
+    lanes from :func:`_column64`), another row :func:`_row64`; a tail after a whole block
+    in the last block's task (:func:`_contract_narrow32`). Same bits. (Row by row, an
     N = 1 head ran at 0.04 G terms/s: every term paid a line hash and a loop set-up.)"""
     BO, M, N = out.shape
     Kd = b.shape[1]
     BA = a.shape[0]
     BB = b.shape[0]
     L = NARROW_ROWS
-    nblk = (M + L - 1) // L
+    tail = M % L
+    joined = M >= L and 0 < tail <= NARROW_TAIL  # the tail runs in the last block's task
+    nblk = M // L if joined else (M + L - 1) // L
     ukey = np.uint64(key)
     for task in prange(BO * nblk):
         bo = task // nblk
@@ -1724,10 +1759,7 @@ def _contract_narrow64(a, b, clean, out, key, mode):  # pragma: no cover
         arows = a[bo % BA]
         bmat = b[bo % BB]
         if i1 - i0 <= NARROW_TAIL and i1 - i0 < L:
-            for i in range(i0, i1):
-                row = bo * M + i
-                _row64(out[bo, i], arows[i], bmat, ukey, np.uint64(row) * np.uint64(Kd),
-                       np.int64(0), N, clean[row], mode)
+            _narrow_tail64(arows, bmat, clean, out, ukey, mode, bo, i0, i1)
             continue
         acc = _narrow_block(arows, bmat, ukey, bo * M, i0, i1, mode, True)
         for lane in range(i1 - i0):
@@ -1741,6 +1773,8 @@ def _contract_narrow64(a, b, clean, out, key, mode):  # pragma: no cover
                     o[j] = v if v == v else _column64(arows[i], bmat, ukey, base, j, mode)
             else:
                 _row64(o, arows[i], bmat, ukey, base, np.int64(0), N, clean[row], mode)
+        if joined and i1 == nblk * L:
+            _narrow_tail64(arows, bmat, clean, out, ukey, mode, bo, i1, M)
 
 
 @njit(inline="always")
