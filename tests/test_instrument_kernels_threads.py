@@ -110,7 +110,6 @@ def test_fast32_chunks_widen_each_tile_of_each_batch(threads):
         numba.set_num_threads(n0)
 
 
-
 @pytest.mark.parametrize("threads", THREADS)
 def test_narrow_tail_joins_the_last_block_with_the_same_bits(threads, monkeypatch):
     """A tail of at most NARROW_TAIL rows after whole blocks (ViT's 2 × 65 = 130 rows, and
@@ -146,6 +145,5 @@ def test_narrow_tail_joins_the_last_block_with_the_same_bits(threads, monkeypatc
             finally:
                 numba.set_num_threads(n0)
             assert taken == [(BO, M, 6)], (name, BO, M)
-            assert np.array_equal(narrow, columns) and np.array_equal(
-                narrow.view(np.uint32 if dt == np.float32 else np.uint64),
-                columns.view(np.uint32 if dt == np.float32 else np.uint64)), (name, BO, M)
+            bits = np.uint32 if dt == np.float32 else np.uint64
+            assert np.array_equal(narrow.view(bits), columns.view(bits)), (name, BO, M)
