@@ -191,6 +191,20 @@ def test_bench_clean_loops_times_the_kernels_own_step(monkeypatch):
     assert mod.LOOPS[0] == rows[0][0] and len(mod.LOOPS) == 5
 
 
+def test_bench_depthwise_prints_ratios_and_the_same_bits(monkeypatch, capsys):
+    """benchmarks/bench_depthwise.py: one row per shape and a total, positive ratios to
+    native, and op SR's output the same with and without the kernel."""
+    mod = _load_script(monkeypatch, "bench_depthwise")
+    monkeypatch.setattr(mod, "SHAPES", ((8, 6, 3, 1), (4, 9, 5, 2)))
+    mod.main(["--repeats", "1"])
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| ") and "×" in r]
+    assert len(rows) == 3 and rows[-1].startswith("| all")
+    for r in rows:
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        assert float(cells[1]) > 0 and all(float(c[:-1]) > 0 for c in cells[2:6])
+    assert [r.strip("| ").endswith("yes") for r in rows[:2]] == [True, True]
+
+
 def test_bench_forward_prints_flop_and_native_times(monkeypatch, capsys):
     """benchmarks/bench_forward.py: one line per entry, flop and native ms and their
     ratio, all positive and consistent; an unknown entry is refused with the known ones."""
@@ -581,6 +595,33 @@ def test_float64_reference_reruns_the_recorded_ops_in_float64(monkeypatch):
         assert torch.equal(out["sum"], want + 1.5)  # (binary32's add, not re-run)
         plain = lin(x)
     assert not torch.equal(plain, want)  # (the float64 re-run differs from binary32's)
+
+
+def test_float64_reference_takes_op_srs_depthwise_route(monkeypatch):
+    """A depthwise convolution's float64 re-run in the bound is the one op SR runs
+    (``depthwise.value64``): the same value as PyTorch's float64 convolution."""
+    bz = _load_script(monkeypatch, "bench_zoo")
+    from numvar.instrument import depthwise as DW
+    from _spy import count_calls
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(6, 6, 3, padding=1, groups=6)
+    x = torch.randn(2, 6, 5, 5)
+    out = {}
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            out["conv"] = y = conv(x)
+            return y
+
+    f64ref, elems, _ = bz.float64_reference(bz.zoo.Built("dw", Model(), (x,), None))
+    assert elems == x.numel()
+    calls = count_calls(monkeypatch, DW, "value64")
+    with torch.no_grad():
+        f64ref()
+        want = torch.nn.functional.conv2d(x.double(), conv.weight.double(),
+                                          conv.bias.double(), padding=1, groups=6).float()
+    assert len(calls) == 1 and torch.equal(out["conv"], want)
 
 
 def test_bench_zoo_bounds_a_missed_op_goal_by_the_float64_reruns_and_kernels(monkeypatch):

@@ -413,7 +413,7 @@ def row_parts(rows: int, elems: int, work: int) -> int:
     ``kernels.PARALLEL_MIN_WORK`` contraction terms' worth of time (``work`` per
     element: :data:`LAYER_NORM_WORK`, :data:`SOFTMAX_WORK`). Results do not depend on
     it."""
-    return _parts(rows, PW.ROW_M_MIN, elems, work)
+    return thread_parts(rows, PW.ROW_M_MIN, elems, work)
 
 
 def channel_parts(channels: int, elems: int, work: int) -> int:
@@ -422,11 +422,11 @@ def channel_parts(channels: int, elems: int, work: int) -> int:
     with one thread, one channel, or below ``kernels.PARALLEL_MIN_WORK`` contraction
     terms' worth of time (``work`` per element: :data:`BATCH_NORM_WORK`). Results do not
     depend on it."""
-    return _parts(channels, 2, elems, work)
+    return thread_parts(channels, 2, elems, work)
 
 
-def _parts(units: int, fewest: int, elems: int, work: int) -> int:
-    """One run per numba thread, at most one per unit (row, channel), or 1: with one
+def thread_parts(units: int, fewest: int, elems: int, work: int) -> int:
+    """One run per numba thread, at most one per unit (row, channel, plane), or 1: with one
     thread, fewer than ``fewest`` units, or ``elems`` elements of ``work`` terms each
     below ``kernels.PARALLEL_MIN_WORK``."""
     n = numba.get_num_threads()

@@ -1,0 +1,224 @@
+"""The float64 value of a depthwise convolution at ``op`` granularity.
+
+``op`` granularity rounds an op's float64 result once (:func:`handlers.op_once`): the
+op runs on float64 copies of its binary32 (bfloat16, float16) operands. PyTorch's CPU
+has no vectorised float64 convolution for groups: it runs one ``slow_conv2d`` (im2col
+and a ``dgemm``) per group, and a depthwise convolution (one input channel per group)
+takes 10–50× its binary32 time there (EfficientNet's 5×5 depthwise layers on 4×4 maps:
+2.2 ms against 62 µs; the float64 re-runs of ``efficientnet_mbconv``'s depthwise layers
+were 8.5 of its 24 ms op SR forward, docs/speed.md).
+
+What that path computes for one output element is fixed by the im2col and the ``dgemm``
+with β = 1 over a bias-filled output: the bias (0 without one), then the products of
+the kernel's positions in order ``(ky, kx)``, zero padding included, each added with one
+binary64 rounding. Products of binary32 (and 16-bit) operands are exact in binary64, so
+whether the ``dgemm`` fuses them does not matter. :func:`depthwise64` computes exactly
+that, a row of outputs at a time (vectorised along the row, the order of each element's
+adds unchanged), in runs of planes on numba's threads; :func:`value64` uses it where it
+applies and :func:`convolution_op` rounds its result as ``op_once`` rounds the
+``float64`` result: the same key, the same bits (tested bit for bit against PyTorch's
+float64 convolution and against :func:`reference64`, Python floats in that order, in
+``tests/test_instrument_depthwise.py``). Elsewhere (a channel multiplier above 1, whose
+``dgemm`` over several output channels adds in its own order; float64 operands, whose
+products are not exact; transposed convolutions; other devices) the op goes through
+``op_once`` unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from .handlers import OP_HANDLERS, op_once, register
+from .norm_kernels import thread_parts
+
+#: False: every convolution through ``op_once`` (PyTorch's float64 convolution), the
+#: path the tests compare :func:`convolution_op` with
+USE_KERNEL = True
+#: the operand dtypes :func:`value64` takes (their products are exact in binary64)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@njit(inline="always", error_model="numpy")
+def _stage(x, xo, H, W, ph, pw, sh, sw, Hq, Wq, buf):
+    """Plane ``x[xo:xo + H·W]`` zero-padded (ph, pw) and split into its sh·sw stride
+    phases, in binary64 (exact): ``buf[((py·sw + px)·Hq + qy)·Wq + qx]`` holds padded
+    element (qy·sh + py, qx·sw + px), so that every kernel position reads its outputs'
+    inputs at a unit stride."""
+    buf[:] = 0.0
+    for iy in range(H):
+        qy, py = divmod(iy + ph, sh)
+        if qy >= Hq:
+            break
+        src = x[xo + iy * W:xo + (iy + 1) * W]
+        for px in range(sw):  # padded columns qx·sw + px, x's ix = qx·sw + px − pw
+            q0 = max(0, -((px - pw) // sw))
+            q1 = min(Wq, (W - 1 + pw - px) // sw + 1)
+            d0 = ((py * sw + px) * Hq + qy) * Wq
+            if sw == 1:  # (unit strides: a vectorised copy)
+                dst = buf[d0 + q0:d0 + q1]
+                run = src[q0 - pw:q1 - pw]
+                for i in range(q1 - q0):
+                    dst[i] = np.float64(run[i])
+            else:
+                for qx in range(q0, q1):
+                    buf[d0 + qx] = np.float64(src[qx * sw + px - pw])
+
+
+@njit(inline="always", error_model="numpy")
+def _plane(buf, w, wo, b, KH, KW, sh, sw, dh, dw, Hq, Wq, Ho, Wo, acc, out, oo):
+    """One output plane from its staged input ``buf``: ``acc`` (Ho rows of Wq, the last
+    Wq − Wo of each unused) filled with the bias ``b``, then each kernel position's
+    products added over the whole plane in one unit-stride loop, in order (ky, kx);
+    the Ho·Wo outputs copied to ``out[oo:]``."""
+    n = (Ho - 1) * Wq + Wo
+    a = acc[:n]
+    for j in range(n):
+        a[j] = b
+    for ky in range(KH):
+        qy, py = divmod(ky * dh, sh)
+        for kx in range(KW):
+            qx, px = divmod(kx * dw, sw)
+            wv = np.float64(w[wo + ky * KW + kx])
+            s0 = ((py * sw + px) * Hq + qy) * Wq + qx
+            # (slices, not offsets into the whole arrays: LLVM vectorises this loop)
+            src = buf[s0:s0 + n]
+            for j in range(n):
+                a[j] = a[j] + wv * src[j]
+    for oy in range(Ho):
+        row = acc[oy * Wq:oy * Wq + Wo]
+        dst = out[oo + oy * Wo:oo + (oy + 1) * Wo]
+        for ox in range(Wo):
+            dst[ox] = row[ox]
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def depthwise64(x, w, bias, N, C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, Ho, Wo, out,
+                parts):  # pragma: no cover - compiled
+    """Depthwise convolution of ``x`` ((N, C, H, W) float32, C order, flat) with ``w``
+    ((C, KH, KW) float32, flat) and ``bias`` ((C,) float64) into ``out`` ((N, C, Ho, Wo)
+    float64, flat): strides (sh, sw), zero padding (ph, pw), dilations (dh, dw); each
+    element the bias plus its products in order (ky, kx), zero padding included, every
+    add rounded to binary64 (the products are exact). The N·C planes in ``parts`` runs,
+    one per numba thread: the result does not depend on ``parts``."""
+    Hq = Ho + (KH - 1) * dh // sh
+    Wq = Wo + (KW - 1) * dw // sw
+    P = N * C
+    for q in prange(parts):
+        buf = np.empty(sh * sw * Hq * Wq, np.float64)
+        acc = np.empty(Ho * Wq, np.float64)
+        for p in range(q * P // parts, (q + 1) * P // parts):
+            c = p % C
+            _stage(x, p * H * W, H, W, ph, pw, sh, sw, Hq, Wq, buf)
+            _plane(buf, w, c * KH * KW, bias[c], KH, KW, sh, sw, dh, dw, Hq, Wq, Ho, Wo,
+                   acc, out, p * Ho * Wo)
+
+
+def _ints(v, nd: int) -> tuple[int, ...] | None:
+    v = tuple(int(i) for i in v) if isinstance(v, (list, tuple)) else (int(v),)
+    if len(v) == 1:
+        v = v * nd
+    return v if len(v) == nd else None
+
+
+def _row_major(t: torch.Tensor) -> bool:
+    """``t`` has C-order strides, size-1 dimensions included (``is_contiguous`` ignores
+    those: a channels-last tensor with one channel passes it, and PyTorch's convolution
+    then takes its channels-last path, which adds in another order)."""
+    step = 1
+    for size, stride in zip(reversed(t.shape), reversed(t.stride())):
+        if stride != step:
+            return False
+        step *= size
+    return True
+
+
+def _geometry(x: torch.Tensor, w: torch.Tensor, bias, stride, padding, dilation,
+              transposed, groups):
+    """``(stride, padding, dilation)`` as 2-D tuples for a convolution :func:`value64`
+    computes, else None: CPU, not transposed, 1-D or 2-D with a batch, operands (and
+    bias) of one dtype in :data:`DTYPES` with C-order strides, one input and one output
+    channel per group, no empty dimension."""
+    if (transposed or not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor)
+            or x.dtype not in DTYPES or w.dtype is not x.dtype or not x.is_cpu
+            or not w.is_cpu or x.dim() not in (3, 4) or w.dim() != x.dim()):
+        return None
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dtype is not x.dtype
+                             or not bias.is_cpu):
+        return None
+    nd = x.dim() - 2
+    c = x.shape[1]
+    if (groups != c or w.shape[0] != c or w.shape[1] != 1 or x.numel() == 0 or w.numel() == 0
+            or not _row_major(x) or not _row_major(w)):
+        return None
+    s, p, d = _ints(stride, nd), _ints(padding, nd), _ints(dilation, nd)
+    if s is None or p is None or d is None or min(s) < 1 or min(d) < 1 or min(p) < 0:
+        return None
+    if nd == 1:
+        s, p, d = (1, *s), (0, *p), (1, *d)
+    return s, p, d
+
+
+def value64(x, w, bias, stride, padding, dilation, transposed=False, output_padding=(0,),
+            groups=1) -> torch.Tensor | None:
+    """The float64 result of ``aten.convolution`` with these arguments as PyTorch's CPU
+    float64 convolution computes it on float64 copies of the operands, for the
+    depthwise convolutions :func:`depthwise64` serves; None for the others."""
+    g = _geometry(x, w, bias, stride, padding, dilation, transposed, groups)
+    if g is None:
+        return None
+    (sh, sw), (ph, pw), (dh, dw) = g
+    one_d = x.dim() == 3
+    if one_d:
+        x, w = x.unsqueeze(2), w.unsqueeze(2)
+    n, c, h, wd = x.shape
+    kh, kw = w.shape[2], w.shape[3]
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if ho < 1 or wo < 1 or ho * wo == 1:
+        return None  # (one output per plane: the dgemm is a dot product, in its own order)
+    xc = x.detach().float().contiguous()  # (16-bit operands: exact)
+    wk = w.detach().float().contiguous()
+    b = (torch.zeros(c, dtype=torch.float64) if bias is None
+         else bias.detach().to(torch.float64).contiguous())
+    out = torch.empty((n, c, ho, wo), dtype=torch.float64)
+    parts = thread_parts(n * c, 2, out.numel(), kh * kw)
+    depthwise64(xc.view(-1).numpy(), wk.view(-1).numpy(), b.numpy(), n, c, h, wd, kh, kw,
+                sh, sw, ph, pw, dh, dw, ho, wo, out.view(-1).numpy(), parts)
+    return out.squeeze(2) if one_d else out
+
+
+def reference64(x, w, bias, stride, padding, dilation) -> torch.Tensor:
+    """:func:`value64`'s slow reference: Python floats, each output element the bias
+    (0.0) plus its products (zero padding included) in order (ky, kx), batched 2-D."""
+    n, c, h, wd = x.shape
+    kh, kw = w.shape[2], w.shape[3]
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    xs, ws = x.double().tolist(), w.double().tolist()
+    out = torch.empty((n, c, ho, wo), dtype=torch.float64)
+    for i in range(n):
+        for ch in range(c):
+            for oy in range(ho):
+                for ox in range(wo):
+                    acc = 0.0 if bias is None else float(bias[ch])
+                    for ky in range(kh):
+                        for kx in range(kw):
+                            iy, ix = oy * sh + ky * dh - ph, ox * sw + kx * dw - pw
+                            v = xs[i][ch][iy][ix] if 0 <= iy < h and 0 <= ix < wd else 0.0
+                            acc += ws[ch][0][ky][kx] * v
+                    out[i, ch, oy, ox] = acc
+    return out
+
+
+@register("aten.convolution", table=OP_HANDLERS, how="rounded once (op)")
+def convolution_op(ctx, func, args, kwargs):
+    """``aten.convolution`` at op granularity: a depthwise convolution's float64 value
+    from :func:`value64`, rounded once as ``op_once`` rounds it (one key); every other
+    convolution through ``op_once``."""
+    v = value64(*args) if USE_KERNEL and not kwargs else None
+    if v is None:
+        return op_once(ctx, func, args, kwargs)
+    return ctx.round(v, args[0].dtype)
