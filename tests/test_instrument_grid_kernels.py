@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from numvar.instrument import fuzzy
 from numvar.instrument import grid_kernels as GK
+from numvar.instrument import mode as MO
 from _spy import count_calls  # noqa: E402
 
 INF, NAN = float("inf"), float("nan")
@@ -121,3 +122,40 @@ def test_kernel_keys_mismatch_falls_back(monkeypatch):
         b = [F.grid_sample(x, grid, align_corners=False) for _ in range(2)]
     for u, v in zip(a, b):
         _same(u, v)
+
+
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("mode", ["sr", "ud", "random", "ieee", "up"])
+def test_affine_grid_matches_decomposition(monkeypatch, mode, align):
+    """affine_grid_generator's fused path (its rounded sub-ops by their flop handlers, the
+    exact ones natively) against the decomposition op by op: same bits, stream position
+    and report; a 1-wide grid (linspace of one step) too; a 5-D size declines."""
+    calls, real = [], GK.affine_grid_generator
+
+    def counting(*args):
+        out = real(*args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setitem(MO._FUSED, torch.ops.aten.affine_grid_generator.default, counting)
+    g = torch.Generator().manual_seed(2)
+    theta = torch.randn(2, 2, 3, generator=g)
+    theta[1, 0, 2] = 1e-30  # (a translation far below the others: sums that round)
+    theta3 = torch.randn(1, 3, 4, generator=g)
+
+    def run(use):
+        monkeypatch.setattr(GK, "USE_KERNELS", use)
+        with torch.no_grad(), fuzzy(mode=mode, granularity="flop", seed=4) as fz:
+            outs = [F.affine_grid(theta, size, align_corners=align)
+                    for size in ((2, 3, 5, 7), (2, 1, 4, 1)) for _ in range(2)]
+            outs += [F.affine_grid(theta3, (1, 1, 2, 3, 4), align_corners=align)
+                     for _ in range(2)]
+            return outs, fz.stream.counter, fz.report().to_dict()
+
+    fast = run(True)
+    served = sum(calls)
+    ref = run(False)
+    assert served >= 2, "the fused path did not run"  # (the second call of each 4-D size)
+    for a, b in zip(fast[0], ref[0]):
+        _same(a, b)
+    assert fast[1:] == ref[1:]

@@ -1,5 +1,6 @@
 """``grid_sampler_2d`` at flop granularity in one compiled call (binary32, bilinear and
-nearest).
+nearest); ``affine_grid_generator`` without its decomposition's dispatches
+(:func:`affine_grid_generator`).
 
 The reference is the decomposition (:func:`numvar.instrument.decompositions.grid_sampler_2d`,
 torch's ``_grid_sampler_2d`` with the grid not expanded over channels) run op by op
@@ -300,3 +301,52 @@ def _arguments(args, kwargs):
     names = ("input", "grid", "interpolation_mode", "padding_mode", "align_corners")
     vals = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
     return tuple(vals)
+
+
+# ------------------------------------------------------------------ affine grid
+_ADD, _MUL, _SUM = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor,
+                    torch.ops.aten.sum.dim_IntList)
+#: the stream keys ``affine_grid_generator``'s decomposition draws for a 4-D size at
+#: flop granularity: its two adds, its product and its sum (one each)
+AFFINE_GRID_KEYS = 4
+
+
+def _linspace_from_neg_one(steps: int, align_corners: bool, dtype) -> torch.Tensor:
+    """torch's ``_linspace_from_neg_one`` (the decomposition's base coordinates; exact)."""
+    if steps <= 1:
+        return torch.tensor(0, dtype=dtype)
+    a = 1 if align_corners else (steps - 1) / steps
+    return torch.linspace(-a, a, steps=steps, dtype=dtype)
+
+
+def affine_grid_generator(ctx, args, kwargs, nkeys: int):
+    """``aten.affine_grid_generator`` for a 4-D size on the CPU as its decomposition
+    (torch's ``_affine_grid_generator_4d``) computes it at flop granularity, without its
+    some twenty dispatched sub-ops: the base grid's exact pieces (``linspace``, ``ones``,
+    the zero padding) built natively, and its rounded sub-ops (``grid_x + grid_y``,
+    ``+ grid_one``, ``base · θᵀ``, the sum over θ's columns) computed by the flop
+    handlers those sub-ops reach, on the same values, in the same order: the same keys
+    and the same bits (tested against the decomposition). None (the decomposition
+    runs) for other sizes, devices or dtypes, with :data:`USE_KERNELS` false, or where
+    the decomposition drew other than :data:`AFFINE_GRID_KEYS` keys. (``affine_grid``
+    at flop SR, θ (2, 2, 3), a 32×32 grid, one thread: 313 → 219 µs; what remains is
+    those four roundings, the product's broadcast and the sum's transposition.)"""
+    # (imported here: handlers imports the modules whose handlers this one calls)
+    from .handlers import FLOP_HANDLERS
+
+    names = ("theta", "size", "align_corners")
+    theta, size, align = (list(args) + [kwargs[k] for k in names[len(args):]])[:3]
+    if (not USE_KERNELS or nkeys != AFFINE_GRID_KEYS or len(size) != 4
+            or not isinstance(theta, torch.Tensor)
+            or theta.dtype is not torch.float32 or not theta.is_cpu or theta.dim() != 3):
+        return None
+    n, _, h, w = size
+    dt = theta.dtype
+    pad = torch.nn.functional.pad
+    grid_x = pad(_linspace_from_neg_one(w, align, dt).view(1, w, 1), (0, 2))
+    grid_y = pad(_linspace_from_neg_one(h, align, dt).view(h, 1, 1), (1, 1))
+    grid_one = pad(torch.ones((1, 1, 1), dtype=dt), (2, 0))
+    add, mul, total = FLOP_HANDLERS["aten.add"], FLOP_HANDLERS["aten.mul"], FLOP_HANDLERS["aten.sum"]
+    base = add(ctx, _ADD, (add(ctx, _ADD, (grid_x, grid_y), {}), grid_one), {})
+    prod = mul(ctx, _MUL, (base.view(-1, 3, 1), theta.mT.unsqueeze(1)), {})
+    return total(ctx, _SUM, (prod, [-2]), {}).view(n, h, w, 2)

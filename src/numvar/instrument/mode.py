@@ -245,6 +245,7 @@ _PROGRAMS: dict = {}
 #: decomposed ops with a compiled kernel that computes the decomposition's bits:
 #: op -> fn(ctx, args, kwargs, nkeys) -> result, or None (the decomposition runs)
 _FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d,
+                torch.ops.aten.affine_grid_generator.default: GK.affine_grid_generator,
                 torch.ops.aten.native_layer_norm.default: NK.native_layer_norm,
                 torch.ops.aten.native_batch_norm.default: NK.native_batch_norm,
                 torch.ops.aten._native_batch_norm_legit_no_training.default:
