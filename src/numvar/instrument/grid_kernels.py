@@ -47,6 +47,7 @@ from numba import njit
 
 from numvar.rounding import kernels as K
 
+from .handlers import FLOP_HANDLERS
 from .kernels import _bits, _fast32
 
 #: take the compiled kernel where it serves (False: the decomposition, the reference)
@@ -331,9 +332,6 @@ def affine_grid_generator(ctx, args, kwargs, nkeys: int):
     the decomposition drew other than :data:`AFFINE_GRID_KEYS` keys. (``affine_grid``
     at flop SR, θ (2, 2, 3), a 32×32 grid, one thread: 313 → 219 µs; what remains is
     those four roundings, the product's broadcast and the sum's transposition.)"""
-    # (imported here: handlers imports the modules whose handlers this one calls)
-    from .handlers import FLOP_HANDLERS
-
     names = ("theta", "size", "align_corners")
     theta, size, align = (list(args) + [kwargs[k] for k in names[len(args):]])[:3]
     if (not USE_KERNELS or nkeys != AFFINE_GRID_KEYS or len(size) != 4
