@@ -13,15 +13,18 @@ with β = 1 over a bias-filled output: the bias (0 without one), then the produc
 the kernel's positions in order ``(ky, kx)``, zero padding included, each added with one
 binary64 rounding. Products of binary32 (and 16-bit) operands are exact in binary64, so
 whether the ``dgemm`` fuses them does not matter. :func:`depthwise64` computes exactly
-that, a row of outputs at a time (vectorised along the row, the order of each element's
-adds unchanged), in runs of planes on numba's threads; :func:`value64` uses it where it
+that, a plane at a time: the input zero-padded and split into its stride phases, then
+one vectorised loop over the plane per kernel position (each element's adds in their
+order), planes in runs on numba's threads; :func:`value64` uses it where it
 applies and :func:`convolution_op` rounds its result as ``op_once`` rounds the
 ``float64`` result: the same key, the same bits (tested bit for bit against PyTorch's
 float64 convolution and against :func:`reference64`, Python floats in that order, in
-``tests/test_instrument_depthwise.py``). Elsewhere (a channel multiplier above 1, whose
-``dgemm`` over several output channels adds in its own order; float64 operands, whose
-products are not exact; transposed convolutions; other devices) the op goes through
-``op_once`` unchanged.
+``tests/test_instrument_depthwise.py``). Elsewhere the op goes through ``op_once``
+unchanged: one output per plane (the ``dgemm`` is then a dot product, added in MKL's own
+order), channels-last strides (another path of PyTorch's, another order), a channel
+multiplier above 1 (with 3 or 4 the ``dgemm``'s several rows changed the order: 86 of
+96 and 81 of 93 random shapes differed), float64 operands (products not exact),
+transposed convolutions, other devices.
 """
 
 from __future__ import annotations

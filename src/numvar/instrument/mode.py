@@ -56,8 +56,8 @@ from torch.utils._python_dispatch import (
 import numvar.rounding as R
 
 from ..errors import ConfigError, UninstrumentedOpError
-from . import grid_kernels as GK
 from . import depthwise as _depthwise  # noqa: F401  (registers its handler)
+from . import grid_kernels as GK
 from . import handlers as H
 from . import heap
 from . import norm_kernels as NK
