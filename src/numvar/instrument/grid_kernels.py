@@ -44,10 +44,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 from numba import njit
+from torch._decomp.decompositions import _linspace_from_neg_one
 
 from numvar.rounding import kernels as K
 
-from .handlers import FLOP_HANDLERS
+from .handlers import FLOP_HANDLERS, _get
 from .kernels import _bits, _fast32
 
 #: take the compiled kernel where it serves (False: the decomposition, the reference)
@@ -312,14 +313,6 @@ _ADD, _MUL, _SUM = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor,
 AFFINE_GRID_KEYS = 4
 
 
-def _linspace_from_neg_one(steps: int, align_corners: bool, dtype) -> torch.Tensor:
-    """torch's ``_linspace_from_neg_one`` (the decomposition's base coordinates; exact)."""
-    if steps <= 1:
-        return torch.tensor(0, dtype=dtype)
-    a = 1 if align_corners else (steps - 1) / steps
-    return torch.linspace(-a, a, steps=steps, dtype=dtype)
-
-
 def affine_grid_generator(ctx, args, kwargs, nkeys: int):
     """``aten.affine_grid_generator`` for a 4-D size on the CPU as its decomposition
     (torch's ``_affine_grid_generator_4d``) computes it at flop granularity, without its
@@ -332,17 +325,18 @@ def affine_grid_generator(ctx, args, kwargs, nkeys: int):
     the decomposition drew other than :data:`AFFINE_GRID_KEYS` keys. (``affine_grid``
     at flop SR, θ (2, 2, 3), a 32×32 grid, one thread: 313 → 219 µs; what remains is
     those four roundings, the product's broadcast and the sum's transposition.)"""
-    names = ("theta", "size", "align_corners")
-    theta, size, align = (list(args) + [kwargs[k] for k in names[len(args):]])[:3]
-    if (not USE_KERNELS or nkeys != AFFINE_GRID_KEYS or len(size) != 4
+    theta, size = _get(args, kwargs, 0, "theta"), _get(args, kwargs, 1, "size")
+    align = _get(args, kwargs, 2, "align_corners")
+    if (not USE_KERNELS or nkeys != AFFINE_GRID_KEYS or size is None or len(size) != 4
             or not isinstance(theta, torch.Tensor)
             or theta.dtype is not torch.float32 or not theta.is_cpu or theta.dim() != 3):
         return None
     n, _, h, w = size
-    dt = theta.dtype
+    dt, dev = theta.dtype, theta.device
     pad = torch.nn.functional.pad
-    grid_x = pad(_linspace_from_neg_one(w, align, dt).view(1, w, 1), (0, 2))
-    grid_y = pad(_linspace_from_neg_one(h, align, dt).view(h, 1, 1), (1, 1))
+    # (the decomposition's own base coordinates: exact)
+    grid_x = pad(_linspace_from_neg_one(w, align, dt, dev).view(1, w, 1), (0, 2))
+    grid_y = pad(_linspace_from_neg_one(h, align, dt, dev).view(h, 1, 1), (1, 1))
     grid_one = pad(torch.ones((1, 1, 1), dtype=dt), (2, 0))
     add, mul, total = FLOP_HANDLERS["aten.add"], FLOP_HANDLERS["aten.mul"], FLOP_HANDLERS["aten.sum"]
     base = add(ctx, _ADD, (add(ctx, _ADD, (grid_x, grid_y), {}), grid_one), {})
