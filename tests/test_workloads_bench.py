@@ -191,17 +191,21 @@ def test_bench_clean_loops_times_the_kernels_own_step(monkeypatch):
     assert mod.LOOPS[0] == rows[0][0] and len(mod.LOOPS) == 5
 
 
-def test_bench_depthwise_prints_ratios_and_the_same_bits(monkeypatch, capsys):
+@pytest.mark.parametrize("flop", [False, True])
+def test_bench_depthwise_prints_ratios_and_the_same_bits(monkeypatch, capsys, flop):
     """benchmarks/bench_depthwise.py: one row per shape and a total, positive ratios to
-    native, and op SR's output the same with and without the kernel."""
+    native, and SR's output (op, or flop with ``--flop``) the same with and without the
+    kernel."""
     mod = _load_script(monkeypatch, "bench_depthwise")
     monkeypatch.setattr(mod, "SHAPES", ((8, 6, 3, 1), (4, 9, 5, 2)))
-    mod.main(["--repeats", "1"])
+    mod.main(["--repeats", "1", *(["--flop"] if flop else [])])
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| ") and "×" in r]
     assert len(rows) == 3 and rows[-1].startswith("| all")
+    ratios = 2 if flop else 4
     for r in rows:
         cells = [c.strip() for c in r.strip("|").split("|")]
-        assert float(cells[1]) > 0 and all(float(c[:-1]) > 0 for c in cells[2:6])
+        assert len(cells) == 2 + ratios + 1
+        assert float(cells[1]) > 0 and all(float(c[:-1]) > 0 for c in cells[2:2 + ratios])
     assert [r.strip("| ").endswith("yes") for r in rows[:2]] == [True, True]
 
 

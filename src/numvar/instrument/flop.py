@@ -54,6 +54,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..rounding.kernels import MODE_RANDOM
+from . import conv_kernels as CK
 from . import kernels as KN
 from . import pointwise as PW
 from . import scan_kernels as SK
@@ -133,8 +134,9 @@ _F32 = torch.float32
 def _contract(a: torch.Tensor, b: torch.Tensor, key: int, ctx: Ctx, t: int,
               kd: torch.dtype) -> torch.Tensor:
     """The flop contraction kernel of :func:`flop_backend` on carriers of dtype ``kd``;
-    the result on ``a``'s device, dtype ``kd``. The one entry point of every flop-level
-    contraction (``numvar.workloads.zoo.count_contractions`` counts its calls)."""
+    the result on ``a``'s device, dtype ``kd``. The entry point of every flop-level
+    product but the group products that :func:`_contract_groups` computes without their
+    im2col matrix (``numvar.workloads.zoo.count_contractions`` counts the calls of both)."""
     if (LEAN_BMM and kd is _F32 and a.dtype is _F32 and b.dtype is _F32 and a.is_cpu
             and b.is_cpu and not _environ.get(FLOP_BACKEND_ENV)):
         # binary32 CPU operands on the numba backend: the kernel on their own arrays (the
@@ -271,6 +273,47 @@ def _group_cols(x: torch.Tensor, ks, stride, padding, dilation, g: int):
     return x.reshape(g, (c // g) * math.prod(ks), n * math.prod(ls)), ls
 
 
+def _group_products(x, w, ks, stride, padding, dilation, g: int, ctx: Ctx, dtype):
+    """:func:`conv`'s group products ``(g, O/g, N·∏L)`` as :func:`bmm` computes them from
+    the im2col matrix, through :func:`_contract_groups` (the matrix built a group at a
+    time in cache, :mod:`numvar.instrument.conv_kernels`), and the output's spatial
+    shape; ``(None, None)`` where that does not serve (another backend, format, mode or
+    kernel): then the im2col route. The same checks, key and kernel arguments as
+    :func:`bmm`'s two paths, the same bits."""
+    nd = len(ks)
+    ls = tuple((x.shape[2 + d] + 2 * padding[d] - dilation[d] * (ks[d] - 1) - 1) // stride[d] + 1
+               for d in range(nd))
+    if not (x.is_cpu and w.is_cpu and min(ls) > 0) or flop_backend(x.device) != "numba":
+        return None, None
+    if LEAN_BMM and dtype is _F32 and x.dtype is _F32 and w.dtype is _F32 and ctx._t32:
+        acc, t = None, 24  # (bmm's lean path)
+    else:
+        acc = ctx.accumulation(dtype)
+        if acc.spec is not None or acc.kernel_dtype is not _F32:
+            return None, None
+        t = acc.t
+    m = w.shape[0] // g
+    k = w[0].numel()
+    if not CK.serves(ctx.code, t, ctx.contraction, w.shape[1], g, m, x.shape[0] * math.prod(ls),
+                     k):
+        return None, None
+    out = _contract_groups(x, w, ks, stride, padding, dilation, g, ls, ctx.stream.next_key(),
+                           ctx, t)
+    return (out if acc is None else _finish(out, acc, dtype, ctx)), ls
+
+
+def _contract_groups(x, w, ks, stride, padding, dilation, g: int, ls, key: int, ctx: Ctx,
+                     t: int) -> torch.Tensor:
+    """The group products of a convolution on binary32 carriers, (g, O/g, N·∏L) float32:
+    :func:`_contract` of the weights and the im2col matrix without the matrix
+    (:func:`numvar.instrument.conv_kernels.grouped32`; call where
+    :func:`numvar.instrument.conv_kernels.serves`). The other entry point of the flop
+    contractions (``numvar.workloads.zoo.count_contractions`` counts its calls too)."""
+    return torch.from_numpy(CK.grouped32(
+        _np(x, _F32), _np(w, _F32), ks, stride, padding, dilation, g, ls, key, ctx.code, t,
+        ctx.contraction))
+
+
 def conv(x, w, bias, stride, padding, dilation, groups, ctx: Ctx) -> torch.Tensor:
     """Direct (non-transposed) convolution, every product and add rounded."""
     nd = w.dim() - 2
@@ -284,8 +327,10 @@ def conv(x, w, bias, stride, padding, dilation, groups, ctx: Ctx) -> torch.Tenso
     g = groups
     ks = tuple(w.shape[2:])
     # one product per group: (o/g, kk) @ (kk, n·L), the batch inside the columns
-    cols, ls = _group_cols(x, ks, stride, padding, dilation, g)
-    out = bmm(w.reshape(g, o // g, cols.shape[1]), cols, ctx, dtype)  # (g, o/g, n·L)
+    out, ls = _group_products(x, w, ks, stride, padding, dilation, g, ctx, dtype)
+    if out is None:  # through the im2col matrix
+        cols, ls = _group_cols(x, ks, stride, padding, dilation, g)
+        out = bmm(w.reshape(g, o // g, cols.shape[1]), cols, ctx, dtype)  # (g, o/g, n·L)
     out = out.reshape(g, o // g, n, -1).permute(2, 0, 1, 3).reshape(n, o, *ls)  # a view
     if bias is not None:
         # read through the view: the bias add writes the (N, O, L...) result

@@ -6,7 +6,7 @@ minutes, and it used to land inside the first realizations, which then looked hu
 reported compile time as the script's own time. Two things here:
 
 - :func:`warm_kernels` runs a small model that reaches the kernels an instrumented
-  script typically needs (dense and convolution layers, matmul, pointwise and
+  script typically needs (dense, convolution and depthwise layers, matmul, pointwise and
   transcendental functions, reductions, softmax, layer norm, an LSTM; forward and
   backward; float32 and float64) under the run's mode and granularity.
   ``python -m numvar.runner.warmup MODE GRANULARITY`` does it in a process of its own
@@ -111,6 +111,7 @@ def _warm_model(dtype_name: str, mode: str, granularity: str) -> None:
 
     w = rand(5, 7, grad=True)
     k = rand(3, 2, 3, 3, grad=True)
+    dw = rand(2, 1, 3, 3, grad=True)  # depthwise: conv_kernels' group products
     lstm = torch.nn.LSTM(5, 4, batch_first=True).to(dtype)
     x = rand(3, 7)
     img = rand(2, 2, 6, 6)
@@ -119,7 +120,7 @@ def _warm_model(dtype_name: str, mode: str, granularity: str) -> None:
         h = torch.tanh(F.linear(x, w) + 0.5) * torch.exp(-x[:, :5] / 3)
         h = F.layer_norm(h, (5,))
         out, _ = lstm(h[None])
-        c = F.conv2d(img, k, padding=1).relu()
+        c = F.conv2d(F.conv2d(img, dw, padding=1, groups=2), k, padding=1).relu()
         p = F.log_softmax(out.reshape(3, 4) @ rand(4, 6), dim=1)
         loss = (p.mean() + c.pow(2).mean() + torch.sqrt(h.abs() + 1).sum() / h.numel()
                 + F.mse_loss(h.sum(1), x[:, 0]) + F.cross_entropy(p, torch.tensor([0, 1, 2])))

@@ -576,23 +576,32 @@ class Contractions:
 @contextlib.contextmanager
 def count_contractions() -> Iterator[Contractions]:
     """Count, in a ``with`` block, the contraction terms the flop kernels compute, by
-    wrapping ``numvar.instrument.flop._contract`` (the one entry point of every flop-level
-    contraction, numba or Triton backend) and ``flop.reduce`` / ``flop.scan`` (reductions
-    and scans). A measuring tool for benchmarks and tolerances: the wrappers only count."""
+    wrapping the entry points of the flop-level contractions,
+    ``numvar.instrument.flop._contract`` (every product, numba or Triton backend) and
+    ``flop._contract_groups`` (the group products of a convolution without its im2col
+    matrix), and ``flop.reduce`` / ``flop.scan`` (reductions and scans). A measuring tool
+    for benchmarks and tolerances: the wrappers only count."""
     from ..instrument import flop as FL
 
     stats = Contractions()
-    contract, reduce, scan = FL._contract, FL.reduce, FL.scan
+    contract, groups, reduce, scan = FL._contract, FL._contract_groups, FL.reduce, FL.scan
 
-    def counted_contract(a, b, *args, **kwargs):
-        work = max(a.shape[0], b.shape[0]) * a.shape[1] * b.shape[2] * a.shape[2]
-        kd = str(kwargs.get("kd", args[-1] if args else "")).replace("torch.", "")
+    def count(work: int, k: int, kd: str) -> None:
         stats.terms += work
         stats.terms_by_dtype[kd] = stats.terms_by_dtype.get(kd, 0) + work
         stats.work_max = max(stats.work_max, work)
-        stats.k_max = max(stats.k_max, a.shape[2])
+        stats.k_max = max(stats.k_max, k)
         stats.calls += 1
+
+    def counted_contract(a, b, *args, **kwargs):
+        count(max(a.shape[0], b.shape[0]) * a.shape[1] * b.shape[2] * a.shape[2], a.shape[2],
+              str(kwargs.get("kd", args[-1] if args else "")).replace("torch.", ""))
         return contract(a, b, *args, **kwargs)
+
+    def counted_groups(x, w, ks, stride, padding, dilation, g, ls, *args, **kwargs):
+        k = w[0].numel()  # (O, C/g, *ks): the products (O/g, K) @ (K, N·∏L) of each group
+        count(w.shape[0] * x.shape[0] * math.prod(ls) * k, k, "float32")
+        return groups(x, w, ks, stride, padding, dilation, g, ls, *args, **kwargs)
 
     def counted_reduce(x, dim, *args, **kwargs):
         dims = FL._dims(x, dim) if x.dim() else []
@@ -604,11 +613,12 @@ def count_contractions() -> Iterator[Contractions]:
             stats.reduce_max = max(stats.reduce_max, x.shape[dim % x.dim()])
         return scan(x, dim, *args, **kwargs)
 
-    FL._contract, FL.reduce, FL.scan = counted_contract, counted_reduce, counted_scan
+    FL._contract, FL._contract_groups = counted_contract, counted_groups
+    FL.reduce, FL.scan = counted_reduce, counted_scan
     try:
         yield stats
     finally:
-        FL._contract, FL.reduce, FL.scan = contract, reduce, scan
+        FL._contract, FL._contract_groups, FL.reduce, FL.scan = contract, groups, reduce, scan
 
 
 # -------------------------------------------------------------------------- ieee check
