@@ -1,6 +1,7 @@
 """``grid_sampler_2d`` at flop granularity in one compiled call (binary32, bilinear and
 nearest); ``affine_grid_generator`` without its decomposition's dispatches
-(:func:`affine_grid_generator`).
+(:func:`affine_grid_generator`); ``upsample_bilinear2d`` with its nine full-size
+roundings in one compiled call (:func:`upsample_bilinear2d`).
 
 The reference is the decomposition (:func:`numvar.instrument.decompositions.grid_sampler_2d`,
 torch's ``_grid_sampler_2d`` with the grid not expanded over channels) run op by op
@@ -48,8 +49,10 @@ from torch._decomp.decompositions import _linspace_from_neg_one
 
 from numvar.rounding import kernels as K
 
+from . import linalg_kernels as LK
 from .handlers import FLOP_HANDLERS, _get
 from .kernels import _bits, _fast32
+from .pointwise import round_into
 
 #: take the compiled kernel where it serves (False: the decomposition, the reference)
 USE_KERNELS = True
@@ -342,3 +345,110 @@ def affine_grid_generator(ctx, args, kwargs, nkeys: int):
     base = add(ctx, _ADD, (add(ctx, _ADD, (grid_x, grid_y), {}), grid_one), {})
     prod = mul(ctx, _MUL, (base.view(-1, 3, 1), theta.mT.unsqueeze(1)), {})
     return total(ctx, _SUM, (prod, [-2]), {}).view(n, h, w, 2)
+
+
+# ------------------------------------------------------------------ bilinear upsampling
+_SUB = torch.ops.aten.sub.Tensor
+#: the stream keys ``upsample_bilinear2d``'s decomposition (torch's ``_upsample_linear``)
+#: draws at flop granularity, by ``align_corners``: per spatial dim its source
+#: coordinates (``scale·(i + 0.5) − 0.5``: three, or ``scale·i``: one), then per dim
+#: (width first) the interpolation weight ``x − ⌊x⌋`` (one) and, per pair of taps,
+#: ``v₁ + (v₂ − v₁)·w`` (three: two pairs across the width, one across the height)
+UPSAMPLE_KEYS = {False: 2 * 3 + 1 + 6 + 1 + 3, True: 2 * 1 + 1 + 6 + 1 + 3}
+
+
+@njit(cache=True, error_model="numpy")
+def _upsample_planes(x, out, y0, y1, x0, x1, ww, wh, keys, mode):  # pragma: no cover
+    """The full-size roundings of :func:`upsample_bilinear2d`, plane by plane: for the
+    (N·C, H, W) input ``x`` and (N·C, Ho, Wo) ``out``, with the source rows ``y0``/``y1``
+    (Ho), columns ``x0``/``x1`` (Wo) and weights ``ww`` (Wo, across the width) and ``wh``
+    (Ho, across the height), as the decomposition computes them, in its order and with
+    its keys (``keys[0:3]``, ``keys[3:6]``: the width pairs (y0) and (y1); ``keys[6:9]``:
+    the height pair), each element indexed by its place in the (N, C, Ho, Wo) result:
+    ``r0 = v00 + (v01 − v00)·ww``, ``r1 = v10 + (v11 − v10)·ww``, ``out = r0 + (r1 −
+    r0)·wh`` (each op rounded by :func:`numvar.instrument.pointwise.round_into`, the
+    elementwise kernels' arithmetic). The taps are gathered exactly; the weights are
+    expanded to the plane once."""
+    P, Ho, Wo = out.shape
+    S = Ho * Wo
+    va = np.empty(S, np.float32)
+    vb = np.empty(S, np.float32)
+    d = np.empty(S, np.float32)
+    p = np.empty(S, np.float32)
+    r0 = np.empty(S, np.float32)
+    r1 = np.empty(S, np.float32)
+    wwp = np.empty(S, np.float32)
+    whp = np.empty(S, np.float32)
+    for oy in range(Ho):
+        for ox in range(Wo):
+            wwp[oy * Wo + ox] = ww[ox]
+            whp[oy * Wo + ox] = wh[oy]
+    for q in range(P):
+        xp = x[q]
+        o = out[q].reshape(-1)
+        l0 = q * S
+        for pair in range(2):
+            ys = y0 if pair == 0 else y1
+            for oy in range(Ho):
+                row = xp[ys[oy]]
+                for ox in range(Wo):
+                    va[oy * Wo + ox] = row[x0[ox]]
+                    vb[oy * Wo + ox] = row[x1[ox]]
+            r = r0 if pair == 0 else r1
+            k = 3 * pair
+            round_into(_OP_SUB, vb, va, d, np.uint64(keys[k]), l0, mode)
+            round_into(_OP_MUL, d, wwp, p, np.uint64(keys[k + 1]), l0, mode)
+            round_into(_OP_ADD, va, p, r, np.uint64(keys[k + 2]), l0, mode)
+        round_into(_OP_SUB, r1, r0, d, np.uint64(keys[6]), l0, mode)
+        round_into(_OP_MUL, d, whp, p, np.uint64(keys[7]), l0, mode)
+        round_into(_OP_ADD, r0, p, o, np.uint64(keys[8]), l0, mode)
+
+
+def upsample_bilinear2d(ctx, args, kwargs, nkeys: int):
+    """``aten.upsample_bilinear2d`` as its decomposition (torch's ``_upsample_linear``)
+    computes it at flop granularity: the source coordinates and weights (small 1-D
+    tensors) by the flop handlers its sub-ops reach, on the same values in the same
+    order; the four taps gathered and the nine full-size roundings (two pairs across
+    the width, one across the height: ``v₁ + (v₂ − v₁)·w`` each) in one compiled call
+    (:func:`_upsample_planes`) with the keys the decomposition draws for them: the same
+    keys and bits (tested against the decomposition), without its four full-size
+    gathers (``_unsafe_index``) and some forty dispatched sub-ops. None (the
+    decomposition runs) with :data:`USE_KERNELS` false, for other than a contiguous
+    4-D binary32 CPU input under binary32 roundings at 24 bits, or where the
+    decomposition drew other than :data:`UPSAMPLE_KEYS` keys."""
+    from torch._decomp.decompositions import _compute_scale
+
+    x = _get(args, kwargs, 0, "input")
+    size = _get(args, kwargs, 1, "output_size")
+    align = _get(args, kwargs, 2, "align_corners")
+    scales = (_get(args, kwargs, 3, "scales_h"), _get(args, kwargs, 4, "scales_w"))
+    if (not USE_KERNELS or not isinstance(x, torch.Tensor) or x.dim() != 4
+            or size is None or len(size) != 2 or not x.is_contiguous()
+            or nkeys != UPSAMPLE_KEYS[bool(align)] or not LK.serves(ctx, x)):
+        return None
+    add, sub, mul = FLOP_HANDLERS["aten.add"], FLOP_HANDLERS["aten.sub"], FLOP_HANDLERS["aten.mul"]
+    taps = []
+    for d in range(2):  # (the decomposition's get_values, height then width)
+        sf = _compute_scale(x.shape[2 + d], size[d], align, scales[d])
+        i = torch.arange(size[d]).to(torch.float32)
+        if align:
+            src = mul(ctx, _MUL, (i, sf), {})
+        else:
+            src = sub(ctx, _SUB, (mul(ctx, _MUL, (add(ctx, _ADD, (i, 0.5), {}), sf), {}),
+                                  0.5), {})
+        src = src.clamp(min=0.0)
+        lo = src.to(torch.int64)
+        taps.append((src, lo, (lo + 1).clamp(max=x.shape[2 + d] - 1)))
+    (yf, y0, y1), (xf, x0, x1) = taps
+    ww = sub(ctx, _SUB, (xf, x0), {}).clamp(0.0, 1.0)
+    k_width = ctx.stream_keys(6)
+    wh = sub(ctx, _SUB, (yf, y0), {}).clamp(0.0, 1.0)
+    keys = np.concatenate([k_width, ctx.stream_keys(3)])
+    n, c, h, w = x.shape
+    out = torch.empty((n, c, size[0], size[1]), dtype=torch.float32)
+    if out.numel():
+        _upsample_planes(x.detach().numpy().reshape(n * c, h, w),
+                         out.numpy().reshape(n * c, size[0], size[1]), y0.numpy(),
+                         y1.numpy(), x0.numpy(), x1.numpy(), ww.numpy(), wh.numpy(), keys,
+                         ctx.code)
+    return out
