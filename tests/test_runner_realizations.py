@@ -185,8 +185,9 @@ def test_capture_limit_bounds_memory_and_says_what_it_dropped(tmp_path, monkeypa
     for who in ("reference", "0", "1"):
         grew = int((tmp_path / f"rss-{who}").read_text())
         # uncapped, the 40 kept outputs alone are 160 MiB; capped: 8 MiB kept plus the
-        # instrumentation's temporaries the allocator keeps (~50 MB measured)
-        assert grew < 96 * 2**20, (who, grew)
+        # instrumentation's temporaries the allocator keeps (50–77 MiB measured alone,
+        # 97 MiB once in CI beside the other tests' worker): well under 160 either way
+        assert grew < 136 * 2**20, (who, grew)
     s = load_run(tmp_path / "runs/b")
     assert [c["modules"] for c in s.counts] == [40, 40]  # dropped calls still counted
     assert list(s.captures) == ["modules/000.Linear", "modules/001.Linear", "stdout"]
