@@ -161,15 +161,21 @@ def test_affine_grid_matches_decomposition(monkeypatch, mode, align):
     assert fast[1:] == ref[1:]
 
 
+_UPSAMPLE_OPS = [torch.ops.aten.upsample_linear1d.default,
+                 torch.ops.aten.upsample_bilinear2d.default,
+                 torch.ops.aten.upsample_trilinear3d.default]
+
+
 @pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random", "up"])
 @pytest.mark.parametrize("align", [False, True])
-def test_upsample_bilinear_matches_decomposition(monkeypatch, mode, align):
-    """upsample_bilinear2d's fused path (coordinates and weights by their flop handlers,
-    the taps gathered and the nine full-size roundings in one compiled call) against the
-    decomposition op by op: same bits, stream position and report; up and down by sizes
-    and by scale factors, a one-pixel output, non-finite and huge values (sums that
-    round, NaN taps); a channels-last or float64 input declines."""
-    calls, real = [], GK.upsample_bilinear2d
+def test_upsample_linear_matches_decomposition(monkeypatch, mode, align):
+    """Linear, bilinear and trilinear upsampling's fused path (coordinates and weights by
+    their flop handlers, the taps gathered and the full-size roundings in one compiled
+    call) against the decomposition op by op: same bits, stream position and report; up
+    and down by sizes and by scale factors, a one-element output, non-finite and huge
+    values (sums that round, NaN taps), a plane larger than one chunk; a channels-last
+    or float64 input declines."""
+    calls, real = [], GK.upsample_linear
 
     def counting(ctx, args, kwargs, nkeys):
         out = real(ctx, args, kwargs, nkeys)
@@ -177,19 +183,25 @@ def test_upsample_bilinear_matches_decomposition(monkeypatch, mode, align):
         calls.append((out is not None, v.dtype is torch.float32 and v.is_contiguous()))
         return out
 
-    monkeypatch.setitem(MO._FUSED, torch.ops.aten.upsample_bilinear2d.default, counting)
+    for op in _UPSAMPLE_OPS:
+        monkeypatch.setitem(MO._FUSED, op, counting)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2, 3, 5, 7, generator=g)
     x[0, 0, 1, 2], x[1, 2, 4, 6], x[0, 1, 0, 0] = INF, NAN, 1e30
     x[1, 0] *= 1e-20
-    calls_kw = [{"scale_factor": 2}, {"size": (9, 4)}, {"size": (1, 1)},
-                {"scale_factor": (1.5, 0.75)}]
+    cases = [(x, "bilinear", {"scale_factor": 2}), (x, "bilinear", {"size": (9, 4)}),
+             (x, "bilinear", {"size": (1, 1)}), (x, "bilinear", {"scale_factor": (1.5, 0.75)}),
+             (x[:, :, 0].contiguous(), "linear", {"size": (11,)}),
+             (x[:, :, 1].contiguous(), "linear", {"scale_factor": 0.5}),
+             (x[:, :, :4, :6].reshape(2, 3, 2, 2, 6).contiguous(), "trilinear",
+              {"scale_factor": (2, 1.5, 0.5)}),
+             (torch.randn(1, 1, 40, 60, generator=g), "bilinear", {"scale_factor": 1.5})]
 
     def run(use):
         monkeypatch.setattr(GK, "USE_KERNELS", use)
         with torch.no_grad(), fuzzy(mode=mode, granularity="flop", seed=6) as fz:
-            outs = [F.interpolate(x, mode="bilinear", align_corners=align, **kw)
-                    for kw in calls_kw for _ in range(2)]
+            outs = [F.interpolate(v, mode=m, align_corners=align, **kw)
+                    for v, m, kw in cases for _ in range(2)]
             outs += [F.interpolate(v, scale_factor=2, mode="bilinear", align_corners=align)
                      for v in (x.to(memory_format=torch.channels_last), x.double())
                      for _ in range(2)]
@@ -200,7 +212,7 @@ def test_upsample_bilinear_matches_decomposition(monkeypatch, mode, align):
     ref = run(False)
     # (the second call of each signature at least; a signature seen in an earlier test
     # is fused from its first call)
-    assert sum(served) >= len(calls_kw), "the fused path did not serve"
+    assert sum(served) >= len(cases), "the fused path did not serve"
     assert all(plain for ok, plain in calls if ok), "a channels-last or float64 input was served"
     for a, b in zip(fast[0], ref[0]):
         assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()

@@ -1,7 +1,7 @@
 """``grid_sampler_2d`` at flop granularity in one compiled call (binary32, bilinear and
 nearest); ``affine_grid_generator`` without its decomposition's dispatches
-(:func:`affine_grid_generator`); ``upsample_bilinear2d`` with its nine full-size
-roundings in one compiled call (:func:`upsample_bilinear2d`).
+(:func:`affine_grid_generator`); linear, bilinear and trilinear upsampling with their
+full-size roundings in one compiled call (:func:`upsample_linear`).
 
 The reference is the decomposition (:func:`numvar.instrument.decompositions.grid_sampler_2d`,
 torch's ``_grid_sampler_2d`` with the grid not expanded over channels) run op by op
@@ -347,88 +347,124 @@ def affine_grid_generator(ctx, args, kwargs, nkeys: int):
     return total(ctx, _SUM, (prod, [-2]), {}).view(n, h, w, 2)
 
 
-# ------------------------------------------------------------------ bilinear upsampling
+# ------------------------------------------------------------------ linear upsampling
 _SUB = torch.ops.aten.sub.Tensor
-#: the stream keys ``upsample_bilinear2d``'s decomposition (torch's ``_upsample_linear``)
-#: draws at flop granularity, by ``align_corners``: per spatial dim its source
-#: coordinates (``scale·(i + 0.5) − 0.5``: three, or ``scale·i``: one), then per dim
-#: (width first) the interpolation weight ``x − ⌊x⌋`` (one) and, per pair of taps,
-#: ``v₁ + (v₂ − v₁)·w`` (three: two pairs across the width, one across the height)
-UPSAMPLE_KEYS = {False: 2 * 3 + 1 + 6 + 1 + 3, True: 2 * 1 + 1 + 6 + 1 + 3}
+
+
+def upsample_keys(nd: int, align: bool) -> int:
+    """The stream keys the decomposition of ``nd``-D linear upsampling (torch's
+    ``_upsample_linear``) draws at flop granularity: per spatial dim its source
+    coordinates (``scale·(i + 0.5) − 0.5``: three, or with ``align_corners``
+    ``scale·i``: one), then per dim, the last first, its interpolation weight
+    ``x − ⌊x⌋`` (one) and, per pair of taps, ``v₁ + (v₂ − v₁)·w`` (three; 2^(nd−1)
+    pairs across the last dim, half as many across each earlier one): 17 for bilinear
+    (13 aligned), 33 for trilinear (27)."""
+    return nd * (1 if align else 3) + nd + 3 * (2 ** nd - 1)
+
+
+#: output elements per chunk of :func:`_upsample_planes` (its buffers, 2^(nd+1) − 1 + 3
+#: rows of CHUNK float32, stay in L2)
+UPSAMPLE_CHUNK = 2048
 
 
 @njit(cache=True, error_model="numpy")
-def _upsample_planes(x, out, y0, y1, x0, x1, ww, wh, keys, mode):  # pragma: no cover
-    """The full-size roundings of :func:`upsample_bilinear2d`, plane by plane: for the
-    (N·C, H, W) input ``x`` and (N·C, Ho, Wo) ``out``, with the source rows ``y0``/``y1``
-    (Ho), columns ``x0``/``x1`` (Wo) and weights ``ww`` (Wo, across the width) and ``wh``
-    (Ho, across the height), as the decomposition computes them, in its order and with
-    its keys (``keys[0:3]``, ``keys[3:6]``: the width pairs (y0) and (y1); ``keys[6:9]``:
-    the height pair), each element indexed by its place in the (N, C, Ho, Wo) result:
-    ``r0 = v00 + (v01 − v00)·ww``, ``r1 = v10 + (v11 − v10)·ww``, ``out = r0 + (r1 −
-    r0)·wh`` (each op rounded by :func:`numvar.instrument.pointwise.round_into`, the
-    elementwise kernels' arithmetic). The taps are gathered exactly; the weights are
-    expanded to the plane once."""
-    P, Ho, Wo = out.shape
-    S = Ho * Wo
-    va = np.empty(S, np.float32)
-    vb = np.empty(S, np.float32)
-    d = np.empty(S, np.float32)
-    p = np.empty(S, np.float32)
-    r0 = np.empty(S, np.float32)
-    r1 = np.empty(S, np.float32)
-    wwp = np.empty(S, np.float32)
-    whp = np.empty(S, np.float32)
-    for oy in range(Ho):
-        for ox in range(Wo):
-            wwp[oy * Wo + ox] = ww[ox]
-            whp[oy * Wo + ox] = wh[oy]
-    for q in range(P):
-        xp = x[q]
-        o = out[q].reshape(-1)
-        l0 = q * S
-        for pair in range(2):
-            ys = y0 if pair == 0 else y1
-            for oy in range(Ho):
-                row = xp[ys[oy]]
-                for ox in range(Wo):
-                    va[oy * Wo + ox] = row[x0[ox]]
-                    vb[oy * Wo + ox] = row[x1[ox]]
-            r = r0 if pair == 0 else r1
-            k = 3 * pair
-            round_into(_OP_SUB, vb, va, d, np.uint64(keys[k]), l0, mode)
-            round_into(_OP_MUL, d, wwp, p, np.uint64(keys[k + 1]), l0, mode)
-            round_into(_OP_ADD, va, p, r, np.uint64(keys[k + 2]), l0, mode)
-        round_into(_OP_SUB, r1, r0, d, np.uint64(keys[6]), l0, mode)
-        round_into(_OP_MUL, d, whp, p, np.uint64(keys[7]), l0, mode)
-        round_into(_OP_ADD, r0, p, o, np.uint64(keys[8]), l0, mode)
+def _upsample_planes(x, out, nd, lo, hi, w, keys, mode):  # pragma: no cover - compiled
+    """The full-size roundings of :func:`upsample_linear`, plane by plane, for the
+    (P, D, H, W) input ``x`` and (P, Do, Ho, Wo) ``out`` (1-D and 2-D as 3-D with leading
+    sizes 1), ``nd`` of the dims interpolated (the last ones); ``lo``/``hi``/``w``
+    (3, max(Do, Ho, Wo)): per dim (padded to three, leading; zeros for a leading dim)
+    the source index pair and the weight of each output index, as the decomposition
+    computes them. The 2^nd taps (corner bits in ``itertools.product`` order, the first
+    dim most significant) are gathered exactly; then per dim, the last first, each pair
+    of the previous results (taps) is combined as ``v₁ + (v₂ − v₁)·w`` by three
+    roundings with the keys of its ops in the decomposition's order (``keys``, pairs in
+    order, the last dim's first), each element indexed by its place in the (N, C, *So)
+    result and rounded by :func:`numvar.instrument.pointwise.round_into` (the
+    elementwise kernels' arithmetic). Output elements in chunks of
+    :data:`UPSAMPLE_CHUNK`, whose taps' offsets in a plane and weights are set once for
+    every plane (buffers in cache)."""
+    P = out.shape[0]
+    Do, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
+    S = Do * Ho * Wo
+    H, W = x.shape[2], x.shape[3]
+    CH = UPSAMPLE_CHUNK
+    ntap = 1 << nd
+    bufs = np.empty((2 * ntap - 1, CH), np.float32)
+    d = np.empty(CH, np.float32)
+    m = np.empty(CH, np.float32)
+    wexp = np.empty((3, CH), np.float32)
+    offs = np.empty((ntap, CH), np.int64)
+    xf = x.reshape(P, -1)
+    for e0 in range(0, S, CH):
+        n = min(CH, S - e0)
+        for e in range(n):
+            f = e0 + e
+            ox = f % Wo
+            oy = (f // Wo) % Ho
+            oz = f // (Wo * Ho)
+            wexp[0, e], wexp[1, e], wexp[2, e] = w[0, oz], w[1, oy], w[2, ox]
+            for a in range(ntap):  # corner a: bit 2 − dd of a for padded dim dd (0 for a
+                #                    leading size-1 dim, whose lo = hi = 0)
+                sz = hi[0, oz] if (a >> 2) & 1 else lo[0, oz]
+                sy = hi[1, oy] if (a >> 1) & 1 else lo[1, oy]
+                sx = hi[2, ox] if a & 1 else lo[2, ox]
+                offs[a, e] = (sz * H + sy) * W + sx
+        for q in range(P):
+            xq = xf[q]
+            for a in range(ntap):
+                tap = bufs[a]
+                oa = offs[a]
+                for e in range(n):
+                    tap[e] = xq[oa[e]]
+            base = 0  # first buffer of the current level's values
+            k = 0
+            oflat = out[q].reshape(-1)
+            l0 = q * S + e0
+            for lev in range(nd - 1, -1, -1):  # the last dim first
+                we = wexp[lev + 3 - nd, :n]
+                npair = 1 << lev
+                nxt = base + 2 * npair
+                for pr in range(npair):
+                    v1 = bufs[base + 2 * pr, :n]
+                    v2 = bufs[base + 2 * pr + 1, :n]
+                    r = oflat[e0:e0 + n] if lev == 0 else bufs[nxt + pr, :n]
+                    round_into(_OP_SUB, v2, v1, d[:n], np.uint64(keys[k]), l0, mode)
+                    round_into(_OP_MUL, d[:n], we, m[:n], np.uint64(keys[k + 1]), l0, mode)
+                    round_into(_OP_ADD, v1, m[:n], r, np.uint64(keys[k + 2]), l0, mode)
+                    k += 3
+                base = nxt
 
 
-def upsample_bilinear2d(ctx, args, kwargs, nkeys: int):
-    """``aten.upsample_bilinear2d`` as its decomposition (torch's ``_upsample_linear``)
-    computes it at flop granularity: the source coordinates and weights (small 1-D
-    tensors) by the flop handlers its sub-ops reach, on the same values in the same
-    order; the four taps gathered and the nine full-size roundings (two pairs across
-    the width, one across the height: ``v₁ + (v₂ − v₁)·w`` each) in one compiled call
-    (:func:`_upsample_planes`) with the keys the decomposition draws for them: the same
-    keys and bits (tested against the decomposition), without its four full-size
-    gathers (``_unsafe_index``) and some forty dispatched sub-ops. None (the
-    decomposition runs) with :data:`USE_KERNELS` false, for other than a contiguous
-    4-D binary32 CPU input under binary32 roundings at 24 bits, or where the
-    decomposition drew other than :data:`UPSAMPLE_KEYS` keys."""
+def upsample_linear(ctx, args, kwargs, nkeys: int):
+    """``aten.upsample_linear1d``, ``upsample_bilinear2d`` and ``upsample_trilinear3d``
+    as their decomposition (torch's ``_upsample_linear``) computes them at flop
+    granularity: the source coordinates and weights (small 1-D tensors) by the flop
+    handlers their sub-ops reach, on the same values in the same order; the 2^nd taps
+    gathered and the full-size roundings (``v₁ + (v₂ − v₁)·w`` per pair of taps, the
+    last dim first) in one compiled call (:func:`_upsample_planes`) with the keys the
+    decomposition draws for them: the same keys and bits (tested against the
+    decomposition), without its 2^nd full-size gathers (``_unsafe_index``) and some
+    forty (bilinear) to eighty (trilinear) dispatched sub-ops. None (the decomposition
+    runs) with :data:`USE_KERNELS` false, for other than a contiguous binary32 CPU input
+    under binary32 roundings at 24 bits, or where the decomposition drew other than
+    :func:`upsample_keys` keys."""
     from torch._decomp.decompositions import _compute_scale
 
     x = _get(args, kwargs, 0, "input")
     size = _get(args, kwargs, 1, "output_size")
     align = _get(args, kwargs, 2, "align_corners")
-    scales = (_get(args, kwargs, 3, "scales_h"), _get(args, kwargs, 4, "scales_w"))
-    if (not USE_KERNELS or not isinstance(x, torch.Tensor) or x.dim() != 4
-            or size is None or len(size) != 2 or not x.is_contiguous()
-            or nkeys != UPSAMPLE_KEYS[bool(align)] or not LK.serves(ctx, x)):
+    if not isinstance(x, torch.Tensor) or size is None:
         return None
+    nd = x.dim() - 2
+    names = ("scales_w",) if nd == 1 else ("scales_h", "scales_w") if nd == 2 else (
+        "scales_d", "scales_h", "scales_w")
+    if (not USE_KERNELS or not 1 <= nd <= 3 or len(size) != nd or not x.is_contiguous()
+            or nkeys != upsample_keys(nd, bool(align)) or not LK.serves(ctx, x)):
+        return None
+    scales = [_get(args, kwargs, 3 + i, name) for i, name in enumerate(names)]
     add, sub, mul = FLOP_HANDLERS["aten.add"], FLOP_HANDLERS["aten.sub"], FLOP_HANDLERS["aten.mul"]
     taps = []
-    for d in range(2):  # (the decomposition's get_values, height then width)
+    for d in range(nd):  # (the decomposition's get_values, the first dim first)
         sf = _compute_scale(x.shape[2 + d], size[d], align, scales[d])
         i = torch.arange(size[d]).to(torch.float32)
         if align:
@@ -439,16 +475,22 @@ def upsample_bilinear2d(ctx, args, kwargs, nkeys: int):
         src = src.clamp(min=0.0)
         lo = src.to(torch.int64)
         taps.append((src, lo, (lo + 1).clamp(max=x.shape[2 + d] - 1)))
-    (yf, y0, y1), (xf, x0, x1) = taps
-    ww = sub(ctx, _SUB, (xf, x0), {}).clamp(0.0, 1.0)
-    k_width = ctx.stream_keys(6)
-    wh = sub(ctx, _SUB, (yf, y0), {}).clamp(0.0, 1.0)
-    keys = np.concatenate([k_width, ctx.stream_keys(3)])
-    n, c, h, w = x.shape
-    out = torch.empty((n, c, size[0], size[1]), dtype=torch.float32)
+    width = max(size)
+    lo3 = np.zeros((3, width), np.int64)
+    hi3 = np.zeros((3, width), np.int64)
+    w3 = np.zeros((3, width), np.float32)
+    keys = []
+    for d in reversed(range(nd)):  # the last dim first: its weights, then its pairs' keys
+        src, lo, hi = taps[d]
+        dd = d + 3 - nd
+        w3[dd, :size[d]] = sub(ctx, _SUB, (src, lo), {}).clamp(0.0, 1.0).numpy()
+        lo3[dd, :size[d]], hi3[dd, :size[d]] = lo.numpy(), hi.numpy()
+        keys.append(ctx.stream_keys(3 << d))
+    n, c = x.shape[:2]
+    out = torch.empty((n, c, *size), dtype=torch.float32)
     if out.numel():
-        _upsample_planes(x.detach().numpy().reshape(n * c, h, w),
-                         out.numpy().reshape(n * c, size[0], size[1]), y0.numpy(),
-                         y1.numpy(), x0.numpy(), x1.numpy(), ww.numpy(), wh.numpy(), keys,
-                         ctx.code)
+        lead = (1,) * (3 - nd)
+        _upsample_planes(x.detach().numpy().reshape(n * c, *lead, *x.shape[2:]),
+                         out.numpy().reshape(n * c, *lead, *size), nd, lo3, hi3, w3,
+                         np.concatenate(keys), ctx.code)
     return out

@@ -246,7 +246,9 @@ _PROGRAMS: dict = {}
 #: op -> fn(ctx, args, kwargs, nkeys) -> result, or None (the decomposition runs)
 _FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d,
                 torch.ops.aten.affine_grid_generator.default: GK.affine_grid_generator,
-                torch.ops.aten.upsample_bilinear2d.default: GK.upsample_bilinear2d,
+                torch.ops.aten.upsample_linear1d.default: GK.upsample_linear,
+                torch.ops.aten.upsample_bilinear2d.default: GK.upsample_linear,
+                torch.ops.aten.upsample_trilinear3d.default: GK.upsample_linear,
                 torch.ops.aten.native_layer_norm.default: NK.native_layer_norm,
                 torch.ops.aten.native_batch_norm.default: NK.native_batch_norm,
                 torch.ops.aten._native_batch_norm_legit_no_training.default:
