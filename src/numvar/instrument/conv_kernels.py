@@ -47,10 +47,11 @@ USE_KERNEL = True
 @njit(cache=True)
 def offsets(N, cg, S, ks, st, pad, dil, L):  # pragma: no cover - compiled
     """The gather table of a group's im2col matrix, (cg·∏ks, N·∏L) int32: element
-    (row, column) is element ``1 + offset − 1`` of the group's staged input (:func:`_stage`:
-    a zero, then the group's cg channels of each of the N batches, contiguous), 0 (the
-    zero) for padding. Rows (channel of the group, kernel position) and columns (batch,
-    output position), each in C order, as :func:`numvar.instrument.flop._group_cols`.
+    (row, column) of the matrix is element ``table[row, column]`` of the group's staged
+    input (:func:`_stage`: a zero at 0, then the group's cg channels of each of the N
+    batches, contiguous), 0 (the zero) for padding. Rows (channel of the group, kernel
+    position) and columns (batch, output position), each in C order, as
+    :func:`numvar.instrument.flop._group_cols`.
     ``S``, ``ks``, ``st``, ``pad``, ``dil``, ``L``: three spatial sizes each (1-D and 2-D
     padded with leading 1s, stride 1, padding 0, dilation 1). The same for every group."""
     D, H, W = S[0], S[1], S[2]
@@ -154,10 +155,12 @@ def _grouped32(x, off, a, N, C, plane, out, key, mode, t, fma, nchunk):  # pragm
 
 
 def serves(mode: int, t: int, contraction: str, cg: int, groups: int, m: int, nl: int,
-           k: int) -> bool:
+           k: int, staged: int) -> bool:
     """Whether :func:`grouped32` computes the group products of a convolution with ``cg``
     input channels per group, ``m`` output channels per group and ``nl`` columns (batch ×
-    output positions) over ``k`` terms: one input channel per group (depthwise, with any
+    output positions) over ``k`` terms, ``staged`` elements of input per group (batch ×
+    channels of the group × spatial: :func:`offsets`' int32 table indexes them): one
+    input channel per group (depthwise, with any
     channel multiplier, or a one-channel input: measured faster than the im2col route on
     every such shape of the zoo and its benchmarks; with 3 to 16 channels per group the
     block, the whole im2col matrix of a group, no longer fits in cache, and the gather was
@@ -166,7 +169,7 @@ def serves(mode: int, t: int, contraction: str, cg: int, groups: int, m: int, nl
     kernel: ``kernels._narrow32_serves``, with the products taken as inexact, so that
     the im2col route runs wherever the narrow kernel might serve)."""
     if not (USE_KERNEL and cg == 1 and mode <= KN._RANDOM and 1 <= t <= 24
-            and groups * m * nl):
+            and groups * m * nl and staged < 2**31 - 1):
         return False
     if contraction == "fma" or t != 24 or not KN.NARROW_KERNEL:
         return True  # (contract's narrow kernel takes neither)

@@ -295,7 +295,7 @@ def _group_products(x, w, ks, stride, padding, dilation, g: int, ctx: Ctx, dtype
     m = w.shape[0] // g
     k = w[0].numel()
     if not CK.serves(ctx.code, t, ctx.contraction, w.shape[1], g, m, x.shape[0] * math.prod(ls),
-                     k):
+                     k, x[:, 0].numel() * w.shape[1]):
         return None, None
     out = _contract_groups(x, w, ks, stride, padding, dilation, g, ls, ctx.stream.next_key(),
                            ctx, t)
