@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from .flop import _tup
 from .handlers import OP_HANDLERS, op_once, register
 from .norm_kernels import thread_parts
 
@@ -119,9 +120,9 @@ def depthwise64(x, w, bias, N, C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, Ho, Wo, 
 
 
 def _ints(v, nd: int) -> tuple[int, ...] | None:
-    v = tuple(int(i) for i in v) if isinstance(v, (list, tuple)) else (int(v),)
-    if len(v) == 1:
-        v = v * nd
+    """``flop._tup``'s ``nd`` ints of a convolution argument, or None where it has
+    another length."""
+    v = _tup(v if isinstance(v, (list, tuple)) else int(v), nd)
     return v if len(v) == nd else None
 
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from numba import njit
-from torch._decomp.decompositions import _linspace_from_neg_one
+from torch._decomp.decompositions import _compute_scale, _linspace_from_neg_one
 
 from numvar.rounding import kernels as K
 
@@ -448,16 +448,13 @@ def upsample_linear(ctx, args, kwargs, nkeys: int):
     runs) with :data:`USE_KERNELS` false, for other than a contiguous binary32 CPU input
     under binary32 roundings at 24 bits, or where the decomposition drew other than
     :func:`upsample_keys` keys."""
-    from torch._decomp.decompositions import _compute_scale
-
     x = _get(args, kwargs, 0, "input")
     size = _get(args, kwargs, 1, "output_size")
     align = _get(args, kwargs, 2, "align_corners")
     if not isinstance(x, torch.Tensor) or size is None:
         return None
     nd = x.dim() - 2
-    names = ("scales_w",) if nd == 1 else ("scales_h", "scales_w") if nd == 2 else (
-        "scales_d", "scales_h", "scales_w")
+    names = ("scales_d", "scales_h", "scales_w")[3 - nd:] if 1 <= nd <= 3 else ()
     if (not USE_KERNELS or not 1 <= nd <= 3 or len(size) != nd or not x.is_contiguous()
             or nkeys != upsample_keys(nd, bool(align)) or not LK.serves(ctx, x)):
         return None
