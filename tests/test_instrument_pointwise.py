@@ -558,6 +558,70 @@ def test_rowsum_is_the_scan_of_the_transpose(mode):
             assert _same(torch.from_numpy(got), torch.from_numpy(want)), (M, Kd, mul)
 
 
+#: (input shape, kernel, stride, padding) of pooling windows: 2×2 and 3×3 tiles, overlapping
+#: and gapped windows, padding (a padded copy), rectangular windows, one window per plane,
+#: 16-row blocks that end inside a window row, and more windows than a block holds
+WINDOW_CASES = [((2, 3, 8, 8), (2, 2), (2, 2), (0, 0)), ((1, 4, 9, 7), (3, 3), (2, 2), (1, 1)),
+                ((2, 2, 16, 16), (4, 2), (3, 1), (1, 0)), ((3, 1, 17, 5), (1, 5), (4, 1), (0, 2)),
+                ((5, 7, 6, 6), (6, 6), (6, 6), (0, 0)), ((2, 8, 40, 36), (2, 2), (2, 2), (0, 0)),
+                ((1, 2, 70, 70), (3, 2), (1, 3), (1, 1))]
+
+
+@pytest.mark.parametrize("mode", (*MODES, "up", "zero"))
+def test_window_sums_are_the_row_sums_of_the_windows_copied(mode, monkeypatch):
+    """flop.window_sums (the windows summed in place by pointwise.window_sum32) against
+    the route it replaces, reduce over the windows' reshape (the row kernels on a copy):
+    the same bits and stream position, on strided views of every pooling layout, values
+    across the whole range with infinities and NaNs, and the key drawn once per call."""
+    from numvar.instrument import flop
+
+    rng = np.random.default_rng(21)
+    for shape, ks, st, pad in WINDOW_CASES:
+        x = _t(rng, shape).reshape(-1, 1, *shape[-2:])
+        if shape[0] == 2 and shape[1] == 8:
+            x = x[:, :, 1:, 1:]  # a view with an offset and row gaps: no copy is taken
+        win, ls = flop._windows(x, ks, st, pad, (1, 1))
+        res = []
+        for in_place in (True, False):
+            monkeypatch.setattr(flop, "WINDOW_SUMS", in_place)
+            ctx = Ctx(mode, "flop", None, R.Stream(9))
+            res.append((flop.window_sums(win, ctx), ctx.stream.counter))
+        assert res[0][1] == res[1][1] == 1, (mode, shape)
+        assert res[0][0].shape == (x.shape[0], int(np.prod(ls)))
+        assert _same(res[0][0], res[1][0]), (mode, shape, ks, st, pad)
+
+
+def test_window_sums_on_two_threads_and_views_they_decline(monkeypatch):
+    """A pooling above kernels.PARALLEL_MIN_WORK on two threads (one task per block) gives
+    the serial bits; what window_sums leaves to reduce (float64 windows, fewer windows
+    than rowsum32 takes, one-element windows) is reduce's own result."""
+    from numvar.instrument import flop
+
+    rng = np.random.default_rng(22)
+    x = _t(rng, (4, 16, 64, 64)).reshape(-1, 1, 64, 64)
+    win, _ = flop._windows(x, (2, 2), (2, 2), (0, 0), (1, 1))
+    res = []
+    for threads, in_place in ((2, True), (1, True), (1, False)):
+        monkeypatch.setattr(flop, "WINDOW_SUMS", in_place)
+        numba.set_num_threads(threads)
+        try:
+            res.append(flop.window_sums(win, Ctx("sr", "flop", None, R.Stream(4))))
+        finally:
+            numba.set_num_threads(1)
+    assert _same(res[0], res[1]) and _same(res[1], res[2])
+    calls = []
+    real = PW.window_sum32
+    monkeypatch.setattr(PW, "window_sum32", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(flop, "WINDOW_SUMS", True)
+    for x, ks in [(_t(rng, (2, 1, 8, 8)).double(), (2, 2)), (_t(rng, (1, 1, 6, 6)), (3, 3)),
+                  (_t(rng, (2, 1, 8, 8)), (1, 1))]:
+        win, ls = flop._windows(x, ks, ks, (0, 0), (1, 1))
+        want = flop.reduce(win.reshape(x.shape[0], int(np.prod(ls)), ks[0] * ks[1]), [2],
+                           Ctx("sr", "flop", None, R.Stream(4)))
+        assert _same(flop.window_sums(win, Ctx("sr", "flop", None, R.Stream(4))), want)
+    assert not calls
+
+
 def test_reduce_over_dims_trailing_but_for_size1_dims_equals_the_scan_path(monkeypatch):
     """flop._trailing leaves reduced dims of size 1 out: those reductions take the row
     path and give the bits of the permuted scan (the condition before: strictly

@@ -485,6 +485,32 @@ def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool =
     return res.reshape(kshape) if keepdim else res
 
 
+#: windows of a pooling summed in place (:func:`window_sums`); False: materialised as rows
+#: first (:func:`reduce` of their reshape), which the tests compare it with
+WINDOW_SUMS = True
+
+
+def window_sums(win: torch.Tensor, ctx: Ctx) -> torch.Tensor:
+    """The sums of the 2-D windows of a :func:`_windows` view ``win`` (B, 1, L1, L2, k1,
+    k2) over (k1, k2), (B, L1·L2): ``reduce`` of ``win.reshape(B, L1·L2, k1·k2)`` over its
+    last dim (the same key, order and bits), where that takes the row kernels, by
+    :func:`numvar.instrument.pointwise.window_sum32` on the view's own storage (no copy
+    of the windows)."""
+    B, _, L1, L2, k1, k2 = win.shape
+    k, m = k1 * k2, B * L1 * L2
+    if not (WINDOW_SUMS and win.dtype is torch.float32 and ctx._t32 and win.is_cpu
+            and not win.is_neg() and 1 < k <= PW.ROW_K_MAX and m >= PW.ROW_M_MIN
+            and flop_backend(win.device) == "numba"):
+        return reduce(win.reshape(B, L1 * L2, k), [2], ctx)
+    st = win.stride()
+    strides = (st[0], st[2], st[3], st[4], st[5])
+    extent = 1 + sum((n - 1) * s for n, s in zip((B, L1, L2, k1, k2), strides))
+    flat = win.detach().as_strided((extent,), (1,)).numpy()
+    out = PW.window_sum32(flat, (B, L1, L2), strides[:3], (k1, k2), strides[3:],
+                          ctx.stream.next_key(), ctx.code)
+    return torch.from_numpy(out).reshape(B, L1 * L2)
+
+
 def scan(x: torch.Tensor, dim: int, ctx: Ctx, *, mul: bool = False,
          dtype: torch.dtype | None = None) -> torch.Tensor:
     """Randomly rounded cumulative sum (or product) along ``dim``."""

@@ -9,7 +9,6 @@ formulas).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import reduce as _reduce
 from functools import wraps
@@ -915,11 +914,12 @@ def _avg_pool2d(ctx, func, args, kwargs):
         return rounded_once(ctx, func, args, kwargs, "ceil_mode windows")
     lead = x.shape[:-2]
     xx = x.reshape(-1, 1, *x.shape[-2:])
-    # each window a row, (B, L, kh*kw): the sum over the last dim takes the row kernels,
+    # each window a row of (B, L, kh*kw): the sum over the last dim takes the row kernels,
     # with the order and bits of the scan of im2col's (B, kh*kw, L) over dim 1 (window
-    # positions in C order, element (k, b·L + l)) without its transposed copy
+    # positions in C order, element (k, b·L + l)), without its transposed copy and, in
+    # flop.window_sums, without a copy of the windows
     win, ls = flop._windows(xx, ks, stride, padding, (1, 1))  # (B, 1, *L, kh, kw)
-    sums = flop.reduce(win.reshape(xx.shape[0], math.prod(ls), ks[0] * ks[1]), [2], ctx)
+    sums = flop.window_sums(win, ctx)
     div = _avg_divisor(x, ks, stride, padding, cip, dov)
     return ctx.div(sums, div).reshape(*lead, *ls)
 

@@ -877,9 +877,18 @@ def _rowblock_at(x, out, r0, rows, ukey, op, mode, Mg, mg0):
         for k in range(Kd):
             for r in range(q, q1):
                 t[k, r] = x[r0 + r, k]
+    _colsums(t, out, r0, rows, ukey, op, mode, Mg, mg0)
+
+
+@njit(inline="always", error_model="numpy")
+def _colsums(t, out, r0, rows, ukey, op, mode, Mg, mg0):
+    """The rows r0 .. r0 + rows of a (Mg, K) whole (its rows mg0 ..), transposed into
+    ``t`` (K, rows): accumulated along K in the whole's (K, Mg) scan order with its bits
+    (element (k, m): bits64(key, k*Mg + m)), each step one binary tile (acc op row, the
+    scan's arithmetic), into ``out[r0 .. r0 + rows]``."""
     prev = t[0].copy()
     cur = np.empty(rows, np.float32)
-    for k in range(1, Kd):
+    for k in range(1, t.shape[0]):
         q0 = k * Mg + mg0 + r0
         bad = _tile(op, prev, t[k], cur, ukey, q0, mode)
         if bad:
@@ -914,6 +923,64 @@ def rowsum32(x: np.ndarray, key, mode: int, *, mul: bool = False) -> np.ndarray:
         R = max(1, min(RBLOCK, RBLOCK_ELEMS // Kd))
         k = _rowsum_ser if x.size < KN.PARALLEL_MIN_WORK else _rowsum_par
         k(x, out, R, np.uint64(key), OP_MUL if mul else OP_ADD, mode)
+    return out
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _winsum_par(flat, n0, n1, n2, s0, s1, s2, k1, k2, t1, t2, out, R, key, op,
+                mode):  # pragma: no cover - compiled
+    """:func:`window_sum32`'s blocks of R windows (one task each)."""
+    ukey = np.uint64(key)
+    M = out.size
+    Kd = k1 * k2
+    koff = np.empty(Kd, np.int64)
+    for i in range(k1):
+        for j in range(k2):
+            koff[i * k2 + j] = i * t1 + j * t2
+    for b in prange((M + R - 1) // R):
+        K.wide_vectors()
+        r0 = b * R
+        rows = min(R, M - r0)
+        base = np.empty(rows, np.int64)
+        i0 = r0 // (n1 * n2)  # the block's first window, then counters (no division)
+        i1 = (r0 - i0 * n1 * n2) // n2
+        i2 = r0 - (i0 * n1 + i1) * n2
+        for r in range(rows):
+            base[r] = i0 * s0 + i1 * s1 + i2 * s2
+            i2 += 1
+            if i2 == n2:
+                i2 = 0
+                i1 += 1
+                if i1 == n1:
+                    i1 = 0
+                    i0 += 1
+        t = np.empty((Kd, rows), np.float32)
+        for q in range(0, rows, 16):  # as _rowblock_at: 16 windows' lines stay in L1
+            q1 = min(rows, q + 16)
+            for k in range(Kd):
+                o = koff[k]
+                for r in range(q, q1):
+                    t[k, r] = flat[base[r] + o]
+        _colsums(t, out, r0, rows, ukey, op, mode, M, 0)
+
+
+def window_sum32(flat: np.ndarray, mshape, mstrides, kshape, kstrides, key,
+                 mode: int) -> np.ndarray:
+    """The sums of the windows of a strided view, binary32 at 24 bits: window m (C order
+    over ``mshape``, three sizes) holds the elements ``flat[Σ i_d·mstrides[d] + Σ j_e·
+    kstrides[e]]`` for (j_1, j_2) in C order over ``kshape`` (two sizes, product K ≥ 1).
+    Returns (M,): :func:`rowsum32` of the windows materialised as the rows of an (M, K)
+    array (same order, same bits: the same transposed blocks and tiles), without that
+    copy: PyTorch copied a pooling's 2×2 windows at about 5 ns an element, four times the
+    sum itself. ``flat`` is 1-D float32 covering every element the view reads."""
+    M = mshape[0] * mshape[1] * mshape[2]
+    Kd = kshape[0] * kshape[1]
+    out = np.empty(M, np.float32)
+    if M:
+        R = max(1, min(RBLOCK, RBLOCK_ELEMS // Kd))
+        # (the op a run-time argument, as rowsum32's: a literal compiles the tiles again)
+        KN.launch(M * Kd, _winsum_par, flat, *mshape, *mstrides, *kshape, *kstrides, out, R,
+                  np.uint64(key), OP_ADD, mode)
     return out
 
 
