@@ -127,10 +127,14 @@ def test_kernel_keys_mismatch_falls_back(monkeypatch):
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("mode", ["sr", "ud", "random", "ieee", "up"])
 def test_affine_grid_matches_decomposition(monkeypatch, mode, align):
-    """affine_grid_generator's fused path (its rounded sub-ops by their flop handlers, the
-    exact ones natively) against the decomposition op by op: same bits, stream position
-    and report; a 1-wide grid (linspace of one step) too; a 5-D size declines."""
+    """affine_grid_generator's fused path (the exact pieces natively, the four roundings in
+    one compiled call, or by their flop handlers) against the decomposition op by op: same bits, stream position
+    and report; a 1-wide grid (linspace of one step) and a grid of several tiles of
+    products too; a 5-D size declines."""
     calls, real = [], GK.affine_grid_generator
+    kernel, real_kernel = [], GK._affine_grid
+    monkeypatch.setattr(GK, "_affine_grid",
+                        lambda *a: kernel.append(1) or real_kernel(*a))
 
     def counting(*args):
         out = real(*args)
@@ -143,22 +147,26 @@ def test_affine_grid_matches_decomposition(monkeypatch, mode, align):
     theta[1, 0, 2] = 1e-30  # (a translation far below the others: sums that round)
     theta3 = torch.randn(1, 3, 4, generator=g)
 
-    def run(use):
+    def run(use, one_call=True):
         monkeypatch.setattr(GK, "USE_KERNELS", use)
+        monkeypatch.setattr(GK, "AFFINE_IN_ONE_CALL", one_call)
         with torch.no_grad(), fuzzy(mode=mode, granularity="flop", seed=4) as fz:
             outs = [F.affine_grid(theta, size, align_corners=align)
-                    for size in ((2, 3, 5, 7), (2, 1, 4, 1)) for _ in range(2)]
+                    for size in ((2, 3, 5, 7), (2, 1, 4, 1), (2, 1, 16, 24)) for _ in range(2)]
             outs += [F.affine_grid(theta3, (1, 1, 2, 3, 4), align_corners=align)
                      for _ in range(2)]
             return outs, fz.stream.counter, fz.report().to_dict()
 
     fast = run(True)
-    served = sum(calls)
+    served, in_one_call = sum(calls), len(kernel)
+    handlers = run(True, False)
     ref = run(False)
-    assert served >= 2, "the fused path did not run"  # (the second call of each 4-D size)
-    for a, b in zip(fast[0], ref[0]):
-        _same(a, b)
-    assert fast[1:] == ref[1:]
+    assert served >= 3, "the fused path did not run"  # (the second call of each 4-D size)
+    assert in_one_call == served and len(kernel) == served
+    for a, b, c in zip(fast[0], handlers[0], ref[0]):
+        _same(a, c)
+        _same(b, c)
+    assert fast[1:] == ref[1:] == handlers[1:]
 
 
 _UPSAMPLE_OPS = [torch.ops.aten.upsample_linear1d.default,
