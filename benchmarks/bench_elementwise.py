@@ -296,7 +296,7 @@ def main(argv=None) -> None:
     h = (a.astype(np.float64) * b).astype(np.float64) / 3.0  # float64 values to round
     o1, o3 = np.empty_like(a), np.empty_like(a)
     th = torch.from_numpy(h)
-    t = _best({"shipped": lambda: P._roundtile(h, o1, key, 7, SR),
+    t = _best({"shipped": lambda: P._roundtile(h, o1, key, 7, 1, SR),
                "torch": lambda: tout.copy_(th),
                "indexed": lambda: _round_indexed(h, o3, key, 7)}, args.repeats, 50)
     t1 = t["shipped"]

@@ -425,7 +425,7 @@ def test_infinities_and_nans_stay_on_the_vectorised_path(mode):
         assert _same(torch.from_numpy(got), torch.from_numpy(want)), (mode, op)
     h = np.tile(np.array([inf, -inf, nan, 0.0, -0.0, 1.0]), 40)
     got = np.full(h.size, 7.0, np.float32)
-    assert PW._roundloop(h, got, np.uint64(key), 0, code) == 0, mode
+    assert PW._roundloop(h, got, np.uint64(key), 0, KN._G, code) == 0, mode
     want = np.empty(h.size, np.float32)
     _core_all(h, np.zeros_like(h), key, code, want)
     assert _same(torch.from_numpy(got), torch.from_numpy(want)), mode
@@ -556,6 +556,24 @@ def test_rowsum_is_the_scan_of_the_transpose(mode):
             got = PW.rowsum32(x, 321, m, mul=mul)
             want = KN.scan(np.ascontiguousarray(x.T), 321, m, 24, mul=mul)[0]
             assert _same(torch.from_numpy(got), torch.from_numpy(want)), (M, Kd, mul)
+
+
+@pytest.mark.parametrize("mode", (*MODES, "up", "down", "zero", "farthest"))
+def test_column_major_results_round_as_their_contiguous_copy(mode):
+    """Ctx.round of a float64 result whose last two dims are stored transposed (LAPACK's
+    layout: ``h.mT`` contiguous) rounds it in place, column by column
+    (pointwise.round32_columns), into a float32 result of the same strides: the bits,
+    element by element, and the stream position of rounding ``h.contiguous()``. Matrices
+    and batches, one row or column, columns longer than a tile, every kind of value."""
+    rng = np.random.default_rng(23)
+    for shape in [(64, 64), (3, 5, 7), (1, 9), (9, 1), (2, 1300, 3), (4, 2, 2, 5)]:
+        t = torch.from_numpy(_weird(rng, int(np.prod(shape)), np.float64))
+        h = t.reshape(*shape[:-2], shape[-1], shape[-2]).mT
+        c1, c2 = Ctx(mode, "flop", None, R.Stream(3)), Ctx(mode, "flop", None, R.Stream(3))
+        got, want = c1.round(h, torch.float32), c2.round(h.contiguous(), torch.float32)
+        assert got.stride() == h.stride() or h.is_contiguous(), shape
+        assert _same(got.contiguous(), want), (mode, shape)
+        assert c1.stream.counter == c2.stream.counter == 1
 
 
 #: (input shape, kernel, stride, padding) of pooling windows: 2×2 and 3×3 tiles, overlapping

@@ -261,6 +261,12 @@ class Ctx:
         if (lo is None and dtype is torch.float32 and hi.dtype is torch.float64 and self._t32
                 and self._numba and hi.is_cpu):  # (the most frequent case, tested first)
             key = self.stream.next_key()
+            if not hi.is_contiguous() and hi.dim() >= 2 and hi.mT.is_contiguous():
+                # column-major (LAPACK's results): rounded in place, the layout kept
+                out = torch.empty_like(hi, dtype=dtype)
+                if out.numel():
+                    PW.round32_columns(hi, out, key, self.code)
+                return out
             hi = hi.contiguous()
             out = _empty(hi.shape, hi, dtype)
             if out.numel():

@@ -89,7 +89,7 @@ def _statistics(x, eps, keys, mode, mean, rstd, Mg, mg0):
     h = np.empty(M)
     for m in range(M):
         h[m] = 1.0 / np.sqrt(np.float64(ve[m]))
-    PW._roundtile(h, rstd, np.uint64(keys[9]), mg0, mode)  # mg0 an int64: one copy
+    PW._roundtile(h, rstd, np.uint64(keys[9]), mg0, PW._ONE, mode)  # mg0 an int64: one copy
 
 
 @njit(cache=True, error_model="numpy")
@@ -305,7 +305,7 @@ def softmax_tail32(e64, keys, mode, out, Rg, rg0):  # pragma: no cover - compile
     indices those of the whole."""
     R, L = e64.shape
     e = np.empty(R * L, np.float32)
-    PW._roundtile(e64.reshape(R * L), e, np.uint64(keys[0]), rg0 * L, mode)
+    PW._roundtile(e64.reshape(R * L), e, np.uint64(keys[0]), rg0 * L, PW._ONE, mode)
     s = np.empty(R, np.float32)
     SK._rows(e.reshape(R, L), s, np.uint64(keys[1]), mode, Rg, rg0)
     full = np.empty(R * L, np.float32)

@@ -31,6 +31,8 @@ from . import kernels as KN
 from .kernels import _G, _bits, _bits_weyl, _fast32, _weyl
 
 TILE = 1024
+#: a step of 1 as a run-time int64 (a literal 1 would compile the callee once more)
+_ONE = np.int64(1)
 #: elements per parallel chunk (buffers for broadcast rows are allocated once per chunk)
 CHUNK = 16384
 
@@ -479,8 +481,8 @@ def polar32(r, c, s, kr, km, mode):  # pragma: no cover - compiled
     for t in range((S + TILE - 1) // TILE):  # the tiles of _round_ser on the stacked (c, s)
         j0 = t * TILE
         j1 = min(S, j0 + TILE)
-        _roundtile(c[j0:j1], cs[j0:j1], kr, j0, mode)
-        _roundtile(s[j0:j1], cs[S + j0:S + j1], kr, S + j0, mode)
+        _roundtile(c[j0:j1], cs[j0:j1], kr, j0, _ONE, mode)
+        _roundtile(s[j0:j1], cs[S + j0:S + j1], kr, S + j0, _ONE, mode)
     p = np.empty(2 * S, np.float32)
     round_into(OP_MUL, r, cs[0:S], p[0:S], km, 0, mode)
     round_into(OP_MUL, r, cs[S:2 * S], p[S:2 * S], km, S, mode)
@@ -667,33 +669,37 @@ def _sqrttile(a, o, ukey, l0, mode):  # pragma: no cover - compiled
 
 
 @njit(inline="always", error_model="numpy")
-def _roundloop(h, o, ukey, l0, mode):
+def _roundloop(h, o, ukey, l0, g, mode):
     nbad = 0
-    z = _weyl(ukey, np.uint64(l0))  # element l0's Weyl value, stepped by γ (KN._weyl)
+    z = _weyl(ukey, np.uint64(l0))  # element l0's Weyl value, stepped by g (KN._weyl)
     for jj in range(o.size):
         v, ok = _fast32(h[jj], _bits_weyl(z), mode)
-        z += _G
+        z += g
         o[jj] = v
         nbad += 0 if ok else 1
     return nbad
 
 
 @njit(cache=True, error_model="numpy")
-def _roundtile(h, o, ukey, l0, mode):  # pragma: no cover - compiled
+def _roundtile(h, o, ukey, l0, step, mode):  # pragma: no cover - compiled
+    """``o[j] = RND(h[j])`` with the bits of index ``l0 + j·step`` (``step`` 1: a run of
+    consecutive indices; n: a column of a row-major (·, n) result stored column by
+    column)."""
     K.wide_vectors()
+    g = _G * np.uint64(step)
     if mode == _SR:
-        n = _roundloop(h, o, ukey, l0, _SR)
+        n = _roundloop(h, o, ukey, l0, g, _SR)
     elif mode == _IEEE:
-        n = _roundloop(h, o, ukey, l0, _IEEE)
+        n = _roundloop(h, o, ukey, l0, g, _IEEE)
     elif mode == _UD:
-        n = _roundloop(h, o, ukey, l0, _UD)
+        n = _roundloop(h, o, ukey, l0, g, _UD)
     elif mode == _RANDOM:
-        n = _roundloop(h, o, ukey, l0, _RANDOM)
+        n = _roundloop(h, o, ukey, l0, g, _RANDOM)
     else:
         n = o.size  # up, down, zero, farthest: every element on the scalar path
     if n:
         for jj in range(o.size):
-            r = _bits(ukey, np.uint64(l0 + jj))
+            r = _bits(ukey, np.uint64(l0 + jj * step))
             v, ok = _fast32(h[jj], r, mode)
             if not ok:
                 o[jj] = K.round_f32(h[jj], 0.0, mode, 24, r)
@@ -720,7 +726,7 @@ def _round_par(h, out, key, mode):  # pragma: no cover - compiled
     for t in prange((out.size + TILE - 1) // TILE):
         j0 = t * TILE
         j1 = min(out.size, j0 + TILE)
-        _roundtile(h[j0:j1], out[j0:j1], key, j0, mode)
+        _roundtile(h[j0:j1], out[j0:j1], key, j0, _ONE, mode)
 
 
 @njit(cache=True, error_model="numpy")
@@ -728,7 +734,7 @@ def _round_ser(h, out, key, mode):  # pragma: no cover - compiled
     for t in range((out.size + TILE - 1) // TILE):
         j0 = t * TILE
         j1 = min(out.size, j0 + TILE)
-        _roundtile(h[j0:j1], out[j0:j1], key, j0, mode)
+        _roundtile(h[j0:j1], out[j0:j1], key, j0, _ONE, mode)
 
 
 def sqrt32(a: np.ndarray, out: np.ndarray, key, mode: int) -> None:
@@ -834,6 +840,32 @@ def round32_tensor(h: torch.Tensor, out: torch.Tensor, key: int, mode: int) -> N
         _round_at(h.data_ptr(), out.data_ptr(), n, signed_key(key), mode)
     else:
         _round_par(array(h), array(out), np.uint64(key), mode)
+
+
+@njit(cache=True, error_model="numpy")
+def _round_cols_at(hp, op, B, m, n, key, mode):  # pragma: no cover - compiled
+    """:func:`round32_columns` on the addresses of the B·m·n float64 at ``hp`` and float32
+    at ``op``, each matrix stored column by column."""
+    h = carray(_f64_at(hp), B * m * n)
+    o = carray(_f32_at(op), B * m * n)
+    ukey = np.uint64(key)
+    for b in range(B):
+        for j in range(n):
+            p0 = (b * n + j) * m
+            _roundtile(h[p0:p0 + m], o[p0:p0 + m], ukey, b * m * n + j, n, mode)
+
+
+def round32_columns(h: torch.Tensor, out: torch.Tensor, key: int, mode: int) -> None:
+    """:func:`round32_tensor` of a float64 tensor ``h`` whose last two dims are stored
+    transposed (``h.mT`` contiguous: LAPACK's column-major results) into ``out``, float32
+    of the same shape and strides: element (…, i, j) gets the bits of its row-major
+    index, as after ``h.contiguous()``, read and written in place, column by column (a
+    run of indices n apart per column: the same vectorised loop, its Weyl step n·γ).
+    Same size ≥ 1, CPU, alive during the call."""
+    h = _plain(h)
+    m, n = h.shape[-2], h.shape[-1]
+    _round_cols_at(h.data_ptr(), out.data_ptr(), h.numel() // (m * n), m, n, signed_key(key),
+                   mode)
 
 
 def round32(h: np.ndarray, out: np.ndarray, key, mode: int) -> None:
