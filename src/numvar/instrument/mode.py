@@ -56,6 +56,7 @@ from torch.utils._python_dispatch import (
 import numvar.rounding as R
 
 from ..errors import ConfigError, UninstrumentedOpError
+from . import activation_kernels as AK
 from . import depthwise as _depthwise  # noqa: F401  (registers its handler)
 from . import grid_kernels as GK
 from . import handlers as H
@@ -255,7 +256,9 @@ _FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d,
                     NK.batch_norm_no_training,
                 torch.ops.aten.native_group_norm.default: NK.native_group_norm,
                 torch.ops.aten._softmax.default: NK.softmax,
-                torch.ops.aten._safe_softmax.default: NK.safe_softmax}
+                torch.ops.aten._safe_softmax.default: NK.safe_softmax,
+                torch.ops.aten.hardswish.default: AK.hardswish,
+                torch.ops.aten.hardsigmoid.default: AK.hardsigmoid}
 #: signature -> (keys the decomposition drew, [(count category, op name, count, how)])
 _FUSED_SEEN: dict = {}
 #: recurrent-layer signature -> (keys, counts) as _FUSED_SEEN, or None: op by op

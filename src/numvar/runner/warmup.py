@@ -120,8 +120,10 @@ def _warm_model(dtype_name: str, mode: str, granularity: str) -> None:
         h = torch.tanh(F.linear(x, w) + 0.5) * torch.exp(-x[:, :5] / 3)
         h = F.layer_norm(h, (5,))
         out, _ = lstm(h[None])
-        c = F.avg_pool2d(F.conv2d(F.conv2d(img, dw, padding=1, groups=2), k, padding=1)
-                         .relu(), 2)  # (a pooling: pointwise.window_sum32)
+        c = F.conv2d(F.conv2d(img, dw, padding=1, groups=2), k, padding=1)
+        # (a pooling: pointwise.window_sum32; hardswish twice: a fused path runs from a
+        # signature's second call)
+        c = F.avg_pool2d(F.hardswish(c) + F.hardswish(c).relu(), 2)
         p = F.log_softmax(out.reshape(3, 4) @ rand(4, 6), dim=1)
         loss = (p.mean() + c.pow(2).mean() + torch.sqrt(h.abs() + 1).sum() / h.numel()
                 + F.mse_loss(h.sum(1), x[:, 0]) + F.cross_entropy(p, torch.tensor([0, 1, 2])))

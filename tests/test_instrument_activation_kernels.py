@@ -1,0 +1,93 @@
+"""numvar.instrument.activation_kernels (hardswish and hardsigmoid at flop granularity in
+one compiled call) against torch's decompositions run op by op through the mode: the
+same bits, stream position and report."""
+
+import numba
+import pytest
+import torch
+import torch.nn.functional as F
+
+from numvar.instrument import activation_kernels as AK
+from numvar.instrument import fuzzy
+from numvar.instrument import mode as MO
+
+torch.set_num_threads(1)
+numba.set_num_threads(1)
+
+_OPS = {F.hardswish: torch.ops.aten.hardswish.default,
+        F.hardsigmoid: torch.ops.aten.hardsigmoid.default}
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(5)
+    out = []
+    for shape in [(2, 16, 8, 8), (AK.CHUNK + 5,), (3, 3), (2, 3, 40, 40)]:
+        x = torch.randn(shape, generator=g) * 4
+        # the clamps' corners, a NaN (kept by the clamps), infinities, a subnormal, values
+        # whose sum with 3 is inexact in binary32
+        x.view(-1)[:9] = torch.tensor([-3.0, 3.0, float("nan"), float("inf"), -float("inf"),
+                                       1e-40, -2.9999998, 2.9999998, 1e-8])
+        out.append(x)
+    out.append(torch.randn(2, 8, 5, 5, generator=g).to(memory_format=torch.channels_last))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random", "up", "down", "zero",
+                                  "farthest"])
+@pytest.mark.parametrize("fn", [F.hardswish, F.hardsigmoid])
+def test_compiled_activation_matches_the_decomposition(monkeypatch, mode, fn):
+    """Each input three times (the first call records the decomposition, the others take
+    the kernel): outputs, stream position and report equal with and without the kernel;
+    the kernel ran for the later calls."""
+    monkeypatch.setattr(MO, "_FUSED_SEEN", {})  # (each signature's first call records)
+    calls = []
+    real = MO._FUSED[_OPS[fn]]
+    monkeypatch.setitem(MO._FUSED, _OPS[fn], lambda *a: calls.append(1) or real(*a))
+    served = []
+    real_kernel = AK._hard32
+    monkeypatch.setattr(AK, "_hard32", lambda *a: served.append(1) or real_kernel(*a))
+    xs = _inputs()
+
+    def run(use):
+        monkeypatch.setattr(AK, "USE_KERNEL", use)
+        with torch.no_grad(), fuzzy(mode=mode, granularity="flop", seed=6) as fz:
+            outs = [fn(x) for x in xs for _ in range(3)]
+            return outs, fz.stream.counter, fz.report().to_dict()
+
+    fast = run(True)
+    assert len(served) == 2 * len(xs)
+    ref = run(False)
+    assert len(served) == 2 * len(xs) and calls
+    for a, b in zip(fast[0], ref[0]):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+    assert fast[1:] == ref[1:]
+
+
+def test_declines_leave_the_decomposition(monkeypatch):
+    """float64 and bfloat16 inputs, a target format, an empty tensor and a large tensor on
+    two threads run the decomposition (the kernel is not called) with its own bits."""
+    served = []
+    real_kernel = AK._hard32
+    monkeypatch.setattr(AK, "_hard32", lambda *a: served.append(1) or real_kernel(*a))
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(64, generator=g)
+    for kwargs, inp in [({}, x.double()), ({}, x.bfloat16()), ({"format": "e4m3fn"}, x),
+                        ({}, x[:0])]:
+        with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=1, **kwargs):
+            for _ in range(2):
+                F.hardswish(inp)
+                F.hardsigmoid(inp)
+    assert not served
+    big = torch.randn(AK.KN.PARALLEL_MIN_WORK + 1, generator=g)
+    outs = []
+    for threads, use in ((2, True), (1, False)):
+        monkeypatch.setattr(AK, "USE_KERNEL", use)
+        numba.set_num_threads(threads)
+        try:
+            with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=1):
+                outs.append([F.hardswish(big) for _ in range(2)])
+        finally:
+            numba.set_num_threads(1)
+    assert not served
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
