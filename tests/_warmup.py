@@ -67,7 +67,7 @@ _TILE = "int64, float32[::1], float32[::1], float32[::1], uint64, int64, int64"
 SHARED: list[tuple[str, str, str]] = [
     ("numvar.instrument.pointwise", "_redo", _TILE + ", int64"),
     ("numvar.instrument.pointwise", "_roundtile",
-     "float64[::1], float32[::1], uint64, int64, int64"),
+     "float64[::1], float32[::1], uint64, int64, int64, int64"),
 ]
 #: what the tasks after :data:`SHARED` must find in the cache
 _SHARED_CHECKED = SHARED + [("numvar.instrument.pointwise", name, _TILE)
