@@ -261,7 +261,8 @@ class Ctx:
         if (lo is None and dtype is torch.float32 and hi.dtype is torch.float64 and self._t32
                 and self._numba and hi.is_cpu):  # (the most frequent case, tested first)
             key = self.stream.next_key()
-            if not hi.is_contiguous() and hi.dim() >= 2 and hi.mT.is_contiguous():
+            if (not hi.is_contiguous() and hi.dim() >= 2 and hi.mT.is_contiguous()
+                    and not hi.is_neg()):
                 # column-major (LAPACK's results): rounded in place, the layout kept
                 out = torch.empty_like(hi, dtype=dtype)
                 if out.numel():
