@@ -31,8 +31,10 @@ from . import kernels as KN
 from .kernels import _G, _bits, _bits_weyl, _fast32, _weyl
 
 TILE = 1024
-#: a step of 1 as a run-time int64 (a literal 1 would compile the callee once more)
+#: a step of 1 and the sum's op code as run-time int64s (a literal would compile the
+#: callee once more)
 _ONE = np.int64(1)
+_ADD64 = np.int64(K.OP_ADD)
 #: elements per parallel chunk (buffers for broadcast rows are allocated once per chunk)
 CHUNK = 16384
 
@@ -403,8 +405,9 @@ def _accumulate(x, acc, tmp, ukey, l0, mode):
     for r in range(x.shape[0]):
         li = l0 + r * d
         bad = _addloop(acc, x[r], tmp, ukey, li, False, mode)
-        if bad:
-            _redo(OP_ADD, acc, x[r], tmp, ukey, li, mode, bad)
+        if bad:  # (run-time int64s: literals would compile _redo, _tile, _tile_lo and
+            # _slow once more per value, as the test of round_into checks)
+            _redo(_ADD64, acc, x[r], tmp, ukey, li, np.int64(mode), np.int64(bad))
         copy_into(acc, tmp)
 
 
@@ -430,7 +433,7 @@ def accumulate_rows32(x, acc, ukey, l0, mode):  # pragma: no cover - compiled
         _accumulate(x, acc, tmp, ukey, l0, _RANDOM)
     else:  # up, down, zero, farthest: the scalar path, as _tile leaves them to _slow
         for r in range(x.shape[0]):
-            _slow(OP_ADD, acc, x[r], tmp, ukey, l0 + r * acc.size, mode)
+            _slow(_ADD64, acc, x[r], tmp, ukey, l0 + r * acc.size, mode)
             copy_into(acc, tmp)
 
 
