@@ -209,6 +209,20 @@ def test_bench_depthwise_prints_ratios_and_the_same_bits(monkeypatch, capsys, fl
     assert [r.strip("| ").endswith("yes") for r in rows[:2]] == [True, True]
 
 
+def test_bench_oneop_prints_every_case_with_the_same_bits(monkeypatch, capsys):
+    """benchmarks/bench_oneop.py: one row per case, positive times and ratios, the same
+    bits with each flag off and on, and every flag set back on afterwards."""
+    mod = _load_script(monkeypatch, "bench_oneop")
+    mod.main(["--repeats", "1", "--calls", "1"])
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| ") and "×" in r]
+    assert len(rows) == len(mod.CASES)
+    for r in rows:
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        assert all(float(c) > 0 for c in cells[2:5]), r
+        assert all(float(c[:-1]) > 0 for c in cells[5:7]) and cells[7] == "yes", r
+    assert all(getattr(m, f) is True for _, (m, f), _ in mod.CASES.values())
+
+
 def test_bench_forward_prints_flop_and_native_times(monkeypatch, capsys):
     """benchmarks/bench_forward.py: one line per entry, flop and native ms and their
     ratio, all positive and consistent; an unknown entry is refused with the known ones."""

@@ -17,6 +17,9 @@ from .kernels import launch
 
 #: (p, emin, emax) of the formats whose rounding has a numba carrier of their own dtype
 _LEAN = {torch.float32: (24, -126, 127), torch.float64: (53, -1022, 1023)}
+#: column-major float64 results rounded to binary32 where they lie (``Ctx.round``,
+#: ``pointwise.round32_columns``); False: copied to row-major order first, the same bits
+ROUND_COLUMNS_IN_PLACE = True
 
 #: (p, emin, emax) of bfloat16 and float16: their roundings take a binary32 carrier
 _NARROW = {torch.bfloat16: (8, -126, 127), torch.float16: (11, -14, 15)}
@@ -261,8 +264,8 @@ class Ctx:
         if (lo is None and dtype is torch.float32 and hi.dtype is torch.float64 and self._t32
                 and self._numba and hi.is_cpu):  # (the most frequent case, tested first)
             key = self.stream.next_key()
-            if (not hi.is_contiguous() and hi.dim() >= 2 and hi.mT.is_contiguous()
-                    and not hi.is_neg()):
+            if (ROUND_COLUMNS_IN_PLACE and not hi.is_contiguous() and hi.dim() >= 2
+                    and hi.mT.is_contiguous() and not hi.is_neg()):
                 # column-major (LAPACK's results): rounded in place, the layout kept
                 out = torch.empty_like(hi, dtype=dtype)
                 if out.numel():

@@ -198,8 +198,11 @@ def stream_keys(stream, flags: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------ callers' helpers
 def serves(ctx, *ts: torch.Tensor) -> bool:
-    """Whether the kernels of this module and of :mod:`numvar.instrument.fft_kernels`
-    reproduce ``ctx``'s elementwise roundings of these operands: binary32 CPU tensors
+    """Whether compiled kernels that round through :mod:`numvar.instrument.pointwise`'s
+    elementwise tiles (this module's, :mod:`numvar.instrument.fft_kernels`',
+    :mod:`numvar.instrument.grid_kernels`' affine grid, and
+    :mod:`numvar.instrument.activation_kernels`') reproduce ``ctx``'s elementwise
+    roundings of these operands: binary32 CPU tensors
     whose ``Ctx.add``/``sub``/``mul``/``div`` take ``pointwise.binary32`` (24 bits, numba
     backend, no other target format), none empty."""
     return (ctx._t32 and ctx._numba and ctx.target(torch.float32) is None

@@ -1,0 +1,98 @@
+"""Single ops on their compiled paths against the routes those replace, in one process.
+
+Each case is one op under ``numvar.fuzzy(mode="sr", seed=0)`` at the granularity it is
+served at, with its module flag off (the route before: PyTorch's copy of the pooling
+windows, the flop handlers of ``affine_grid``'s sub-ops, the decomposition of the
+activations, a row-major copy of a column-major result) and on, and natively; best of
+``--repeats`` interleaved rounds of ``--calls`` calls after a warm-up, each round timed by
+the thread's CPU time; ratios to native in the same run, and whether both settings give
+the same bits (the tests check that too: this measures the time).
+
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_oneop.py [--repeats 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from numvar.instrument import _core, activation_kernels, flop, fuzzy, grid_kernels
+
+g = torch.Generator().manual_seed(0)
+_X = torch.randn(2, 64, 32, 32, generator=g)
+_Y = torch.randn(2, 16, 32, 32, generator=g)
+_A = torch.randn(2, 16, 16, 16, generator=g) * 4
+_THETA = torch.eye(2, 3).expand(2, 2, 3) + 0.1 * torch.randn(2, 2, 3, generator=g)
+_M = torch.randn(64, 64, generator=g)
+_SPD = _M @ _M.T / 64 + torch.eye(64)
+_RHS = torch.randn(64, 64, generator=g).T
+
+#: name -> (granularity, (module, flag), the op)
+CASES = {
+    "avg_pool2d (2, 64, 32, 32), 2×2": ("flop", (flop, "WINDOW_SUMS"),
+                                        lambda: F.avg_pool2d(_X, 2)),
+    "adaptive_avg_pool2d (2, 16, 32, 32) → 2": ("flop", (flop, "WINDOW_SUMS"),
+                                                lambda: F.adaptive_avg_pool2d(_Y, 2)),
+    "affine_grid θ (2, 2, 3) → 32×32": (
+        "flop", (grid_kernels, "AFFINE_IN_ONE_CALL"),
+        lambda: F.affine_grid(_THETA, [2, 3, 32, 32], align_corners=False)),
+    "hardswish (2, 16, 16, 16)": ("flop", (activation_kernels, "USE_KERNEL"),
+                                  lambda: F.hardswish(_A)),
+    "hardsigmoid (2, 16, 16, 16)": ("flop", (activation_kernels, "USE_KERNEL"),
+                                    lambda: F.hardsigmoid(_A)),
+    "linalg.solve 64×64, 64 right-hand sides": (
+        "op", (_core, "ROUND_COLUMNS_IN_PLACE"), lambda: torch.linalg.solve(_SPD, _RHS)),
+}
+
+
+def measure(gran: str, switch: tuple, op, repeats: int, calls: int) -> tuple:
+    """(native, off, on seconds per call; the same bits off and on)."""
+    module, flag = switch
+    best = {"native": float("inf"), "off": float("inf"), "on": float("inf")}
+    outs = {}
+    try:
+        for rnd in range(repeats + 1):
+            for k in best:
+                setattr(module, flag, k != "off")
+                with torch.no_grad():
+                    if k == "native":
+                        t = time.thread_time()
+                        for _ in range(calls):
+                            op()
+                        dt = time.thread_time() - t
+                    else:
+                        with fuzzy(mode="sr", granularity=gran, seed=0):
+                            outs[k] = op()  # (the first call records a decomposition)
+                            t = time.thread_time()
+                            for _ in range(calls):
+                                op()
+                            dt = time.thread_time() - t
+                if rnd:
+                    best[k] = min(best[k], dt / calls)
+    finally:
+        setattr(module, flag, True)
+    same = torch.equal(outs["off"].contiguous().view(torch.int32),
+                       outs["on"].contiguous().view(torch.int32))
+    return best["native"], best["off"], best["on"], same
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--calls", type=int, default=20, help="calls per timed round")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print("| op | granularity | native µs | before µs | now µs | before ÷ native | "
+          "now ÷ native | same bits |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    for name, (gran, switch, op) in CASES.items():
+        n, off, on, same = measure(gran, switch, op, args.repeats, args.calls)
+        print(f"| {name} | {gran} | {n * 1e6:.1f} | {off * 1e6:.1f} | {on * 1e6:.1f} | "
+              f"{off / n:.1f}× | {on / n:.1f}× | {'yes' if same else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()
