@@ -55,7 +55,7 @@ def measure(gran: str, switch: tuple, op, repeats: int, calls: int) -> tuple:
     outs = {}
     try:
         for rnd in range(repeats + 1):
-            for k in best:
+            for k in ("native", "off", "on"):
                 setattr(module, flag, k != "off")
                 with torch.no_grad():
                     if k == "native":
