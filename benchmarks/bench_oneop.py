@@ -1,9 +1,10 @@
 """Single ops on their compiled paths against the routes those replace, in one process.
 
 Each case is one op under ``numvar.fuzzy(mode="sr", seed=0)`` at the granularity it is
-served at, with its module flag off (the route before: PyTorch's copy of the pooling
+served at, with its module flags off (the route before: PyTorch's copy of the pooling
 windows, the flop handlers of ``affine_grid``'s sub-ops, the decomposition of the
-activations, a row-major copy of a column-major result) and on, and natively; best of
+activations, a row-major copy of a column-major result, binary64's scalar quotients,
+roots and scan steps and materialised broadcasts) and on, and natively; best of
 ``--repeats`` interleaved rounds of ``--calls`` calls after a warm-up, each round timed by
 the thread's CPU time; ratios to native in the same run, and whether both settings give
 the same bits (the tests check that too: this measures the time).
@@ -20,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from numvar.instrument import _core, activation_kernels, flop, fuzzy, grid_kernels
+from numvar.instrument import kernels as instrument_kernels
+from numvar.rounding import kernels as rounding_kernels
 
 g = torch.Generator().manual_seed(0)
 _X = torch.randn(2, 64, 32, 32, generator=g)
@@ -29,34 +32,53 @@ _THETA = torch.eye(2, 3).expand(2, 2, 3) + 0.1 * torch.randn(2, 2, 3, generator=
 _M = torch.randn(64, 64, generator=g)
 _SPD = _M @ _M.T / 64 + torch.eye(64)
 _RHS = torch.randn(64, 64, generator=g).T
+_D = torch.randn(256, 128, generator=g, dtype=torch.float64)
+_E = torch.randn(256, 128, generator=g, dtype=torch.float64)
+_B = torch.randn(128, generator=g, dtype=torch.float64)
 
-#: name -> (granularity, (module, flag), the op)
+#: the binary64 paths at flop granularity (the route before: every quotient and root on the
+#: rounding core's scalar path, the scans' scalar steps, broadcasts materialised, row sums
+#: through a transposed copy)
+_DIV64 = ((rounding_kernels, "DIV64_FAST"),)
+_SUMS64 = ((instrument_kernels, "SCAN64_FAST"), (flop, "ROW_SUMS64"))
+_ALL64 = (*_DIV64, (rounding_kernels, "SQRT64_FAST"), *_SUMS64, (_core, "BINARY64_IN_PLACE"))
+
+#: name -> (granularity, the (module, flag) switches, the op)
 CASES = {
-    "avg_pool2d (2, 64, 32, 32), 2×2": ("flop", (flop, "WINDOW_SUMS"),
+    "avg_pool2d (2, 64, 32, 32), 2×2": ("flop", ((flop, "WINDOW_SUMS"),),
                                         lambda: F.avg_pool2d(_X, 2)),
-    "adaptive_avg_pool2d (2, 16, 32, 32) → 2": ("flop", (flop, "WINDOW_SUMS"),
+    "adaptive_avg_pool2d (2, 16, 32, 32) → 2": ("flop", ((flop, "WINDOW_SUMS"),),
                                                 lambda: F.adaptive_avg_pool2d(_Y, 2)),
     "affine_grid θ (2, 2, 3) → 32×32": (
-        "flop", (grid_kernels, "AFFINE_IN_ONE_CALL"),
+        "flop", ((grid_kernels, "AFFINE_IN_ONE_CALL"),),
         lambda: F.affine_grid(_THETA, [2, 3, 32, 32], align_corners=False)),
-    "hardswish (2, 16, 16, 16)": ("flop", (activation_kernels, "USE_KERNEL"),
+    "hardswish (2, 16, 16, 16)": ("flop", ((activation_kernels, "USE_KERNEL"),),
                                   lambda: F.hardswish(_A)),
-    "hardsigmoid (2, 16, 16, 16)": ("flop", (activation_kernels, "USE_KERNEL"),
+    "hardsigmoid (2, 16, 16, 16)": ("flop", ((activation_kernels, "USE_KERNEL"),),
                                     lambda: F.hardsigmoid(_A)),
     "linalg.solve 64×64, 64 right-hand sides": (
-        "op", (_core, "ROUND_COLUMNS_IN_PLACE"), lambda: torch.linalg.solve(_SPD, _RHS)),
+        "op", ((_core, "ROUND_COLUMNS_IN_PLACE"),), lambda: torch.linalg.solve(_SPD, _RHS)),
+    "float64 x / y (256, 128)": ("flop", _DIV64, lambda: _D / _E),
+    "float64 sqrt (256, 128)": ("flop", ((rounding_kernels, "SQRT64_FAST"),),
+                                lambda: _D.abs().sqrt()),
+    "float64 x + bias (256, 128) + (128,)": ("flop", ((_core, "BINARY64_IN_PLACE"),),
+                                             lambda: _D + _B),
+    "float64 sum over dim 1 (256, 128)": ("flop", _SUMS64, lambda: _D.sum(1)),
+    "float64 cumsum over dim 1 (256, 128)": ("flop", _SUMS64, lambda: _D.cumsum(1)),
+    "float64 softmax (256, 128)": ("flop", _ALL64, lambda: _D.softmax(1)),
+    "float64 layer_norm (256, 128)": ("flop", _ALL64, lambda: F.layer_norm(_D, [128])),
 }
 
 
-def measure(gran: str, switch: tuple, op, repeats: int, calls: int) -> tuple:
+def measure(gran: str, switches: tuple, op, repeats: int, calls: int) -> tuple:
     """(native, off, on seconds per call; the same bits off and on)."""
-    module, flag = switch
     best = {"native": float("inf"), "off": float("inf"), "on": float("inf")}
     outs = {}
     try:
         for rnd in range(repeats + 1):
             for k in ("native", "off", "on"):
-                setattr(module, flag, k != "off")
+                for module, flag in switches:
+                    setattr(module, flag, k != "off")
                 with torch.no_grad():
                     if k == "native":
                         t = time.thread_time()
@@ -73,7 +95,8 @@ def measure(gran: str, switch: tuple, op, repeats: int, calls: int) -> tuple:
                 if rnd:
                     best[k] = min(best[k], dt / calls)
     finally:
-        setattr(module, flag, True)
+        for module, flag in switches:
+            setattr(module, flag, True)
     same = torch.equal(outs["off"].contiguous().view(torch.int32),
                        outs["on"].contiguous().view(torch.int32))
     return best["native"], best["off"], best["on"], same
@@ -88,8 +111,8 @@ def main(argv=None) -> None:
     print("| op | granularity | native µs | before µs | now µs | before ÷ native | "
           "now ÷ native | same bits |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
-    for name, (gran, switch, op) in CASES.items():
-        n, off, on, same = measure(gran, switch, op, args.repeats, args.calls)
+    for name, (gran, switches, op) in CASES.items():
+        n, off, on, same = measure(gran, switches, op, args.repeats, args.calls)
         print(f"| {name} | {gran} | {n * 1e6:.1f} | {off * 1e6:.1f} | {on * 1e6:.1f} | "
               f"{off / n:.1f}× | {on / n:.1f}× | {'yes' if same else 'NO'} |")
 

@@ -152,6 +152,34 @@ def test_scan_matches_reference(dt, t):
                 assert _same(out, ref), (m, mul, cum)
 
 
+def test_binary64_scan_fast_path_equals_the_scalar_steps(monkeypatch):
+    """The binary64 scan at 53 bits (vectorised steps, :func:`_scan_fast64`) against the
+    scalar steps of ``_scan_kernel`` (``SCAN64_FAST`` off) bit for bit, every mode, sums
+    and products, cumulative or not, over two column tiles, with steps the fast path
+    declines: cancellations to zero, overflowing sums, results below 2**-700, factors
+    past 2**480, infinities and NaN."""
+    rng = np.random.default_rng(7)
+    Kd, M = 6, KN.TILE + 37
+    x = rng.standard_normal((Kd, M)) * np.exp2(rng.integers(-40, 40, (Kd, M)))
+    x[1, :50] = -x[0, :50]  # exact zeros
+    x[:, 50:100] = (1.0 + rng.random((Kd, 50))) * 2.0 ** 1022  # sums past 2**1000, overflows
+    x[:, 100:150] *= 2.0 ** -690  # sums around 2**-700, products below it
+    x[:, 150:200] = rng.standard_normal((Kd, 50)) * np.exp2(rng.integers(474, 486, (Kd, 50)))
+    x[2, 200:204] = [np.inf, np.nan, -np.inf, 0.0]
+    declined = KN._scanstep64(x[0].copy(), x[1], np.uint64(9), np.uint64(0), RK.MODE_SR,
+                              False, np.empty(M, np.bool_))
+    assert 100 <= declined < M // 4  # some steps declined, most taken
+    for m in MODES:
+        code = RK.mode_code(m)
+        for mul in (False, True):
+            for cum in (False, True):
+                fast = KN.scan(x, 19, code, 53, mul=mul, cumulative=cum)
+                monkeypatch.setattr(KN, "SCAN64_FAST", False)
+                slow = KN.scan(x, 19, code, 53, mul=mul, cumulative=cum)
+                monkeypatch.setattr(KN, "SCAN64_FAST", True)
+                assert _same(fast, slow), (m, mul, cum)
+
+
 def test_ieee_contract_is_sequential_round_to_nearest():
     # ieee: each product and add rounded to nearest in binary32, k in increasing order
     rng = np.random.default_rng(4)

@@ -33,9 +33,19 @@ def _weird(rng, n, dt=np.float32):
     return x.astype(dt)
 
 
+def _weird64(rng, n):
+    """:func:`_weird` in float64, a fifth of the magnitudes scaled by 2**±300 to 2**±990
+    (results and factors past the binary64 pass's ranges)."""
+    x = _weird(rng, n, np.float64)
+    far = rng.random(n) < 0.2
+    with np.errstate(over="ignore"):  # (some overflow to infinities: wanted)
+        return np.where(far, x * np.exp2(rng.choice([300, -300, 500, -360, 990, -700], n)), x)
+
+
 def _t(rng, shape, dt=np.float32):
     n = int(np.prod(shape))
-    return torch.from_numpy(_weird(rng, max(n, 1), dt)[:n].reshape(shape))
+    values = _weird64(rng, max(n, 1)) if dt == np.float64 else _weird(rng, max(n, 1), dt)
+    return torch.from_numpy(values[:n].reshape(shape))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -68,18 +78,18 @@ CASES = [
 ]
 
 
-def _operands(rng, sa, sb, how):
-    a, b = _t(rng, sa), _t(rng, sb)
+def _operands(rng, sa, sb, how, dt=np.float32):
+    a, b = _t(rng, sa, dt), _t(rng, sb, dt)
     if how == "t":
         a = a.transpose(0, 1)
     elif how == "slice":
-        a = _t(rng, (sa[0] + 2, sa[1] + 3))[1:-1, 2:-1]
+        a = _t(rng, (sa[0] + 2, sa[1] + 3), dt)[1:-1, 2:-1]
     elif how == "slice3":  # rows contiguous within the outer dim only
-        a = _t(rng, (sa[0], sa[1] + 50, sa[2]))[:, 20:20 + sa[1]]
+        a = _t(rng, (sa[0], sa[1] + 50, sa[2]), dt)[:, 20:20 + sa[1]]
     elif how == "perm":  # the middle dim outermost in memory (a 3-D plan)
-        a = _t(rng, (sa[1], sa[0], *sa[2:])).transpose(0, 1)
+        a = _t(rng, (sa[1], sa[0], *sa[2:]), dt).transpose(0, 1)
     elif how == "expand":
-        a = _t(rng, (1, sa[1])).expand(*sa)
+        a = _t(rng, (1, sa[1]), dt).expand(*sa)
     elif how == "neg":  # a negative-bit view: its values differ from its storage's
         a = torch._neg_view(a)
     return a, b
@@ -98,6 +108,48 @@ def test_binary_ops_equal_the_rounding_core(mode):
                 assert _same(got, want), (op, mode, sa, sb, how)
                 assert got.is_contiguous()
                 assert ctx.stream.counter == 1
+
+
+@pytest.mark.parametrize("mode", R.MODES)
+def test_binary64_ops_read_in_place_equal_the_rounding_core(mode):
+    """binary64 at 53 bits through ``pointwise.binary64_tensors`` (the operands read in
+    place, ``_tile64``) against numvar.rounding's add/sub/mul/div of the same tensors
+    (``k_binary`` on the materialised broadcast), every mode (the directed ones element by
+    element on the scalar path), every layout of :data:`CASES`, operands scaled so that
+    the fast pass declines some elements (results past 2**1000 or below 2**-700, factors
+    past 2**480, zeros, infinities, NaN) in every op."""
+    rng = np.random.default_rng(11)
+    for sa, sb, how in CASES:
+        a, b = _operands(rng, sa, sb, how, np.float64)
+        for x, y in ((a, b), (b, a)):
+            for op in ("add", "sub", "mul", "div"):
+                ctx = Ctx(mode, "flop", None, R.Stream(3))
+                got = getattr(ctx, op)(x, y)
+                want = getattr(R, op)(x, y, mode=mode, stream=R.Stream(3))
+                assert _same(got, want), (op, mode, sa, sb, how)
+                assert got.is_contiguous() and got.dtype == torch.float64
+                assert ctx.stream.counter == 1
+
+
+def test_binary64_in_place_is_taken_and_equals_the_materialised_route(monkeypatch):
+    """The in-place route runs (a bias and a row statistic, folded) and gives the bits of
+    the route it replaced (``_core.BINARY64_IN_PLACE`` off), on one and two threads."""
+    from numvar.instrument import _core
+    rng = np.random.default_rng(12)
+    x = torch.from_numpy(rng.standard_normal((300, 130)))
+    for y in (torch.from_numpy(rng.standard_normal(130)), torch.from_numpy(rng.random((300, 1)))):
+        assert PW.plan(x.shape, x, y) is not None
+        for op in ("add", "sub", "mul", "div"):
+            outs = []
+            for on, threads in ((True, 1), (True, 2), (False, 1)):
+                monkeypatch.setattr(_core, "BINARY64_IN_PLACE", on)
+                monkeypatch.setattr(KN, "PARALLEL_MIN_WORK", 1 << 10 if threads == 2 else 1 << 18)
+                numba.set_num_threads(threads)
+                try:
+                    outs.append(getattr(Ctx("sr", "flop", None, R.Stream(8)), op)(x, y))
+                finally:
+                    numba.set_num_threads(1)
+            assert _same(outs[0], outs[1]) and _same(outs[0], outs[2]), op
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -683,6 +735,32 @@ def test_reduce_over_trailing_dims_equals_the_scan_path(monkeypatch):
                     ctx = Ctx(mode, "flop", None, R.Stream(5))
                     res.append(flop.reduce(x, dims, ctx, keepdim=True, mul=mul))
                 assert _same(res[0], res[1]), (mode, shape, dims, mul)
+
+
+def test_float64_reduce_over_trailing_dims_by_rows_equals_the_scan(monkeypatch):
+    """float64 sums and products over trailing dims by the row kernels (``flop.ROW_SUMS64``:
+    ``rowsum32`` on float64 rows, ``_tile64`` steps) against the scan of the transposed
+    copy (the flag off), every mode, rows in several blocks, a row longer than a tile,
+    values the binary64 pass declines; the row path is taken where the rows fill it."""
+    from numvar.instrument import flop
+
+    calls = []
+    rowsum = PW.rowsum32
+    monkeypatch.setattr(PW, "rowsum32", lambda *a, **k: calls.append(1) or rowsum(*a, **k))
+    rng = np.random.default_rng(9)
+    cases = [((16, 32, 64), [2]), ((16, 32, 64), [1, 2]), ((40, 30), [-1]), ((20, 5, 6), [0]),
+             ((300, 7), [1]), ((17, 1500), [1]), ((8, 3), [1])]
+    for mode in R.MODES:
+        for shape, dims in cases:
+            x = _t(rng, shape, np.float64)
+            for mul in (False, True):
+                res = []
+                for on in (True, False):
+                    monkeypatch.setattr(flop, "ROW_SUMS64", on)
+                    res.append(flop.reduce(x, dims, Ctx(mode, "flop", None, R.Stream(5)),
+                                           keepdim=True, mul=mul))
+                assert _same(res[0], res[1]), (mode, shape, dims, mul)
+    assert len(calls) == len(R.MODES) * 2 * 5  # (all but the leading dim and the 8 rows)
 
 
 def test_round_into_with_a_constant_op_compiles_the_tiles_for_any_op():

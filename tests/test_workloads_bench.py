@@ -220,7 +220,8 @@ def test_bench_oneop_prints_every_case_with_the_same_bits(monkeypatch, capsys):
         cells = [c.strip() for c in r.strip("|").split("|")]
         assert all(float(c) > 0 for c in cells[2:5]), r
         assert all(float(c[:-1]) > 0 for c in cells[5:7]) and cells[7] == "yes", r
-    assert all(getattr(m, f) is True for _, (m, f), _ in mod.CASES.values())
+    assert all(getattr(m, f) is True for _, switches, _ in mod.CASES.values()
+               for m, f in switches)
 
 
 def test_bench_forward_prints_flop_and_native_times(monkeypatch, capsys):

@@ -20,6 +20,11 @@ _LEAN = {torch.float32: (24, -126, 127), torch.float64: (53, -1022, 1023)}
 #: column-major float64 results rounded to binary32 where they lie (``Ctx.round``,
 #: ``pointwise.round32_columns``); False: copied to row-major order first, the same bits
 ROUND_COLUMNS_IN_PLACE = True
+#: binary64 operands of an add, sub, mul or div at 53 bits read in place by
+#: ``pointwise.binary64_tensors`` (broadcasts not materialised: a bias, a row's mean);
+#: False: broadcast, copied and handed to ``numvar.rounding.kernels.k_binary`` (the same
+#: bits; the tests and ``benchmarks/bench_oneop.py`` compare the two)
+BINARY64_IN_PLACE = True
 
 #: (p, emin, emax) of bfloat16 and float16: their roundings take a binary32 carrier
 _NARROW = {torch.bfloat16: (8, -126, 127), torch.float16: (11, -14, 15)}
@@ -141,8 +146,9 @@ class Ctx:
     # -- elementwise roundings (one stream key per call) ---------------------------
     # CPU binary32/binary64 operands take a short path that calls array kernels directly:
     # the same arithmetic, key and bits as numvar.rounding.add & co (tested bit for bit),
-    # without the tensor API's per-call overhead. binary32 at 24 bits uses the
-    # broadcasting kernels of numvar.instrument.pointwise (no materialised operands).
+    # without the tensor API's per-call overhead. binary32 at 24 bits and binary64 at 53
+    # use the broadcasting kernels of numvar.instrument.pointwise (no materialised
+    # operands).
     def _lean(self, a: torch.Tensor, b: torch.Tensor) -> bool:
         return self._numba and a.dtype in _LEAN and a.is_cpu and b.is_cpu
 
@@ -162,6 +168,13 @@ class Ctx:
                 a, b = torch.broadcast_tensors(a, b)
                 PW.binary32_tensors(op, a.contiguous(), b.contiguous(), out, key, code)
             return out
+        if (a.dtype is torch.float64 and BINARY64_IN_PLACE and self.bits(a.dtype) == 53
+                and (op != RK.OP_DIV or RK.DIV64_FAST)):
+            # binary64: broadcast operands read in place too (the k_binary values below)
+            code = self.code
+            if (PW.binary64_tensors(op, a, b, out, key, code)
+                    or PW.binary64_tensors(op, a.contiguous(), b.contiguous(), out, key, code)):
+                return out
         p, emin, emax = _LEAN[a.dtype]
         if not same:
             a, b = torch.broadcast_tensors(a, b)

@@ -449,6 +449,12 @@ def _trailing(x: torch.Tensor, dims: list[int]) -> bool:
     return all(d > last_kept for d in dims if shape[d] != 1)
 
 
+#: float64 sums and products over the trailing dims of a contiguous tensor with many
+#: rows by the row kernels (``pointwise.rowsum32`` on float64 rows), without the
+#: transposed copy the scan reads; False: the scan, which the tests compare it with
+ROW_SUMS64 = True
+
+
 def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool = False,
            dtype: torch.dtype | None = None) -> torch.Tensor:
     """Randomly rounded sum (or product) over ``dim`` (None or [] = all dims)."""
@@ -478,6 +484,13 @@ def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool =
             SK.rowscan32(rows, arr, np.uint64(key), ctx.code, mul, False)
         else:
             arr = PW.rowsum32(rows, key, ctx.code, mul=mul)
+        res = torch.from_numpy(arr).reshape(out_shape)
+    elif (ROW_SUMS64 and dtype is torch.float64 and ctx.bits(dtype) == 53 and ctx._numba
+          and ctx.target(dtype) is None and x.is_cpu and _trailing(x, dims)
+          and x.is_contiguous() and m >= PW.ROW_M_MIN and k <= PW.ROW_K_MAX
+          and flop_backend(x.device) == "numba"):
+        # binary64 at 53 bits: the rows in blocks too (the scan's order and bits)
+        arr = PW.rowsum32(PW.array(x).reshape(m, k), ctx.stream.next_key(), ctx.code, mul=mul)
         res = torch.from_numpy(arr).reshape(out_shape)
     else:
         xp = x.permute(*dims, *kept).reshape(k, m)

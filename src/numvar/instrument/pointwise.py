@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from numba import carray, njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from numvar.rounding import kernels as K
 
@@ -547,9 +547,10 @@ def _block(src, s0, s1, s2, M2, r0, rows, j0, ncols, buf, held):
 
 @njit(inline="always", error_model="numpy")
 def _bchunk(c, per, total, op, a, sa, b, sb, out, M1, M2, N, ukey, mode):
-    """Tiles c*per .. (c+1)*per-1: parts of one row (N >= TILE) or whole rows (N < TILE)."""
-    bufa = np.empty(TILE, np.float32)
-    bufb = np.empty(TILE, np.float32)
+    """Tiles c*per .. (c+1)*per-1: parts of one row (N >= TILE) or whole rows (N < TILE);
+    binary32 or binary64 (the dtype of ``a``, ``b`` and ``out``: :func:`_tile_rounded`)."""
+    bufa = np.empty(TILE, out.dtype)
+    bufb = np.empty(TILE, out.dtype)
     M = M1 * M2
     ntr = (N + TILE - 1) // TILE
     rpt = max(1, TILE // N)
@@ -580,10 +581,42 @@ def _bchunk(c, per, total, op, a, sa, b, sb, out, M1, M2, N, ukey, mode):
                     const_b or (same and sb[0] == 0 and sb[1] == 0))
         prev = rows
         l0 = r0 * N + j0
-        o = out[l0:l0 + rows * ncols]
-        bad = _tile(op, aa, bb, o, ukey, l0, mode)
+        _tile_rounded(op, aa, bb, out[l0:l0 + rows * ncols], ukey, l0, mode)
+
+
+def _tile_rounded(op, a, b, o, ukey, l0, mode):  # pragma: no cover - replaced by its overload
+    """``o[jj] = RND(a[jj] op b[jj])`` with element ``l0 + jj``'s bits: binary32 at 24
+    bits by :func:`_tile` and :func:`_redo`, binary64 at 53 by :func:`_tile64`."""
+
+
+@overload(_tile_rounded, inline="always")
+def _tile_rounded_impl(op, a, b, o, ukey, l0, mode):
+    if o.dtype == types.float64:
+        def wide(op, a, b, o, ukey, l0, mode):
+            _tile64(op, a, b, o, ukey, l0, mode)
+        return wide
+
+    def narrow(op, a, b, o, ukey, l0, mode):
+        bad = _tile(op, a, b, o, ukey, l0, mode)
         if bad:
-            _redo(op, aa, bb, o, ukey, l0, mode, bad)
+            _redo(op, a, b, o, ukey, l0, mode, bad)
+    return narrow
+
+
+@njit(cache=True, error_model="numpy")
+def _tile64(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
+    """One binary64 tile at 53 bits as ``numvar.rounding.kernels.k_binary`` rounds its
+    elements: the rounding core's vectorised pass (``_wide_block``; sr, ieee, ud, random),
+    then the elements it declines, and every element in the other modes, by the scalar
+    ``call_wide_binary``, element ``l0 + jj`` with ``bits64(key, l0 + jj)``."""
+    fast = mode <= _RANDOM
+    if fast and K._wide_block(op, a, b, o, ukey, l0, mode) == 0:
+        return
+    for jj in range(o.size):
+        x = a[jj]
+        y = b[jj]
+        if not fast or not K._wide_takes(x, y, K._wide_result(op, x, y), op >= OP_MUL):
+            o[jj] = K.call_wide_binary(op, x, y, mode, 53, _bits(ukey, np.uint64(l0 + jj)))
 
 
 @njit(inline="always")
@@ -595,7 +628,7 @@ def _ntiles(M, N):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _binary32_par(op, a, sa, b, sb, out, M1, M2, N, key, mode):  # pragma: no cover
+def _binary_par(op, a, sa, b, sb, out, M1, M2, N, key, mode):  # pragma: no cover
     ukey = np.uint64(key)
     total = _ntiles(M1 * M2, N)
     per = max(1, CHUNK // TILE)
@@ -604,7 +637,7 @@ def _binary32_par(op, a, sa, b, sb, out, M1, M2, N, key, mode):  # pragma: no co
 
 
 @njit(cache=True, error_model="numpy")
-def _binary32_ser(op, a, sa, b, sb, out, M1, M2, N, key, mode):  # pragma: no cover
+def _binary_ser(op, a, sa, b, sb, out, M1, M2, N, key, mode):  # pragma: no cover
     ukey = np.uint64(key)
     total = _ntiles(M1 * M2, N)
     per = max(1, CHUNK // TILE)
@@ -618,8 +651,9 @@ def binary32(op, a, sa, b, sb, out, dims, key, mode) -> None:
     strides ``(s0, s1, s2)`` (``s2`` 0 or 1); binary32 at 24 bits, element l with
     ``bits64(key, l)``: numvar.rounding's ``add`` / ``sub`` / ``mul`` / ``div`` of the
     broadcast operands. Serial below :data:`numvar.instrument.kernels.PARALLEL_MIN_WORK`
-    elements (the ``launch`` rule, without its thread-count calls), parallel above."""
-    k = _binary32_ser if out.size < KN.PARALLEL_MIN_WORK else _binary32_par
+    elements (the ``launch`` rule, without its thread-count calls), parallel above.
+    float64 arrays: binary64 at 53 bits (:func:`binary64_tensors`)."""
+    k = _binary_ser if out.size < KN.PARALLEL_MIN_WORK else _binary_par
     M1, M2, N = dims
     k(op, a, sa, b, sb, out, M1, M2, N, np.uint64(key), mode)
 
@@ -905,7 +939,7 @@ def _rowblock_at(x, out, r0, rows, ukey, op, mode, Mg, mg0):
     value does not depend on the block it is computed in, nor on the part of the whole
     that x is."""
     Kd = x.shape[1]
-    t = np.empty((Kd, rows), np.float32)
+    t = np.empty((Kd, rows), x.dtype)
     for q in range(0, rows, 16):  # 16 rows at a time: their cache lines stay in L1
         q1 = min(rows, q + 16)
         for k in range(Kd):
@@ -919,14 +953,12 @@ def _colsums(t, out, r0, rows, ukey, op, mode, Mg, mg0):
     """The rows r0 .. r0 + rows of a (Mg, K) whole (its rows mg0 ..), transposed into
     ``t`` (K, rows): accumulated along K in the whole's (K, Mg) scan order with its bits
     (element (k, m): bits64(key, k*Mg + m)), each step one binary tile (acc op row, the
-    scan's arithmetic), into ``out[r0 .. r0 + rows]``."""
+    scan's arithmetic; binary32, or binary64 for float64 arrays: :func:`_tile_rounded`),
+    into ``out[r0 .. r0 + rows]``."""
     prev = t[0].copy()
-    cur = np.empty(rows, np.float32)
+    cur = np.empty(rows, t.dtype)
     for k in range(1, t.shape[0]):
-        q0 = k * Mg + mg0 + r0
-        bad = _tile(op, prev, t[k], cur, ukey, q0, mode)
-        if bad:
-            _redo(op, prev, t[k], cur, ukey, q0, mode, bad)
+        _tile_rounded(op, prev, t[k], cur, ukey, k * Mg + mg0 + r0, mode)
         prev, cur = cur, prev
     copy_into(out[r0:r0 + rows], prev)
 
@@ -950,9 +982,10 @@ def _rowsum_ser(x, out, R, key, op, mode):  # pragma: no cover - compiled
 def rowsum32(x: np.ndarray, key, mode: int, *, mul: bool = False) -> np.ndarray:
     """Sum (or product) of each row of ``x`` (M, K), binary32 at 24 bits, ``K >= 1``:
     ``numvar.instrument.kernels.scan(x.T, key, mode, 24)`` (same order, same bits), without
-    the transposed copy of ``x`` (each block of rows is transposed in cache)."""
+    the transposed copy of ``x`` (each block of rows is transposed in cache). A float64
+    ``x``: binary64 at 53 bits, ``scan(x.T, key, mode, 53)``'s bits."""
     M, Kd = x.shape
-    out = np.empty(M, np.float32)
+    out = np.empty(M, x.dtype)
     if M:
         R = max(1, min(RBLOCK, RBLOCK_ELEMS // Kd))
         k = _rowsum_ser if x.size < KN.PARALLEL_MIN_WORK else _rowsum_par
@@ -1100,10 +1133,10 @@ def _cached_layout(shape, a: torch.Tensor, b: torch.Tensor):
 
 @njit(cache=True, error_model="numpy")
 def _binary32_at(op, ap, na, sa, bp, nb, sb, outp, M1, M2, N, key, mode):  # pragma: no cover
-    """:func:`_binary32_ser` on the ``na`` / ``nb`` float32 at addresses ``ap`` / ``bp``
+    """:func:`_binary_ser` on the ``na`` / ``nb`` float32 at addresses ``ap`` / ``bp``
     (strides ``sa`` / ``sb``) into the M1·M2·N float32 at ``outp`` (``key``: the int64 of
     the stream key's bits)."""
-    _binary32_ser(op, carray(_f32_at(ap), na), sa, carray(_f32_at(bp), nb), sb,
+    _binary_ser(op, carray(_f32_at(ap), na), sa, carray(_f32_at(bp), nb), sb,
                   carray(_f32_at(outp), M1 * M2 * N), M1, M2, N, np.uint64(key), mode)
 
 
@@ -1111,20 +1144,35 @@ def _binary32_at(op, ap, na, sa, bp, nb, sb, outp, M1, M2, N, key, mode):  # pra
 def _scalar32_at(op, tp, x, left, outp, n, key, mode):  # pragma: no cover - compiled
     """``t op x`` (``left``) or ``x op t`` of the ``n`` float32 at ``tp`` and the number x
     (float64, rounded to binary32 as ``torch.tensor(x, dtype=torch.float32)`` rounds it)
-    into the ``n`` float32 at ``outp``: :func:`_binary32_ser` with x a single value."""
+    into the ``n`` float32 at ``outp``: :func:`_binary_ser` with x a single value."""
     xv = np.empty(1, np.float32)
     xv[0] = np.float32(x)
     t = carray(_f32_at(tp), n)
     out = carray(_f32_at(outp), n)
     # runtime int64s, not constants (literal types): the signature the other callers
-    # compile, one copy of _binary32_ser instead of one per constant pattern
+    # compile, one copy of _binary_ser instead of one per constant pattern
     zero, one = np.int64(0), np.int64(1)
     if left:
-        _binary32_ser(op, t, (zero, zero, one), xv, (zero, zero, zero), out, one, one, n,
+        _binary_ser(op, t, (zero, zero, one), xv, (zero, zero, zero), out, one, one, n,
                       np.uint64(key), mode)
     else:
-        _binary32_ser(op, xv, (zero, zero, zero), t, (zero, zero, one), out, one, one, n,
+        _binary_ser(op, xv, (zero, zero, zero), t, (zero, zero, one), out, one, one, n,
                       np.uint64(key), mode)
+
+
+def binary64_tensors(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, key: int,
+                     mode: int) -> bool:
+    """:func:`binary32_tensors` for float64 CPU tensors at 53 bits: ``a`` and ``b`` read in
+    place as :func:`plan` reads them (a bias or a per-row statistic is not materialised),
+    each element rounded as ``numvar.rounding.kernels.k_binary`` rounds it on the
+    broadcast operands (:func:`_tile64`: same value and bits for element l, key ``key``);
+    False (nothing written) where the broadcast does not fold."""
+    p = plan(out.shape, a, b)
+    if p is None:
+        return False
+    dims, (an, sa), (bn, sb) = p
+    binary32(op, an, sa, bn, sb, array(out), dims, key, mode)
+    return True
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:

@@ -94,7 +94,7 @@ def folds_flat(B, H, sa, sb):
 @njit(inline="always", error_model="numpy")
 def _binary(op, a, ao, sa, b, bo, sb, o, B, H, key, mode):
     """``o[b·H + h] = RND(a[ao + b·sa + h] op b[bo + b·sb + h])``, a (B, H) result of
-    operands with row strides ``sa``, ``sb``, through ``pointwise._binary32_ser`` (what
+    operands with row strides ``sa``, ``sb``, through ``pointwise._binary_ser`` (what
     ``Ctx.add`` & co call) with the fold ``pointwise.plan`` gives those layouts: (1, 1,
     B·H) for contiguous rows (or one row), else (1, B, H). The fold sets the tiles, and
     the tiles which elements take the vectorised loop and which its scalar remainder;
@@ -105,10 +105,10 @@ def _binary(op, a, ao, sa, b, bo, sb, o, B, H, key, mode):
     one, zero = np.int64(1), np.int64(0)
     if folds_flat(B, H, sa, sb):
         n = B * H
-        PW._binary32_ser(np.int64(op), a[ao:ao + n], (zero, zero, one), b[bo:bo + n],
+        PW._binary_ser(np.int64(op), a[ao:ao + n], (zero, zero, one), b[bo:bo + n],
                          (zero, zero, one), o, one, one, n, key, mode)
     else:
-        PW._binary32_ser(np.int64(op), a[ao:ao + (B - 1) * sa + H], (zero, sa, one),
+        PW._binary_ser(np.int64(op), a[ao:ao + (B - 1) * sa + H], (zero, sa, one),
                          b[bo:bo + (B - 1) * sb + H], (zero, sb, one), o, one, B, H, key, mode)
 
 
@@ -128,10 +128,10 @@ def bias_rows(b, mm, key, mode, out):  # pragma: no cover - compiled
     N = b.size
     B = mm.size // N
     if B == 1:
-        PW._binary32_ser(np.int64(_ADD), b, (zero, zero, one), mm, (zero, zero, one), out,
+        PW._binary_ser(np.int64(_ADD), b, (zero, zero, one), mm, (zero, zero, one), out,
                          one, one, N, key, mode)
     else:
-        PW._binary32_ser(np.int64(_ADD), b, (zero, zero, one), mm, (zero, N, one), out, one,
+        PW._binary_ser(np.int64(_ADD), b, (zero, zero, one), mm, (zero, N, one), out, one,
                          B, N, key, mode)
 
 

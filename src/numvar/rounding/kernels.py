@@ -1096,35 +1096,80 @@ def _wide_modes(a, b, out, key, j0, mul, neg, mode):
     return _wide_loop(a, b, out, key, j0, mul, neg, MODE_RANDOM)
 
 
+@njit(inline="always", error_model="numpy")
+def _wide_div_loop(a, b, out, key, j0, mode):
+    """binary64 at 53 bits, sr, ieee, ud or random: ``out[i] = RND(a[i] / b[i])`` with
+    ``bits64(key, j0 + i)``, vectorised: the float64 quotient ``q`` and its residual as
+    :func:`_div_parts` computes it (``((x − q·y) − err)/y``), the product's exact error
+    ``err`` by one FMA, which is the value of Dekker's ``two_prod`` for the factors the
+    pass takes, then :func:`rn64_step` on the residual :func:`format_binary` hands the
+    rounding (:func:`_t53_residual`: none for ieee and ud). Returns how many elements it
+    declined (to be redone by ``call_wide_binary``): those :func:`_wide_takes` declines as
+    a product's (an operand outside [2**-480, 2**480], zero, infinite or NaN, or a
+    quotient outside [2**-700, 2**1000)). For the others format_binary takes its unscaled
+    branch, Dekker's product is exact (factors below 2**995, product above 2**-969) and
+    ``round_gen`` at k = 0 gives ``_rn64_fast``'s value, which ``rn64_step`` computes
+    (``tests/test_rounding_core.py`` compares it with the scalar path element by
+    element). It was the scalar path for every element: ~40 ns each against ~1.5."""
+    nbad = 0
+    z = weyl64(key, j0)  # element j0's Weyl value, stepped by γ (weyl64)
+    for i in range(out.size):
+        x = np.float64(a[i])
+        y = np.float64(b[i])
+        q = x / y
+        ph = q * y
+        e = ((x - ph) - fma64(q, y, -ph)) / y
+        out[i] = rn64_step(q, _t53_residual(e, mode, 53), mix64(z), mode)
+        z += _G
+        nbad += 0 if _wide_takes(x, y, q, True) else 1
+    return nbad
+
+
 @njit(cache=True, error_model="numpy")
 def _wide_block(op, a, b, out, key, j0, mode):  # pragma: no cover - compiled
-    """:func:`_wide_loop` on one block, one vectorised copy per op kind (mul; add or sub)
-    and mode, 512-bit vectors allowed."""
+    """:func:`_wide_loop` (:func:`_wide_div_loop` for a quotient) on one block, one
+    vectorised copy per op kind (mul; add or sub; div) and mode, 512-bit vectors allowed."""
     wide_vectors()
     if op == OP_MUL:
         return _wide_modes(a, b, out, key, j0, True, False, mode)
+    if op == OP_DIV:
+        if mode == MODE_SR:
+            return _wide_div_loop(a, b, out, key, j0, MODE_SR)
+        if mode == MODE_IEEE:
+            return _wide_div_loop(a, b, out, key, j0, MODE_IEEE)
+        if mode == MODE_UD:
+            return _wide_div_loop(a, b, out, key, j0, MODE_UD)
+        return _wide_div_loop(a, b, out, key, j0, MODE_RANDOM)
     return _wide_modes(a, b, out, key, j0, False, op == OP_SUB, mode)
 
 
+@njit(inline="always", error_model="numpy")
+def _wide_result(op, x, y):
+    """The float64 result of ``x op y`` that :func:`_wide_takes` tests."""
+    if op == OP_MUL:
+        return x * y
+    if op == OP_DIV:
+        return x / y
+    return x + (-y if op == OP_SUB else y)
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
-def _k_binary_wide(op, a, b, out, mode, t, key):
+def _k_binary_wide(op, a, b, out, mode, t, key, fast):
     key = np.uint64(key)
     n = out.size
-    if t == 53 and op != OP_DIV and mode <= MODE_RANDOM:
+    if fast and t == 53 and mode <= MODE_RANDOM:
         # binary64 fast pass (_wide_block), block by block; in a block where it declined
         # elements, those (the same test) on the scalar path. (It was a scalar loop with
-        # _rn64_fast: 12.7 ns per element against ~1.5, one thread.)
+        # _rn64_fast: 12.7 ns per element against ~1.5, one thread; quotients ~40 ns.)
         for blk in prange((n + WIDE_BLOCK - 1) // WIDE_BLOCK):
             j0 = blk * WIDE_BLOCK
             j1 = min(n, j0 + WIDE_BLOCK)
             if _wide_block(op, a[j0:j1], b[j0:j1], out[j0:j1], key, j0, mode) == 0:
                 continue
-            mul = op == OP_MUL
             for j in range(j0, j1):
                 x = np.float64(a[j])
                 y = np.float64(b[j])
-                s = x * y if mul else x + (-y if op == OP_SUB else y)
-                if not _wide_takes(x, y, s, mul):
+                if not _wide_takes(x, y, _wide_result(op, x, y), op >= OP_MUL):
                     out[j] = call_wide_binary(op, x, y, mode, t, bits64(key, j))
         return
     for j in prange(n):
@@ -1393,13 +1438,19 @@ def _k_binary_narrow(op, a, b, out, p, emin, emax, mode, t, key):
         out[j] = call_narrow_binary(op, a[j], b[j], mode, t, p, emin, emax, bits64(key, j))
 
 
+#: binary64 quotients at 53 bits in the sr, ieee, ud and random modes through the
+#: vectorised pass (:func:`_wide_div_loop`); False: every element on the scalar path
+#: (``call_wide_binary``), which the tests and ``benchmarks/bench_oneop.py`` compare it with
+DIV64_FAST = True
+
+
 def k_binary(op, a, b, out, p, emin, emax, mode, t, key):
     """out = a (op) b elementwise, rounded (1-D arrays; float32 for p <= 24). ``key``: the
     stream key, any int in [0, 2**64) (passed on as uint64: numba types a Python int as
     int64 below 2**63 and uint64 above, and compiled each kernel once per type)."""
     key = np.uint64(key)
     if p == 53:
-        _k_binary_wide(op, a, b, out, mode, t, key)
+        _k_binary_wide(op, a, b, out, mode, t, key, op != OP_DIV or DIV64_FAST)
     else:
         _k_binary_narrow(op, a, b, out, p, emin, emax, mode, t, key)
 
@@ -1462,10 +1513,78 @@ def _sqrt32_block(a, out, j0, mode, key):
             out[j] = call_narrow_sqrt(a[j], mode, 24, 24, -126, 127, r)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(inline="always", error_model="numpy")
+def _sqrt64_pass(a, out, z, mode):
+    """:func:`_sqrt64_block`'s vectorised pass (element j with ``mix64(z + j·γ)``): the root
+    as :func:`format_sqrt` computes it, ``a`` scaled by ``2**(−2h)`` (h = ⌊exponent/2⌋:
+    into [1, 4)), its float64 root ``s`` and residual ``((x − s²) − err)/(2s)`` (``err``,
+    the square's exact error, by one FMA: Dekker's value there), :func:`rn64_step` on the
+    residual :func:`_t53_residual` hands the rounding, scaled back by ``2**h`` (exact: a
+    root of a normal number is normal). Declines (the count) zero, negative, subnormal,
+    infinite and NaN operands (the scalar path's special cases)."""
+    nslow = 0
+    for j in range(out.size):
+        x = np.float64(a[j])
+        xb = _f64_bits(x)
+        be = np.int64((xb >> np.uint64(52)) & _EXPMASK)
+        h = (be - 1023) >> 1  # (floor division by 2, as format_sqrt's ea // 2)
+        xs = x * pow2(-2 * h)
+        s = np.sqrt(xs)
+        ph = s * s
+        e = ((xs - ph) - fma64(s, s, -ph)) / (2.0 * s)
+        out[j] = rn64_step(s, _t53_residual(e, mode, 53), mix64(z), mode) * pow2(h)
+        z += _G
+        nslow += np.int64(not ((be >= 1) & (be <= 2046) & (x > 0.0)))
+    return nslow
+
+
+@njit(cache=True, error_model="numpy")
+def _sqrt64_block(a, out, j0, mode, key):
+    """One block of :func:`k_sqrt` into binary64 at 53 bits (a, out: slices starting at
+    element j0): the fast pass (:func:`_sqrt64_pass`, the mode a constant), then the roots
+    it declined by :func:`wide_sqrt`. It was ``wide_sqrt`` for every element: ~40 ns each
+    against ~1.5 (one thread; ``tests/test_rounding_core.py`` compares the two element by
+    element)."""
+    wide_vectors()
+    z = weyl64(key, j0)
+    if mode == MODE_SR:
+        nslow = _sqrt64_pass(a, out, z, MODE_SR)
+    elif mode == MODE_IEEE:
+        nslow = _sqrt64_pass(a, out, z, MODE_IEEE)
+    elif mode == MODE_UD:
+        nslow = _sqrt64_pass(a, out, z, MODE_UD)
+    else:
+        nslow = _sqrt64_pass(a, out, z, MODE_RANDOM)
+    if nslow == 0:
+        return
+    for j in range(out.size):
+        x = np.float64(a[j])
+        be = np.int64((_f64_bits(x) >> np.uint64(52)) & _EXPMASK)
+        if not ((be >= 1) & (be <= 2046) & (x > 0.0)):
+            out[j] = wide_sqrt(x, mode, 53, bits64(key, j0 + j))
+
+
+#: binary64 roots at 53 bits in the sr, ieee, ud and random modes through the vectorised
+#: pass (:func:`_sqrt64_block`); False: every element by ``wide_sqrt`` (the scalar path
+#: the tests and ``benchmarks/bench_oneop.py`` compare it with)
+SQRT64_FAST = True
+
+
 def k_sqrt(a, out, p, emin, emax, mode, t, key):
+    """out = sqrt(a) elementwise, rounded (1-D arrays; float32 for p <= 24)."""
+    _k_sqrt(a, out, p, emin, emax, mode, t, np.uint64(key), SQRT64_FAST)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _k_sqrt(a, out, p, emin, emax, mode, t, key, fast64):
     key = np.uint64(key)
     n = out.size
+    if fast64 and p == 53 and t == 53 and mode <= MODE_RANDOM:
+        for blk in prange((n + ROUND_BLOCK - 1) // ROUND_BLOCK):
+            j0 = blk * ROUND_BLOCK
+            j1 = min(j0 + ROUND_BLOCK, n)
+            _sqrt64_block(a[j0:j1], out[j0:j1], j0, mode, key)
+        return
     if p == 24 and t == 24 and emin == -126 and emax == 127 and mode <= MODE_RANDOM:
         # binary32 in the modes lo32_fast takes: a vectorised fast pass per block, the
         # rest redone exactly (until 2026-12-05 every element went through narrow_sqrt:
