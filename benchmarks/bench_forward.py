@@ -22,7 +22,17 @@ interleaves flop SR forwards with the flag off and on, and native ones, timed by
 thread's CPU time (every op runs on it at one thread; a shared host's other jobs do not
 count), best of ``--repeats`` each after warm-ups, and checks that both give the same
 bits. Prints ``name off_ms on_ms native_ms saved`` (saved: (off − on) ÷ native) and
-``same bits`` or ``BITS DIFFER``; the flag is restored after each entry.
+``same bits`` or ``BITS DIFFER``; the flag is restored after each entry. ``--flag`` given
+several times toggles those flags together (a change that spans several paths).
+
+``--float64`` runs each entry with its parameters and floating-point inputs cast to float64
+(a float64 twin of a binary32 model, beside the zoo's own ``*_f64`` entries), e.g. the
+binary64 paths on the normalisation layers:
+
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_forward.py --float64 \
+        --flag numvar.rounding.kernels.DIV64_FAST --flag numvar.rounding.kernels.SQRT64_FAST \
+        --flag numvar.instrument.kernels.SCAN64_FAST --flag numvar.instrument.flop.ROW_SUMS64 \
+        --flag numvar.instrument._core.BINARY64_IN_PLACE norms
 """
 
 from __future__ import annotations
@@ -37,10 +47,21 @@ from numvar.instrument import fuzzy
 from numvar.workloads import zoo
 
 
-def best_forward(name: str, repeats: int) -> tuple[float, float]:
-    """(best flop SR seconds, best native seconds) per forward of zoo entry ``name``."""
+def _built(name: str, float64: bool):
+    """(model in eval mode, inputs) of zoo entry ``name`` at bench size; ``float64``: its
+    floating-point parameters, buffers and inputs cast to float64."""
     built = zoo.build(name, "bench")
     model, x = built.model.eval(), built.inputs
+    if float64:
+        model = model.double()
+        x = tuple(t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                  for t in x)
+    return model, x
+
+
+def best_forward(name: str, repeats: int, float64: bool = False) -> tuple[float, float]:
+    """(best flop SR seconds, best native seconds) per forward of zoo entry ``name``."""
+    model, x = _built(name, float64)
 
     def flop() -> float:
         with fuzzy(mode="sr", granularity="flop", seed=0):
@@ -73,17 +94,19 @@ def _flag(path: str):
     return mod, attr
 
 
-def toggled_forwards(name: str, flag: str, repeats: int) -> tuple[float, float, float, bool]:
-    """(best flop SR seconds with ``flag`` False, with it True, best native seconds,
-    whether both outputs have the same bits) per forward of zoo entry ``name``, by the
-    thread's CPU time over ``repeats`` interleaved rounds; the flag is restored after."""
-    mod, attr = _flag(flag)
-    built = zoo.build(name, "bench")
-    model, x = built.model.eval(), built.inputs
-    original = getattr(mod, attr)
+def toggled_forwards(name: str, flags, repeats: int,
+                     float64: bool = False) -> tuple[float, float, float, bool]:
+    """(best flop SR seconds with the ``flags`` (one path, or several) False, with them
+    True, best native seconds, whether both outputs have the same bits) per forward of zoo
+    entry ``name``, by the thread's CPU time over ``repeats`` interleaved rounds; the
+    flags are restored after."""
+    switches = [_flag(f) for f in ([flags] if isinstance(flags, str) else flags)]
+    model, x = _built(name, float64)
+    original = [getattr(mod, attr) for mod, attr in switches]
 
     def flop(on: bool):
-        setattr(mod, attr, on)
+        for mod, attr in switches:
+            setattr(mod, attr, on)
         with fuzzy(mode="sr", granularity="flop", seed=0):
             t = time.thread_time()
             out = model(*x)
@@ -104,7 +127,8 @@ def toggled_forwards(name: str, flag: str, repeats: int) -> tuple[float, float, 
                     best[on] = min(best[on], flop(on)[0])
                 best["native"] = min(best["native"], native())
     finally:
-        setattr(mod, attr, original)
+        for (mod, attr), value in zip(switches, original):
+            setattr(mod, attr, value)
     return best[False], best[True], best["native"], same
 
 
@@ -122,21 +146,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+", help="zoo entries (numvar.workloads.zoo.ZOO)")
     ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--flag", help="a boolean module flag (package.module.NAME) to time off "
-                    "and on, interleaved in this process")
+    ap.add_argument("--flag", action="append", help="a boolean module flag "
+                    "(package.module.NAME) to time off and on, interleaved in this process; "
+                    "given several times, the flags are toggled together")
+    ap.add_argument("--float64", action="store_true", help="cast each entry's parameters "
+                    "and floating-point inputs to float64")
     args = ap.parse_args()
     unknown = [m for m in args.models if m not in zoo.ZOO]
     if unknown:
         ap.error(f"unknown zoo entries: {', '.join(unknown)} (known: {', '.join(zoo.ZOO)})")
     if args.flag:
-        _flag(args.flag)  # (refused before any model is built)
+        for f in args.flag:
+            _flag(f)  # (refused before any model is built)
         for name in args.models:
-            off, on, tn, same = toggled_forwards(name, args.flag, args.repeats)
+            off, on, tn, same = toggled_forwards(name, args.flag, args.repeats, args.float64)
             print(f"{name} {off * 1e3:.3f} {on * 1e3:.3f} {tn * 1e3:.3f} "
                   f"{(off - on) / tn:.2f} {'same bits' if same else 'BITS DIFFER'}", flush=True)
         return
     for name in args.models:
-        tf, tn = best_forward(name, args.repeats)
+        tf, tn = best_forward(name, args.repeats, args.float64)
         print(f"{name} {tf * 1e3:.3f} {tn * 1e3:.3f} {tf / tn:.1f}", flush=True)
 
 

@@ -304,6 +304,34 @@ def test_bench_forward_times_a_flag_off_and_on_with_the_same_bits(monkeypatch, c
             mod.main()
 
 
+def test_bench_forward_toggles_several_flags_on_a_float64_twin(monkeypatch, capsys):
+    """bench_forward.py --float64 with --flag given twice: the entry runs in float64 (its
+    output float64), both flags are toggled together and restored, the same bits."""
+    from numvar.instrument import kernels as IK
+    from numvar.rounding import kernels as RK
+
+    mod = _load_script(monkeypatch, "bench_forward")
+    model, x = mod._built("linear_solve", True)
+    assert model(*x).dtype == torch.float64
+    seen = []
+    real = mod.fuzzy
+
+    def spy(**kw):
+        seen.append((RK.DIV64_FAST, IK.SCAN64_FAST))
+        return real(**kw)
+
+    monkeypatch.setattr(mod, "fuzzy", spy)
+    monkeypatch.setattr("sys.argv", ["bench_forward.py", "--float64", "--flag",
+                                     "numvar.rounding.kernels.DIV64_FAST", "--flag",
+                                     "numvar.instrument.kernels.SCAN64_FAST", "linear_solve",
+                                     "--repeats", "1"])
+    mod.main()
+    name, off, on, native, saved, *same = capsys.readouterr().out.split()
+    assert name == "linear_solve" and " ".join(same) == "same bits"
+    assert set(seen) == {(False, False), (True, True)}
+    assert RK.DIV64_FAST is True and IK.SCAN64_FAST is True
+
+
 # ------------------------------------------- bench_kernels / bench_pipes: AVX2 and AVX-512
 #: the binary32 sr k >= 1 loop as numba compiles it for AVX2 (AMD Zen 3): 4 terms per
 #: pass, the accumulator loaded from and stored to (%r14,%rdi,8), abridged
