@@ -153,11 +153,11 @@ def test_scan_matches_reference(dt, t):
 
 
 def test_binary64_scan_fast_path_equals_the_scalar_steps(monkeypatch):
-    """The binary64 scan at 53 bits (vectorised steps, :func:`_scan_fast64`) against the
-    scalar steps of ``_scan_kernel`` (``SCAN64_FAST`` off) bit for bit, every mode, sums
-    and products, cumulative or not, over two column tiles, with steps the fast path
-    declines: cancellations to zero, overflowing sums, results below 2**-700, factors
-    past 2**480, infinities and NaN."""
+    """The binary64 scan at 53 bits (vectorised steps, :func:`_scan_fast64`; chains of
+    fewer columns, :func:`_scan_chain64`) against the scalar steps of ``_scan_kernel``
+    (``SCAN64_FAST`` off) bit for bit, every mode, sums and products, cumulative or not,
+    over two column tiles, with steps the fast paths decline: cancellations to zero,
+    overflowing sums, results below 2**-700, factors past 2**480, infinities and NaN."""
     rng = np.random.default_rng(7)
     Kd, M = 6, KN.TILE + 37
     x = rng.standard_normal((Kd, M)) * np.exp2(rng.integers(-40, 40, (Kd, M)))
@@ -169,15 +169,19 @@ def test_binary64_scan_fast_path_equals_the_scalar_steps(monkeypatch):
     declined = KN._scanstep64(x[0].copy(), x[1], np.uint64(9), np.uint64(0), RK.MODE_SR,
                               False, np.empty(M, np.bool_))
     assert 100 <= declined < M // 4  # some steps declined, most taken
+    # and chains of one to three columns (_scan_chain64), over the same kinds of steps
+    narrow = [x[:, :1], x[:, 49:52], x[:, 148:150], x[:, 199:202], x[:, 160:163]]
+    assert all(a.shape[1] < KN.SCAN64_MIN_COLUMNS for a in narrow)
     for m in MODES:
         code = RK.mode_code(m)
         for mul in (False, True):
             for cum in (False, True):
-                fast = KN.scan(x, 19, code, 53, mul=mul, cumulative=cum)
-                monkeypatch.setattr(KN, "SCAN64_FAST", False)
-                slow = KN.scan(x, 19, code, 53, mul=mul, cumulative=cum)
-                monkeypatch.setattr(KN, "SCAN64_FAST", True)
-                assert _same(fast, slow), (m, mul, cum)
+                for arr in (x, *narrow):
+                    fast = KN.scan(arr, 19, code, 53, mul=mul, cumulative=cum)
+                    monkeypatch.setattr(KN, "SCAN64_FAST", False)
+                    slow = KN.scan(arr, 19, code, 53, mul=mul, cumulative=cum)
+                    monkeypatch.setattr(KN, "SCAN64_FAST", True)
+                    assert _same(fast, slow), (m, mul, cum, arr.shape)
 
 
 def test_ieee_contract_is_sequential_round_to_nearest():

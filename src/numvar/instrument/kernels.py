@@ -1925,6 +1925,57 @@ def _scan_fast64(x, out, key, mode, use_mul, cumulative):  # pragma: no cover
                             orow[jj] = K.add_f64(orow[jj], xrow[jj], mode, 53, r)
 
 
+@njit(inline="always")
+def _chain64(x, out, ukey, mode, use_mul, cumulative):
+    """:func:`_scan_chain64`'s loops with the mode a constant."""
+    Kd, M = x.shape
+    step = np.uint64(M) * _G
+    for j in range(M):
+        acc = x[0, j]
+        out[0, j] = acc
+        z = _weyl(ukey, np.uint64(M + j))  # element (1, j): index M + j, stepped by M·γ
+        for k in range(1, Kd):
+            xv = x[k, j]
+            if use_mul:
+                s = acc * xv
+                e = K.fma64(acc, xv, -s)
+            else:
+                s = acc + xv
+                bv = s - acc
+                e = (acc - (s - bv)) + (xv - bv)
+            r = _bits_weyl(z)
+            z += step
+            if K._wide_takes(acc, xv, s, use_mul):
+                acc = K.rn64_step(s, e, r, mode)
+            elif use_mul:
+                acc = K.mul_f64(acc, xv, mode, 53, r)
+            else:
+                acc = K.add_f64(acc, xv, mode, 53, r)
+            if cumulative:
+                out[k, j] = acc
+        if not cumulative:
+            out[0, j] = acc
+
+
+@njit(cache=True)
+def _scan_chain64(x, out, key, mode, use_mul, cumulative):  # pragma: no cover - compiled
+    """binary64 at 53 bits (sr, ieee, ud, random) for scans of few columns: each column's
+    steps one after the other, a dependent chain, each step on ``rn64_step`` inline where
+    ``_wide_takes`` holds and on the scalar functions elsewhere (:func:`_scan_kernel`'s
+    order and bits). A vectorised step per k (:func:`_scan_fast64`) loses on one or two
+    columns, and the scalar functions' calls and branches made each step of a chain
+    (a float64 dot product's sum) about twice as long."""
+    ukey = np.uint64(key)
+    if mode == _SR:
+        _chain64(x, out, ukey, _SR, use_mul, cumulative)
+    elif mode == _IEEE:
+        _chain64(x, out, ukey, _IEEE, use_mul, cumulative)
+    elif mode == _UD:
+        _chain64(x, out, ukey, _UD, use_mul, cumulative)
+    else:
+        _chain64(x, out, ukey, _RANDOM, use_mul, cumulative)
+
+
 @njit(parallel=True, cache=True)
 def _scan_kernel(x, out, key, mode, t, is32, use_mul, cumulative):  # pragma: no cover
     """Any precision, binary32 or binary64: numvar.rounding's scalar functions."""
@@ -2129,10 +2180,10 @@ def _narrow32_serves(shape, work: int, exact: bool) -> bool:
 #: compare it with (the same bits). A float64 sum over the 128 columns of 256 rows,
 #: flop SR, one thread: 622 µs (19 ns a step) on the scalar steps, 94 µs on these
 SCAN64_FAST = True
-#: fewer columns than this take :func:`_scan_kernel`: one vectorised call per k-step
+#: fewer columns than this take :func:`_scan_chain64`: one vectorised call per k-step
 #: costs more than a scalar step for one or two columns (a 32 768-term sum, one thread,
-#: ns per step fast / scalar: 1 column 23.4 / 16.5, 2 17.1 / 16.6, 4 4.9 / 16.7,
-#: 8 3.0 / 16.9, 64 1.3 / 16.7)
+#: ns per step vectorised / :func:`_scan_kernel`'s scalar steps: 1 column 23.4 / 16.5,
+#: 2 17.1 / 16.6, 4 4.9 / 16.7, 8 3.0 / 16.9, 64 1.3 / 16.7)
 SCAN64_MIN_COLUMNS = 4
 
 
@@ -2150,9 +2201,11 @@ def scan(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
     if x.shape[1]:
         if x.dtype == np.float32 and t == 24 and mode <= _RANDOM:
             launch(x.size, _scan_fast32, x, out, np.uint64(key), mode, mul, cumulative)
-        elif (SCAN64_FAST and x.dtype == np.float64 and t == 53 and mode <= _RANDOM
-              and x.shape[1] >= SCAN64_MIN_COLUMNS):
-            launch(x.size, _scan_fast64, x, out, np.uint64(key), mode, mul, cumulative)
+        elif SCAN64_FAST and x.dtype == np.float64 and t == 53 and mode <= _RANDOM:
+            if x.shape[1] >= SCAN64_MIN_COLUMNS:
+                launch(x.size, _scan_fast64, x, out, np.uint64(key), mode, mul, cumulative)
+            else:
+                _scan_chain64(x, out, np.uint64(key), mode, mul, cumulative)
         else:
             launch(x.size, _scan_kernel, x, out, np.uint64(key), mode, t, x.dtype == np.float32,
                    mul, cumulative)
