@@ -25,6 +25,13 @@ bits. Prints ``name off_ms on_ms native_ms saved`` (saved: (off − on) ÷ nativ
 ``same bits`` or ``BITS DIFFER``; the flag is restored after each entry. ``--flag`` given
 several times toggles those flags together (a change that spans several paths).
 
+``--lbfgs`` times one ``torch.optim.LBFGS`` step (four iterations: forwards, backwards
+and the optimizer's own arithmetic) on each entry's loss, flop SR and native interleaved,
+e.g. the float64 sine-wave predictor against its binary32 twin:
+
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_forward.py --lbfgs \
+        sine_mlp_f64 sine_mlp --repeats 10
+
 ``--float64`` runs each entry with its parameters and floating-point inputs cast to float64
 (a float64 twin of a binary32 model, beside the zoo's own ``*_f64`` entries), e.g. the
 binary64 paths on the normalisation layers:
@@ -45,6 +52,42 @@ import torch
 
 from numvar.instrument import fuzzy
 from numvar.workloads import zoo
+
+
+def lbfgs_steps(name: str, repeats: int) -> tuple[float, float]:
+    """(best flop SR seconds, best native seconds) of one ``torch.optim.LBFGS`` step of zoo
+    entry ``name`` on its own loss (four iterations whatever the loss does, history 5:
+    forwards, backwards and the optimizer's float arithmetic, its dot products included),
+    by the thread's CPU time,
+    interleaved, each after a warm-up step; the parameters move on from step to step."""
+    built = zoo.build(name, "bench")
+    model, x = built.model, built.inputs
+    # (tolerances below any value: every step runs its four iterations, the same work)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4, history_size=5,
+                            tolerance_grad=-1.0, tolerance_change=-1.0)
+
+    def closure():
+        opt.zero_grad()
+        loss = built.loss(model(*x))
+        loss.backward()
+        return loss
+
+    def step(flop: bool) -> float:
+        t = time.thread_time()
+        if flop:
+            with fuzzy(mode="sr", granularity="flop", seed=0):
+                opt.step(closure)
+        else:
+            opt.step(closure)
+        return time.thread_time() - t
+
+    best = {True: float("inf"), False: float("inf")}
+    for flop in (True, False):
+        step(flop)
+    for _ in range(repeats):
+        for flop in (True, False):
+            best[flop] = min(best[flop], step(flop))
+    return best[True], best[False]
 
 
 def _built(name: str, float64: bool):
@@ -151,10 +194,19 @@ def main() -> None:
                     "given several times, the flags are toggled together")
     ap.add_argument("--float64", action="store_true", help="cast each entry's parameters "
                     "and floating-point inputs to float64")
+    ap.add_argument("--lbfgs", action="store_true", help="time one torch.optim.LBFGS step "
+                    "(four iterations) on each entry's loss instead of a forward")
     args = ap.parse_args()
     unknown = [m for m in args.models if m not in zoo.ZOO]
     if unknown:
         ap.error(f"unknown zoo entries: {', '.join(unknown)} (known: {', '.join(zoo.ZOO)})")
+    if args.lbfgs:
+        if args.flag or args.float64:
+            ap.error("--lbfgs times the entries as they are (no --flag, no --float64)")
+        for name in args.models:
+            tf, tn = lbfgs_steps(name, args.repeats)
+            print(f"{name} {tf * 1e3:.3f} {tn * 1e3:.3f} {tf / tn:.1f}", flush=True)
+        return
     if args.flag:
         for f in args.flag:
             _flag(f)  # (refused before any model is built)

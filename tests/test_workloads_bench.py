@@ -304,6 +304,22 @@ def test_bench_forward_times_a_flag_off_and_on_with_the_same_bits(monkeypatch, c
             mod.main()
 
 
+def test_bench_forward_times_an_lbfgs_step(monkeypatch, capsys):
+    """bench_forward.py --lbfgs: one line per entry, flop and native ms of an LBFGS step and
+    their ratio; combined with --flag it is refused."""
+    mod = _load_script(monkeypatch, "bench_forward")
+    monkeypatch.setattr("sys.argv", ["bench_forward.py", "--lbfgs", "sine_mlp_f64",
+                                     "--repeats", "1"])
+    mod.main()
+    name, flop_ms, native_ms, ratio = capsys.readouterr().out.split()
+    assert name == "sine_mlp_f64" and float(flop_ms) > float(native_ms) > 0
+    assert abs(float(ratio) - float(flop_ms) / float(native_ms)) <= 0.05 * float(ratio) + 0.1
+    monkeypatch.setattr("sys.argv", ["bench_forward.py", "--lbfgs", "--flag",
+                                     "numvar.instrument.flop.LEAN_BMM", "sine_mlp"])
+    with pytest.raises(SystemExit):
+        mod.main()
+
+
 def test_bench_forward_toggles_several_flags_on_a_float64_twin(monkeypatch, capsys):
     """bench_forward.py --float64 with --flag given twice: the entry runs in float64 (its
     output float64), both flags are toggled together and restored, the same bits."""
@@ -328,6 +344,8 @@ def test_bench_forward_toggles_several_flags_on_a_float64_twin(monkeypatch, caps
     mod.main()
     name, off, on, native, saved, *same = capsys.readouterr().out.split()
     assert name == "linear_solve" and " ".join(same) == "same bits"
+    assert min(float(off), float(on), float(native)) > 0
+    assert abs(float(saved) - (float(off) - float(on)) / float(native)) < 0.02
     assert set(seen) == {(False, False), (True, True)}
     assert RK.DIV64_FAST is True and IK.SCAN64_FAST is True
 

@@ -1137,7 +1137,7 @@ def _binary32_at(op, ap, na, sa, bp, nb, sb, outp, M1, M2, N, key, mode):  # pra
     (strides ``sa`` / ``sb``) into the M1·M2·N float32 at ``outp`` (``key``: the int64 of
     the stream key's bits)."""
     _binary_ser(op, carray(_f32_at(ap), na), sa, carray(_f32_at(bp), nb), sb,
-                  carray(_f32_at(outp), M1 * M2 * N), M1, M2, N, np.uint64(key), mode)
+                carray(_f32_at(outp), M1 * M2 * N), M1, M2, N, np.uint64(key), mode)
 
 
 @njit(cache=True, error_model="numpy")
@@ -1154,10 +1154,10 @@ def _scalar32_at(op, tp, x, left, outp, n, key, mode):  # pragma: no cover - com
     zero, one = np.int64(0), np.int64(1)
     if left:
         _binary_ser(op, t, (zero, zero, one), xv, (zero, zero, zero), out, one, one, n,
-                      np.uint64(key), mode)
+                    np.uint64(key), mode)
     else:
         _binary_ser(op, xv, (zero, zero, zero), t, (zero, zero, one), out, one, one, n,
-                      np.uint64(key), mode)
+                    np.uint64(key), mode)
 
 
 def binary64_tensors(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, key: int,

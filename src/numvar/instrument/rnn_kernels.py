@@ -106,10 +106,10 @@ def _binary(op, a, ao, sa, b, bo, sb, o, B, H, key, mode):
     if folds_flat(B, H, sa, sb):
         n = B * H
         PW._binary_ser(np.int64(op), a[ao:ao + n], (zero, zero, one), b[bo:bo + n],
-                         (zero, zero, one), o, one, one, n, key, mode)
+                       (zero, zero, one), o, one, one, n, key, mode)
     else:
         PW._binary_ser(np.int64(op), a[ao:ao + (B - 1) * sa + H], (zero, sa, one),
-                         b[bo:bo + (B - 1) * sb + H], (zero, sb, one), o, one, B, H, key, mode)
+                       b[bo:bo + (B - 1) * sb + H], (zero, sb, one), o, one, B, H, key, mode)
 
 
 @njit(inline="always", error_model="numpy")
@@ -129,10 +129,10 @@ def bias_rows(b, mm, key, mode, out):  # pragma: no cover - compiled
     B = mm.size // N
     if B == 1:
         PW._binary_ser(np.int64(_ADD), b, (zero, zero, one), mm, (zero, zero, one), out,
-                         one, one, N, key, mode)
+                       one, one, N, key, mode)
     else:
         PW._binary_ser(np.int64(_ADD), b, (zero, zero, one), mm, (zero, N, one), out, one,
-                         B, N, key, mode)
+                       B, N, key, mode)
 
 
 @njit(cache=True, error_model="numpy")
