@@ -153,7 +153,7 @@ def test_scan_matches_reference(dt, t):
 
 
 def test_binary64_scan_fast_path_equals_the_scalar_steps(monkeypatch):
-    """The binary64 scan at 53 bits (vectorised steps, :func:`_scan_fast64`; chains of
+    """The binary64 scan at 53 bits (vectorised steps, :func:`_scan_tiles`; chains of
     fewer columns, :func:`_scan_chain64`) against the scalar steps of ``_scan_kernel``
     (``SCAN64_FAST`` off) bit for bit, every mode, sums and products, cumulative or not,
     over two column tiles, with steps the fast paths decline: cancellations to zero,

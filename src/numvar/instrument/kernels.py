@@ -192,7 +192,7 @@ import math
 import numba
 import numpy as np
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from numvar.rounding import kernels as K
 
@@ -1817,40 +1817,6 @@ def _scanstep32(orow, xrow, ukey, q0, mode, use_mul, bad):  # pragma: no cover
     return _scanloop32(orow, xrow, ukey, q0, _RANDOM, use_mul, bad)
 
 
-@njit(parallel=True, cache=True)
-def _scan_fast32(x, out, key, mode, use_mul, cumulative):  # pragma: no cover
-    """binary32 at 24 bits: vectorised fast path per column tile, full path for rejects.
-    A cumulative scan copies row k-1 into row k, then updates row k in place."""
-    Kd, M = x.shape
-    ntile = (M + TILE - 1) // TILE
-    ukey = np.uint64(key)
-    for tile in prange(ntile):
-        j0 = tile * TILE
-        j1 = min(M, j0 + TILE)
-        for j in range(j0, j1):
-            out[0, j] = x[0, j]
-        bad = np.empty(j1 - j0, dtype=np.bool_)
-        for k in range(1, Kd):
-            cur = k if cumulative else 0
-            q0 = np.uint64(k) * np.uint64(M) + np.uint64(j0)
-            xrow = x[k, j0:j1]
-            orow = out[cur, j0:j1]
-            if cumulative:
-                prow = out[k - 1, j0:j1]
-                for jj in range(j1 - j0):
-                    orow[jj] = prow[jj]
-            if _scanstep32(orow, xrow, ukey, q0, mode, use_mul, bad) != 0:
-                for jj in range(j1 - j0):
-                    if bad[jj]:
-                        r = _bits(ukey, q0 + np.uint64(jj))
-                        a = np.float64(orow[jj])
-                        xv = np.float64(xrow[jj])
-                        if use_mul:
-                            orow[jj] = K.mul_f32(a, xv, mode, 24, r)
-                        else:
-                            orow[jj] = K.add_f32(a, xv, mode, 24, r)
-
-
 @njit(inline="always")
 def _scanloop64(orow, xrow, ukey, q0, mode, use_mul, bad):
     """:func:`_scanloop32` in binary64 at 53 bits: TwoSum, or the product's exact error by
@@ -1892,11 +1858,47 @@ def _scanstep64(orow, xrow, ukey, q0, mode, use_mul, bad):  # pragma: no cover
     return _scanloop64(orow, xrow, ukey, q0, _RANDOM, use_mul, bad)
 
 
+def _scan_step(orow, xrow, ukey, q0, mode, use_mul, bad):  # pragma: no cover - overloaded
+    """One k-step of a scan tile on the fast path of its dtype: :func:`_scanstep32`
+    (binary32 at 24 bits) or :func:`_scanstep64` (binary64 at 53)."""
+
+
+@overload(_scan_step, inline="always")
+def _scan_step_impl(orow, xrow, ukey, q0, mode, use_mul, bad):
+    if orow.dtype == types.float64:
+        return lambda orow, xrow, ukey, q0, mode, use_mul, bad: _scanstep64(
+            orow, xrow, ukey, q0, mode, use_mul, bad)
+    return lambda orow, xrow, ukey, q0, mode, use_mul, bad: _scanstep32(
+        orow, xrow, ukey, q0, mode, use_mul, bad)
+
+
+def _scan_full(a, xv, mode, use_mul, r):  # pragma: no cover - overloaded
+    """A step the fast path declined, on the rounding core's scalar function of the
+    dtype (what :func:`_scan_kernel` computes for it)."""
+
+
+@overload(_scan_full, inline="always")
+def _scan_full_impl(a, xv, mode, use_mul, r):
+    # (the scalar functions called, not inlined: one compiled copy for every caller)
+    if a == types.float64:
+        def wide(a, xv, mode, use_mul, r):
+            return K.call_wide_binary(np.int64(K.OP_MUL if use_mul else K.OP_ADD), a, xv,
+                                      mode, np.int64(53), r)
+        return wide
+
+    def narrow(a, xv, mode, use_mul, r):
+        return np.float32(K.call_narrow_binary(
+            np.int64(K.OP_MUL if use_mul else K.OP_ADD), a, xv, mode, np.int64(24),
+            np.int64(24), np.int64(-126), np.int64(127), r))
+    return narrow
+
+
 @njit(parallel=True, cache=True)
-def _scan_fast64(x, out, key, mode, use_mul, cumulative):  # pragma: no cover
-    """binary64 at 53 bits: :func:`_scan_fast32`'s tiles and order on the binary64 fast
-    path (:func:`_scanstep64`), the declined elements by the scalar functions of
-    :func:`_scan_kernel` (``add_f64`` / ``mul_f64``, the same bits where both compute)."""
+def _scan_tiles(x, out, key, mode, use_mul, cumulative):  # pragma: no cover
+    """binary32 at 24 bits (float32 arrays) or binary64 at 53 (float64): vectorised fast
+    path per column tile (:func:`_scan_step`), the rounding core's scalar functions for
+    the steps it declines (:func:`_scan_full`; :func:`_scan_kernel`'s order and bits). A
+    cumulative scan copies row k-1 into row k, then updates row k in place."""
     Kd, M = x.shape
     ntile = (M + TILE - 1) // TILE
     ukey = np.uint64(key)
@@ -1915,19 +1917,25 @@ def _scan_fast64(x, out, key, mode, use_mul, cumulative):  # pragma: no cover
                 prow = out[k - 1, j0:j1]
                 for jj in range(j1 - j0):
                     orow[jj] = prow[jj]
-            if _scanstep64(orow, xrow, ukey, q0, mode, use_mul, bad) != 0:
+            if _scan_step(orow, xrow, ukey, q0, mode, use_mul, bad) != 0:
                 for jj in range(j1 - j0):
                     if bad[jj]:
-                        r = _bits(ukey, q0 + np.uint64(jj))
-                        if use_mul:
-                            orow[jj] = K.mul_f64(orow[jj], xrow[jj], mode, 53, r)
-                        else:
-                            orow[jj] = K.add_f64(orow[jj], xrow[jj], mode, 53, r)
+                        orow[jj] = _scan_full(orow[jj], xrow[jj], mode, use_mul,
+                                              _bits(ukey, q0 + np.uint64(jj)))
 
 
-@njit(inline="always")
-def _chain64(x, out, ukey, mode, use_mul, cumulative):
-    """:func:`_scan_chain64`'s loops with the mode a constant."""
+@njit(cache=True)
+def _scan_chain64(x, out, key, mode, cumulative):  # pragma: no cover - compiled
+    """binary64 sums at 53 bits (sr, ieee, ud, random) of few columns: each column's
+    steps one after the other, a dependent chain, each step on ``rn64_step`` inline where
+    ``_wide_takes`` holds and on the scalar function elsewhere (:func:`_scan_kernel`'s
+    order and bits). A vectorised step per k (:func:`_scan_tiles`) loses on one or two
+    columns, and the scalar functions' calls and branches made each step of a chain
+    (a float64 dot product's sum) about 1.4 times as long. The mode stays a runtime
+    value (its branches are predicted): LLVM took ~8 s to compile this loop, per copy;
+    sums only, for the same reason (products of few columns, rare, keep the scalar
+    steps)."""
+    ukey = np.uint64(key)
     Kd, M = x.shape
     step = np.uint64(M) * _G
     for j in range(M):
@@ -1936,44 +1944,19 @@ def _chain64(x, out, ukey, mode, use_mul, cumulative):
         z = _weyl(ukey, np.uint64(M + j))  # element (1, j): index M + j, stepped by M·γ
         for k in range(1, Kd):
             xv = x[k, j]
-            if use_mul:
-                s = acc * xv
-                e = K.fma64(acc, xv, -s)
-            else:
-                s = acc + xv
-                bv = s - acc
-                e = (acc - (s - bv)) + (xv - bv)
+            s = acc + xv
+            bv = s - acc
+            e = (acc - (s - bv)) + (xv - bv)
             r = _bits_weyl(z)
             z += step
-            if K._wide_takes(acc, xv, s, use_mul):
+            if K._wide_takes(acc, xv, s, False):
                 acc = K.rn64_step(s, e, r, mode)
-            elif use_mul:
-                acc = K.mul_f64(acc, xv, mode, 53, r)
-            else:
-                acc = K.add_f64(acc, xv, mode, 53, r)
+            else:  # (add_f64, called, not inlined: one compiled copy for every caller)
+                acc = K.call_wide_binary(np.int64(K.OP_ADD), acc, xv, mode, np.int64(53), r)
             if cumulative:
                 out[k, j] = acc
         if not cumulative:
             out[0, j] = acc
-
-
-@njit(cache=True)
-def _scan_chain64(x, out, key, mode, use_mul, cumulative):  # pragma: no cover - compiled
-    """binary64 at 53 bits (sr, ieee, ud, random) for scans of few columns: each column's
-    steps one after the other, a dependent chain, each step on ``rn64_step`` inline where
-    ``_wide_takes`` holds and on the scalar functions elsewhere (:func:`_scan_kernel`'s
-    order and bits). A vectorised step per k (:func:`_scan_fast64`) loses on one or two
-    columns, and the scalar functions' calls and branches made each step of a chain
-    (a float64 dot product's sum) about twice as long."""
-    ukey = np.uint64(key)
-    if mode == _SR:
-        _chain64(x, out, ukey, _SR, use_mul, cumulative)
-    elif mode == _IEEE:
-        _chain64(x, out, ukey, _IEEE, use_mul, cumulative)
-    elif mode == _UD:
-        _chain64(x, out, ukey, _UD, use_mul, cumulative)
-    else:
-        _chain64(x, out, ukey, _RANDOM, use_mul, cumulative)
 
 
 @njit(parallel=True, cache=True)
@@ -2175,15 +2158,15 @@ def _narrow32_serves(shape, work: int, exact: bool) -> bool:
                  or BO * (M // NARROW_ROWS) >= numba.get_num_threads()))
 
 
-#: binary64 scans at 53 bits (sr, ieee, ud, random) through :func:`_scan_fast64`; False:
+#: binary64 scans at 53 bits (sr, ieee, ud, random) through :func:`_scan_tiles`; False:
 #: :func:`_scan_kernel`'s scalar steps, which the tests and ``benchmarks/bench_oneop.py``
 #: compare it with (the same bits). A float64 sum over the 128 columns of 256 rows,
 #: flop SR, one thread: 622 µs (19 ns a step) on the scalar steps, 94 µs on these
 SCAN64_FAST = True
-#: fewer columns than this take :func:`_scan_chain64`: one vectorised call per k-step
-#: costs more than a scalar step for one or two columns (a 32 768-term sum, one thread,
-#: ns per step vectorised / :func:`_scan_kernel`'s scalar steps: 1 column 23.4 / 16.5,
-#: 2 17.1 / 16.6, 4 4.9 / 16.7, 8 3.0 / 16.9, 64 1.3 / 16.7)
+#: fewer columns than this take :func:`_scan_chain64` (sums; products :func:`_scan_kernel`):
+#: one vectorised call per k-step costs more than a scalar step for one or two columns
+#: (a 32 768-term sum, one thread, ns per step vectorised / :func:`_scan_kernel`'s scalar
+#: steps: 1 column 23.4 / 16.5, 2 17.1 / 16.6, 4 4.9 / 16.7, 8 3.0 / 16.9, 64 1.3 / 16.7)
 SCAN64_MIN_COLUMNS = 4
 
 
@@ -2200,12 +2183,15 @@ def scan(x: np.ndarray, key: int, mode: int, t: int, *, mul: bool = False,
     out = np.empty((x.shape[0] if cumulative else 1, x.shape[1]), dtype=x.dtype)
     if x.shape[1]:
         if x.dtype == np.float32 and t == 24 and mode <= _RANDOM:
-            launch(x.size, _scan_fast32, x, out, np.uint64(key), mode, mul, cumulative)
+            launch(x.size, _scan_tiles, x, out, np.uint64(key), mode, mul, cumulative)
         elif SCAN64_FAST and x.dtype == np.float64 and t == 53 and mode <= _RANDOM:
             if x.shape[1] >= SCAN64_MIN_COLUMNS:
-                launch(x.size, _scan_fast64, x, out, np.uint64(key), mode, mul, cumulative)
+                launch(x.size, _scan_tiles, x, out, np.uint64(key), mode, mul, cumulative)
+            elif not mul:
+                _scan_chain64(x, out, np.uint64(key), mode, cumulative)
             else:
-                _scan_chain64(x, out, np.uint64(key), mode, mul, cumulative)
+                launch(x.size, _scan_kernel, x, out, np.uint64(key), mode, t, False, mul,
+                       cumulative)
         else:
             launch(x.size, _scan_kernel, x, out, np.uint64(key), mode, t, x.dtype == np.float32,
                    mul, cumulative)

@@ -616,7 +616,9 @@ def _tile64(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
         x = a[jj]
         y = b[jj]
         if not fast or not K._wide_takes(x, y, K._wide_result(op, x, y), op >= OP_MUL):
-            o[jj] = K.call_wide_binary(op, x, y, mode, 53, _bits(ukey, np.uint64(l0 + jj)))
+            # (t as an int64, not the literal 53: the signature every caller compiles)
+            o[jj] = K.call_wide_binary(op, x, y, mode, np.int64(53),
+                                       _bits(ukey, np.uint64(l0 + jj)))
 
 
 @njit(inline="always")
@@ -1160,6 +1162,19 @@ def _scalar32_at(op, tp, x, left, outp, n, key, mode):  # pragma: no cover - com
                     np.uint64(key), mode)
 
 
+def _planned(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, key: int,
+             mode: int) -> bool:
+    """:func:`binary32` (binary32 or binary64: the tensors' dtype) of ``a`` and ``b`` read
+    in place as :func:`plan` reads them; False (nothing written) where the broadcast does
+    not fold."""
+    p = plan(out.shape, a, b)
+    if p is None:
+        return False
+    dims, (an, sa), (bn, sb) = p
+    binary32(op, an, sa, bn, sb, array(out), dims, key, mode)
+    return True
+
+
 def binary64_tensors(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, key: int,
                      mode: int) -> bool:
     """:func:`binary32_tensors` for float64 CPU tensors at 53 bits: ``a`` and ``b`` read in
@@ -1167,12 +1182,7 @@ def binary64_tensors(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
     each element rounded as ``numvar.rounding.kernels.k_binary`` rounds it on the
     broadcast operands (:func:`_tile64`: same value and bits for element l, key ``key``);
     False (nothing written) where the broadcast does not fold."""
-    p = plan(out.shape, a, b)
-    if p is None:
-        return False
-    dims, (an, sa), (bn, sb) = p
-    binary32(op, an, sa, bn, sb, array(out), dims, key, mode)
-    return True
+    return _planned(op, a, b, out, key, mode)
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -1189,12 +1199,7 @@ def binary32_tensors(op: int, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
     addresses (about 1.5 µs less per call than ``Tensor.numpy()`` views)."""
     n = out.numel()
     if n >= KN.PARALLEL_MIN_WORK or a.is_neg() or b.is_neg():
-        p = plan(out.shape, a, b)
-        if p is None:
-            return False
-        dims, (an, sa), (bn, sb) = p
-        binary32(op, an, sa, bn, sb, array(out), dims, key, mode)
-        return True
+        return _planned(op, a, b, out, key, mode)
     shape = out.shape
     if a.shape == shape and b.shape == shape and a.is_contiguous() and b.is_contiguous():
         _binary32_at(op, a.data_ptr(), n, _FULL, b.data_ptr(), n, _FULL, out.data_ptr(), 1,
