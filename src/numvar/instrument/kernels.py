@@ -1931,7 +1931,7 @@ def _scan_chain64(x, out, key, mode, cumulative):  # pragma: no cover - compiled
     ``_wide_takes`` holds and on the scalar function elsewhere (:func:`_scan_kernel`'s
     order and bits). A vectorised step per k (:func:`_scan_tiles`) loses on one or two
     columns, and the scalar functions' calls and branches made each step of a chain
-    (a float64 dot product's sum) about 1.4 times as long. The mode stays a runtime
+    (a float64 dot product's sum) about 1.25 times as long. The mode stays a runtime
     value (its branches are predicted): LLVM took ~8 s to compile this loop, per copy;
     sums only, for the same reason (products of few columns, rare, keep the scalar
     steps)."""
