@@ -4,10 +4,11 @@ Each case is one op under ``numvar.fuzzy(mode="sr", seed=0)`` at the granularity
 served at, with its module flags off (the route before: PyTorch's copy of the pooling
 windows, the flop handlers of ``affine_grid``'s sub-ops, the decomposition of the
 activations, a row-major copy of a column-major result, binary64's scalar quotients,
-roots and scan steps and materialised broadcasts) and on, and natively; best of
-``--repeats`` interleaved rounds of ``--calls`` calls after a warm-up, each round timed by
-the thread's CPU time; ratios to native in the same run, and whether both settings give
-the same bits (the tests check that too: this measures the time).
+roots, scan steps, materialised broadcasts and variances in six tensor steps) and on,
+and natively; best of ``--repeats`` interleaved rounds of ``--calls`` calls after a
+warm-up, each round timed by the thread's CPU time; ratios to native in the same run,
+and whether both settings give the same bits (the tests check that too: this measures
+the time).
 
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_oneop.py [--repeats 15]
 """
@@ -41,7 +42,9 @@ _B = torch.randn(128, generator=g, dtype=torch.float64)
 #: through a transposed copy)
 _DIV64 = ((rounding_kernels, "DIV64_FAST"),)
 _SUMS64 = ((instrument_kernels, "SCAN64_FAST"), (flop, "ROW_SUMS64"))
-_ALL64 = (*_DIV64, (rounding_kernels, "SQRT64_FAST"), *_SUMS64, (_core, "BINARY64_IN_PLACE"))
+_VAR64 = ((flop, "USE_ROWVAR64"),)
+_ALL64 = (*_DIV64, (rounding_kernels, "SQRT64_FAST"), *_SUMS64, (_core, "BINARY64_IN_PLACE"),
+          *_VAR64)
 
 #: name -> (granularity, the (module, flag) switches, the op)
 CASES = {
@@ -67,6 +70,7 @@ CASES = {
     "float64 dot product, 32 768 terms": ("flop", _SUMS64,
                                           lambda: _D.view(-1).dot(_E.view(-1))),
     "float64 cumsum over dim 1 (256, 128)": ("flop", _SUMS64, lambda: _D.cumsum(1)),
+    "float64 var over dim 1 (256, 128)": ("flop", _VAR64, lambda: _D.var(1)),
     "float64 softmax (256, 128)": ("flop", _ALL64, lambda: _D.softmax(1)),
     "float64 layer_norm (256, 128)": ("flop", _ALL64, lambda: F.layer_norm(_D, [128])),
 }

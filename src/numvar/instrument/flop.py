@@ -574,8 +574,31 @@ def mean(x, dim, ctx: Ctx, *, keepdim=False, dtype=None):
 
 
 #: flop.var over trailing dims of small contiguous binary32 tensors in one compiled call
-#: (scan_kernels.rowvar32; False: the tensor steps below, its reference)
+#: (scan_kernels.rowvar; False: the tensor steps below, its reference)
 USE_ROWVAR = True
+#: the same for binary64 (float64 tensors at 53 bits; False: the tensor steps)
+USE_ROWVAR64 = True
+
+
+def _rowvar_dtype(x: torch.Tensor, m: int, ctx: Ctx) -> type | None:
+    """The numpy dtype :func:`var`'s compiled call runs ``x``'s dtype in (binary32 at 24
+    bits, binary64 at 53, each in its own format), or None (the tensor steps). binary64
+    takes it for rows the compiled sums serve better than :func:`reduce`'s column tiles:
+    fewer than ``kernels.SCAN64_MIN_COLUMNS`` (chains, as :func:`reduce`'s) or at least
+    ``pointwise.ROW_M_MIN`` (blocks of rows, as :func:`reduce`'s); measured, one thread,
+    sr, compiled ÷ tensor steps: 2 × 4096 240 / 404 µs, 16 × 256 81 / 166, 256 × 128
+    208 / 321; 8 × 1024 253 / 228 (chains) and 570 / 517 µs for a GroupNorm of 8 such
+    rows (its variance's row blocks, a tile of 8 per step)."""
+    if x.dtype is torch.float32:
+        ok = USE_ROWVAR and ctx._t32
+    elif x.dtype is torch.float64:
+        ok = (USE_ROWVAR64 and ctx.bits(torch.float64) == 53
+              and (m < KN.SCAN64_MIN_COLUMNS or m >= PW.ROW_M_MIN))
+    else:
+        return None
+    if not ok or ctx.target(x.dtype) is not None:
+        return None
+    return np.float32 if x.dtype is torch.float32 else np.float64
 
 
 def var(x, dim, correction, ctx: Ctx, *, keepdim=False):
@@ -583,14 +606,14 @@ def var(x, dim, correction, ctx: Ctx, *, keepdim=False):
     dims = _dims(x, dim) if x.dim() else []
     n = math.prod(x.shape[d] for d in dims)
     m = x.numel() // n if n else 0
-    if (USE_ROWVAR and n >= 2 and m and x.dtype is torch.float32 and ctx._t32 and ctx._numba
-            and ctx.target(torch.float32) is None and x.is_cpu and x.is_contiguous()
+    if (n >= 2 and m and ctx._numba and x.is_cpu and x.is_contiguous()
+            and (nd := _rowvar_dtype(x, m, ctx)) is not None
             and _trailing(x, dims) and (m < PW.ROW_M_MIN or n <= PW.ROW_K_MAX)
             and x.numel() < KN.PARALLEL_MIN_WORK and flop_backend(x.device) == "numba"):
         keys = ctx.stream_keys(6)
-        out = np.empty(m, np.float32)
-        SK.rowvar32(PW.array(x).reshape(m, n), keys, np.float32(n),
-                    np.float32(max(0, n - correction)), ctx.code, out, m, 0)
+        out = np.empty(m, nd)
+        SK.rowvar(PW.array(x).reshape(m, n), keys, nd(n), nd(max(0, n - correction)),
+                  ctx.code, out, m, 0)
         kshape = [1 if d in dims else x.shape[d] for d in range(x.dim())]
         res = torch.from_numpy(out)
         return res.reshape(kshape) if keepdim else res.reshape(

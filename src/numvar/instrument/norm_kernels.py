@@ -18,7 +18,7 @@ rows x viewed as (M, K), K the normalised size, m·K + k for element (m, k)):
 =====  ==========================  ==========================================
 key    step                        kernel (element indices)
 =====  ==========================  ==========================================
-0–5    ``prims.var`` (biased)      ``scan_kernels.rowvar32`` (its own indices)
+0–5    ``prims.var`` (biased)      ``scan_kernels.rowvar`` (its own indices)
 6      ``prims.sum``               ``scan_kernels._rows`` (element (k, m): k·M + m)
 7      ``prims.div`` by K          ``pointwise.round_into`` (element m)
 8      ``+ eps`` (eps as binary32)  ``round_into`` (element m)
@@ -77,7 +77,7 @@ def _statistics(x, eps, keys, mode, mean, rstd, Mg, mg0):
     those of the whole."""
     M, Kd = x.shape
     var = np.empty(M, np.float32)
-    SK.rowvar32(x, keys[0:6], np.float32(Kd), np.float32(Kd), mode, var, Mg, mg0)
+    SK.rowvar(x, keys[0:6], np.float32(Kd), np.float32(Kd), mode, var, Mg, mg0)
     s = np.empty(M, np.float32)
     SK._rows(x, s, np.uint64(keys[6]), mode, Mg, mg0)
     col = np.empty(M, np.float32)

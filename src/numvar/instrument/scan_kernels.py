@@ -12,16 +12,18 @@ on the transposed rows: element (k, m) uses ``bits64(key, k·M + m)``, the fast 
 ieee/sr/ud/random), else the rounding core's ``add_f32``/``mul_f32`` (the scan's own
 fallback). Tested bit for bit against ``kernels.scan``.
 
-:func:`rowvar32` is ``flop.var`` over the trailing dims of a small contiguous tensor
+:func:`rowvar` is ``flop.var`` over the trailing dims of a small contiguous tensor
 (LayerNorm's and GroupNorm's statistics) in one call instead of six tensor ops: the same
 keys, element indices and kernels (tested bit for bit against the tensor steps,
-``flop.USE_ROWVAR = False``).
+``flop.USE_ROWVAR = False``), binary32 or binary64 (a float64 array: the row blocks and
+the binary64 tiles of ``pointwise``).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from numvar.rounding import kernels as K
 
@@ -72,51 +74,134 @@ def rowscan32(x, out, key, mode, use_mul, cumulative):  # pragma: no cover - com
 
 
 # --------------------------------------------------------------- two-pass variance
-@njit(inline="always")
-def _rows(x, out, key, mode, Mg, mg0):
+def _rows(x, out, key, mode, Mg, mg0):  # pragma: no cover - replaced by its overload
     """Row sums of x (M, K), K ≥ 2, the rows mg0 .. mg0 + M of a (Mg, K) whole, in
-    flop.reduce's order and bits on the whole (element (k, m) of the whole: k·Mg + m):
-    rowscan32 for a whole of few rows (then x is the whole), pointwise's row blocks for
-    many (the same bits; a row's value does not depend on its block, so a part of the
-    rows is computed as in the whole)."""
+    flop.reduce's order and bits on the whole (element (k, m) of the whole: k·Mg + m).
+    binary32: rowscan32 for a whole of few rows (then x is the whole), pointwise's row
+    blocks for many (the same bits; a row's value does not depend on its block, so a part
+    of the rows is computed as in the whole). binary64 (float64 arrays, 53 bits): the row
+    blocks (their binary64 tiles, ``pointwise._tile64``) for many rows, the rows' chains
+    (:func:`_row_chains64`) for few."""
+
+
+@overload(_rows)
+def _rows_impl(x, out, key, mode, Mg, mg0):
+    if x.dtype == types.float64:
+        def wide(x, out, key, mode, Mg, mg0):
+            if Mg < PW.ROW_M_MIN:
+                _row_chains64(x, out, key, mode, Mg, mg0)
+            else:
+                _row_blocks(x, out, key, mode, Mg, mg0)
+        return wide
+
+    def narrow(x, out, key, mode, Mg, mg0):
+        M = x.shape[0]
+        if Mg < PW.ROW_M_MIN:
+            # runtime bools, as flop.reduce passes them (constants would compile a copy)
+            rowscan32(x, out.reshape(M, 1), key, mode, np.bool_(False), np.bool_(False))
+        else:
+            _row_blocks(x, out, key, mode, Mg, mg0)
+    return narrow
+
+
+@njit(inline="always")
+def _row_blocks(x, out, key, mode, Mg, mg0):
+    """:func:`_rows` by pointwise's blocks of rows (``pointwise._rowblock_at``)."""
     M, Kd = x.shape
-    if Mg < PW.ROW_M_MIN:
-        # runtime bools, as flop.reduce passes them (constants would compile a copy)
-        rowscan32(x, out.reshape(M, 1), key, mode, np.bool_(False), np.bool_(False))
-    else:
-        K.wide_vectors()
-        R = max(1, min(PW.RBLOCK, PW.RBLOCK_ELEMS // Kd))
-        ukey = np.uint64(key)
-        for r0 in range(0, M, R):
-            PW._rowblock_at(x, out, r0, min(R, M - r0), ukey, K.OP_ADD, mode, Mg, mg0)
+    K.wide_vectors()
+    R = max(1, min(PW.RBLOCK, PW.RBLOCK_ELEMS // Kd))
+    ukey = np.uint64(key)
+    for r0 in range(0, M, R):
+        PW._rowblock_at(x, out, r0, min(R, M - r0), ukey, K.OP_ADD, mode, Mg, mg0)
 
 
 @njit(cache=True, error_model="numpy")
-def rowvar32(x, keys, n_mean, n_var, mode, out, Mg, mg0):  # pragma: no cover - compiled
-    """``flop.var`` of each row of x (M, K) float32 C-contiguous, K ≥ 2, binary32 at 24
-    bits, into ``out`` (M,), x the rows mg0 .. mg0 + M of a (Mg, K) whole (the whole
-    itself: Mg = M, mg0 = 0; a part gives the whole's values for its rows): the six
-    stream keys of its six tensor steps, in order, and their element indices in the
-    whole: row sums (key 0, element (k, m) ``k·Mg + m``); ``mu = RND(s / n_mean)`` (key
-    1, element m); ``d = RND(x − mu)`` (key 2, element ``m·K + k``); ``RND(d·d)`` (key 3,
-    same); their row sums (key 4); ``RND(s2 / n_var)`` (key 5)."""
+def _row_chains64(x, out, key, mode, Mg, mg0):  # pragma: no cover - compiled
+    """binary64 sums at 53 bits of the rows of x (M, K), the rows mg0 .. mg0 + M of a
+    (Mg, K) whole, in ``kernels.scan``'s order and bits on the whole (element (k, m):
+    ``bits64(key, k·Mg + mg0 + m)``): the M accumulators stepped together (independent
+    chains, their latencies overlapping), each step on ``rn64_step`` where ``_wide_takes``
+    holds (sr, ieee, ud, random) and on the scalar function elsewhere, as
+    ``kernels._scan_chain64`` steps a column. A block of few rows takes per k-step one
+    tile call of a few elements (measured, one thread: the variance of two rows of 4096
+    took 647 µs that way against 386 for the six tensor steps)."""
     M, Kd = x.shape
-    s = np.empty(M, np.float32)
+    ukey = np.uint64(key)
+    fast = mode <= K.MODE_RANDOM
+    acc = np.empty(M)
+    for m in range(M):
+        acc[m] = x[m, 0]
+    for k in range(1, Kd):
+        q = np.uint64(k) * np.uint64(Mg) + np.uint64(mg0)
+        for m in range(M):
+            a = acc[m]
+            xv = x[m, k]
+            s = a + xv
+            bv = s - a
+            e = (a - (s - bv)) + (xv - bv)
+            r = _bits(ukey, q + np.uint64(m))
+            if fast and K._wide_takes(a, xv, s, False):
+                acc[m] = K.rn64_step(s, e, r, mode)
+            else:  # (called, not inlined: one compiled copy for every caller)
+                acc[m] = K.call_wide_binary(np.int64(K.OP_ADD), a, xv, mode, np.int64(53), r)
+    for m in range(M):
+        out[m] = acc[m]
+
+
+def _round_into(op, a, b, o, ukey, l0, mode):  # pragma: no cover - replaced by its overload
+    """``o[j] = RND(a[j] op b[j])`` with ``bits64(key, l0 + j)``: ``pointwise.round_into``
+    (binary32 at 24 bits), or for float64 arrays binary64 at 53 bits as
+    ``numvar.rounding.kernels.k_binary`` rounds them (``pointwise._tile64``, tile by
+    tile)."""
+
+
+@overload(_round_into)
+def _round_into_impl(op, a, b, o, ukey, l0, mode):
+    if o.dtype == types.float64:
+        def wide(op, a, b, o, ukey, l0, mode):
+            n = o.size
+            for t0 in range(0, n, PW.ROUND_TILE):
+                t1 = min(n, t0 + PW.ROUND_TILE)
+                # int64s, not literals: the signature pointwise's callers compile
+                PW._tile64(np.int64(op), a[t0:t1], b[t0:t1], o[t0:t1], ukey,
+                           np.int64(l0 + t0), np.int64(mode))
+        return wide
+
+    def narrow(op, a, b, o, ukey, l0, mode):
+        PW.round_into(op, a, b, o, ukey, l0, mode)
+    return narrow
+
+
+@njit(cache=True, error_model="numpy")
+def rowvar(x, keys, n_mean, n_var, mode, out, Mg, mg0):  # pragma: no cover - compiled
+    """``flop.var`` of each row of x (M, K) C-contiguous, K ≥ 2, into ``out`` (M,):
+    binary32 at 24 bits for float32 arrays, binary64 at 53 bits for float64 ones (``out``,
+    ``n_mean`` and ``n_var`` of x's dtype). x is the rows mg0 .. mg0 + M of a (Mg, K)
+    whole (the whole itself: Mg = M, mg0 = 0; a part gives the whole's values for its
+    rows): the six stream keys of its six tensor steps, in order, and their element
+    indices in the whole: row sums (key 0, element (k, m) ``k·Mg + m``); ``mu = RND(s /
+    n_mean)`` (key 1, element m); ``d = RND(x − mu)`` (key 2, element ``m·K + k``);
+    ``RND(d·d)`` (key 3, same); their row sums (key 4); ``RND(s2 / n_var)`` (key 5)."""
+    M, Kd = x.shape
+    dt = x.dtype
+    # the ops as int64s, not literals: one compiled _round_into per dtype
+    div, sub, mul = np.int64(K.OP_DIV), np.int64(K.OP_SUB), np.int64(K.OP_MUL)
+    s = np.empty(M, dt)
     _rows(x, s, keys[0], mode, Mg, mg0)
-    nb = np.empty(M, np.float32)
+    nb = np.empty(M, dt)
     nb[:] = n_mean
-    mu = np.empty(M, np.float32)
-    PW.round_into(K.OP_DIV, s, nb, mu, np.uint64(keys[1]), mg0, mode)
-    # whole-array passes (element m·K + k of the C-order arrays): one round_into call per
-    # step, not one per row (short rows made the per-call set-up dominate)
-    mub = np.empty((M, Kd), np.float32)
+    mu = np.empty(M, dt)
+    _round_into(div, s, nb, mu, np.uint64(keys[1]), mg0, mode)
+    # whole-array passes (element m·K + k of the C-order arrays): one call per step, not
+    # one per row (short rows made the per-call set-up dominate)
+    mub = np.empty((M, Kd), dt)
     for m in range(M):
         mub[m, :] = mu[m]
-    d = np.empty(M * Kd, np.float32)
-    PW.round_into(K.OP_SUB, x.reshape(M * Kd), mub.reshape(M * Kd), d, np.uint64(keys[2]),
-                  mg0 * Kd, mode)
-    sq = np.empty((M, Kd), np.float32)
-    PW.round_into(K.OP_MUL, d, d, sq.reshape(M * Kd), np.uint64(keys[3]), mg0 * Kd, mode)
+    d = np.empty(M * Kd, dt)
+    _round_into(sub, x.reshape(M * Kd), mub.reshape(M * Kd), d, np.uint64(keys[2]),
+                mg0 * Kd, mode)
+    sq = np.empty((M, Kd), dt)
+    _round_into(mul, d, d, sq.reshape(M * Kd), np.uint64(keys[3]), mg0 * Kd, mode)
     _rows(sq, s, keys[4], mode, Mg, mg0)
     nb[:] = n_var
-    PW.round_into(K.OP_DIV, s, nb, out, np.uint64(keys[5]), mg0, mode)
+    _round_into(div, s, nb, out, np.uint64(keys[5]), mg0, mode)
