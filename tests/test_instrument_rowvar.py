@@ -1,6 +1,6 @@
 """flop.var's compiled path (scan_kernels.rowvar, flop.USE_ROWVAR / USE_ROWVAR64) gives
 the bits of the six tensor steps it replaces, binary32 and binary64, in every mode, for
-few rows (rowscan32 order; binary64: row blocks) and many rows (row blocks), with
+few rows (rowscan32 order; binary64: the rows' chains) and many rows (row blocks), with
 correction 0/1, special values, through LayerNorm and GroupNorm, and leaves the stream
 where they leave it (the op after draws the same bits)."""
 

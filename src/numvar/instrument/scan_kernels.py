@@ -1,5 +1,6 @@
-"""numba kernel of binary32 sums, products and scans over the trailing dim of a few
-long rows (:func:`numvar.instrument.flop.reduce` and :func:`~numvar.instrument.flop.scan`).
+"""numba kernels of binary32 sums, products and scans over the trailing dim of a few
+long rows (:func:`numvar.instrument.flop.reduce` and :func:`~numvar.instrument.flop.scan`),
+and of the variance over trailing dims, binary32 and binary64 (:func:`rowvar`).
 
 The flop reductions run on a (K, M) view, a tile of M columns per k-step
 (``kernels.scan``) or, for M ≥ ``pointwise.ROW_M_MIN`` contiguous rows, on blocks of rows
@@ -15,8 +16,8 @@ fallback). Tested bit for bit against ``kernels.scan``.
 :func:`rowvar` is ``flop.var`` over the trailing dims of a small contiguous tensor
 (LayerNorm's and GroupNorm's statistics) in one call instead of six tensor ops: the same
 keys, element indices and kernels (tested bit for bit against the tensor steps,
-``flop.USE_ROWVAR = False``), binary32 or binary64 (a float64 array: the row blocks and
-the binary64 tiles of ``pointwise``).
+``flop.USE_ROWVAR = False``), binary32 or binary64 (a float64 array: the rows' chains
+or blocks and the binary64 tiles of ``pointwise``; ``flop.USE_ROWVAR64``).
 """
 
 from __future__ import annotations
