@@ -1,6 +1,6 @@
-"""The compiled layer norm and eval batch norm (numvar.instrument.norm_kernels) against
-torch's decompositions run op by op (their slow reference, ``USE_KERNEL = False``): same
-bits of all three outputs, same stream position afterwards, same report, in every
+"""The compiled layer norm (binary32 and binary64) and eval batch norm
+(numvar.instrument.norm_kernels) against torch's decompositions run op by op (their slow
+reference, ``USE_KERNEL = False``): same bits of all three outputs, same stream position afterwards, same report, in every
 rounding mode, with and without weight and bias. Layer norm: normalised over one and
 two dims, few rows (the row-scan sums) and many (the row-block sums), rows holding inf,
 NaN, a constant (variance 0: rstd = rsqrt(eps)) and values whose squares overflow
@@ -24,14 +24,15 @@ from _spy import count_calls  # noqa: E402
 LN = torch.ops.aten.native_layer_norm.default
 
 
-def _data(shape, seed=0):
+def _data(shape, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(*shape, generator=g) * 3 + 0.5
+    x = torch.randn(*shape, generator=g, dtype=dtype) * 3 + 0.5
     rows = x.view(-1, x.shape[-1])
     rows[0, 1] = float("inf")
     rows[1, 0] = float("nan")
     rows[2] = 0.25  # constant row: variance 0
-    rows[3, :2] = torch.tensor([3e19, -2e19])  # squares overflow binary32
+    # squares overflow the format
+    rows[3, :2] = torch.tensor([3e19, -2e19] if dtype is torch.float32 else [3e160, -2e160])
     return x
 
 
@@ -45,15 +46,17 @@ def _run(use, monkeypatch, mode, x, nshape, w, b, seed=5):
 
 def _same(a, b):
     assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
-    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    bits = torch.int64 if a.dtype is torch.float64 else torch.int32
+    assert torch.equal(a.view(bits), b.view(bits))
 
 
-def _check(monkeypatch, mode, shape, nd, affine, kernel="layer_norm_rows32"):
-    x = _data(shape)
+def _check(monkeypatch, mode, shape, nd, affine, kernel="layer_norm_rows",
+           dtype=torch.float32):
+    x = _data(shape, dtype=dtype)
     nshape = list(shape[len(shape) - nd:])
     g = torch.Generator().manual_seed(1)
-    w = torch.randn(nshape, generator=g) if affine in ("both", "weight") else None
-    b = torch.randn(nshape, generator=g) if affine in ("both", "bias") else None
+    w = torch.randn(nshape, generator=g, dtype=dtype) if affine in ("both", "weight") else None
+    b = torch.randn(nshape, generator=g, dtype=dtype) if affine in ("both", "bias") else None
     calls = count_calls(monkeypatch, NK, kernel)
     fast, pos, rep = _run(True, monkeypatch, mode, x, nshape, w, b)
     assert calls, "the compiled kernel did not run"
@@ -76,21 +79,24 @@ def _parts(monkeypatch, parts: int) -> None:
                             if rows >= PW.ROW_M_MIN else 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("mode,parts", [("sr", 1), ("ud", 1), ("random", 1), ("down", 1),
                                         ("sr", 3), ("down", 2)])
-def test_kernel_matches_decomposition(monkeypatch, mode, parts):
+def test_kernel_matches_decomposition(monkeypatch, mode, parts, dtype):
     _parts(monkeypatch, parts)
     out, mean, rstd = _check(monkeypatch, mode, (3, 7, 8), 1, "both",  # 21 rows: row blocks
-                             "layer_norm_par32" if parts > 1 else "layer_norm_rows32")
+                             "layer_norm_par" if parts > 1 else "layer_norm_rows", dtype)
     # the special rows came through: NaN where inf/NaN, rsqrt(eps) for the constant row
     assert torch.isnan(out.view(-1, 8)[:2]).all()
     assert torch.isfinite(out.view(-1, 8)[4:]).all()
     assert abs(rstd.view(-1)[2].item() - 1e-5 ** -0.5) < 1.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("affine", ["none", "weight", "bias"])
-def test_kernel_without_affine_parameters(monkeypatch, affine):
-    _check(monkeypatch, "sr", (2, 4, 3, 5), 2, affine)  # 8 rows: row scans; 2-D shape
+def test_kernel_without_affine_parameters(monkeypatch, affine, dtype):
+    # 8 rows: row scans (binary64: the rows' chains); 2-D shape
+    _check(monkeypatch, "sr", (2, 4, 3, 5), 2, affine, dtype=dtype)
 
 
 def test_mean_and_rstd_against_float64():
@@ -109,15 +115,28 @@ def test_mean_and_rstd_against_float64():
 
 
 def test_declines_and_autograd(monkeypatch):
-    """Non-contiguous input and float64 take the decomposition (no kernel call); with
-    autograd the forward takes the kernel and the gradients equal the reference's."""
-    calls = count_calls(monkeypatch, NK, "layer_norm_rows32")
+    """Non-contiguous input, float64 with ``LAYER_NORM64`` off or at a virtual precision
+    take the decomposition (no kernel call), float64 otherwise the kernel; with autograd
+    the forward takes the kernel and the gradients equal the reference's."""
+    calls = count_calls(monkeypatch, NK, "layer_norm_rows")
     xt = torch.randn(8, 5).t()
     with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
         for _ in range(2):
             F.layer_norm(xt, [8])
+    with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0, precision=40):
+        for _ in range(2):
+            F.layer_norm(xt.contiguous().double(), [8])
+    monkeypatch.setattr(NK, "LAYER_NORM64", False)
+    with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
+        for _ in range(2):
             F.layer_norm(xt.contiguous().double(), [8])
     assert not calls
+    monkeypatch.setattr(NK, "LAYER_NORM64", True)
+    with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
+        for _ in range(2):
+            F.layer_norm(xt.contiguous().double(), [8])
+    assert calls
+    calls.clear()
 
     def grads(use):
         monkeypatch.setattr(NK, "USE_KERNEL", use)
@@ -397,11 +416,11 @@ def test_runs_of_rows_give_the_whole_calls_bits(rows, k):
         mean, rstd = np.empty(rows, np.float32), np.empty(rows, np.float32)
         o2 = out.reshape(rows, k)
         if parts:
-            NK.layer_norm_par32(x, w, b, True, True, eps, keys, mode, o2, mean, rstd, parts)
+            NK.layer_norm_par(x, w, b, True, True, eps, keys, mode, o2, mean, rstd, parts)
             NK.softmax_par32(False, x, mx, e64[:0], keys, mode, d, parts)
             NK.softmax_par32(True, x, mx, e64, keys[1:], mode, sm, parts)
         else:
-            NK.layer_norm_rows32(x, w, b, True, True, eps, keys, mode, o2, mean, rstd, rows, 0)
+            NK.layer_norm_rows(x, w, b, True, True, eps, keys, mode, o2, mean, rstd, rows, 0)
             NK.softmax_sub32(x, mx, keys[0], mode, d, 0)
             NK.softmax_tail32(e64, keys[1:], mode, sm, rows, 0)
         return [a.view(np.int32).copy() for a in (out, mean, rstd, d, sm)]
@@ -414,6 +433,36 @@ def test_runs_of_rows_give_the_whole_calls_bits(rows, k):
                 nan = np.isnan(a.view(np.float32))
                 assert np.array_equal(nan, np.isnan(c.view(np.float32))), (mode, parts)
                 assert np.array_equal(a[~nan], c[~nan]), (RK.MODE_NAMES[mode], parts)
+
+
+def test_runs_of_rows_give_the_whole_binary64_layer_norm():
+    """The binary64 layer norm in 2, 3 and 5 runs of rows against one call on the whole,
+    bit for bit (NaNs at the same places), in every rounding mode: the row blocks' sums
+    and every element-wise step take the whole's element indices."""
+    rows, k = 21, 8
+    g = np.random.default_rng(3)
+    x = g.standard_normal((rows, k)) * 3
+    x[0, 1], x[1, 0], x[2], x[3, :2] = np.inf, np.nan, 0.25, (3e160, -2e160)
+    w, b = g.standard_normal(k), g.standard_normal(k)
+    keys = np.arange(1, 15, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+
+    def run(mode, parts):
+        out, mean, rstd = np.empty((rows, k)), np.empty(rows), np.empty(rows)
+        if parts:
+            NK.layer_norm_par(x, w, b, True, True, 1e-5, keys, mode, out, mean, rstd, parts)
+        else:
+            NK.layer_norm_rows(x, w, b, True, True, 1e-5, keys, mode, out, mean, rstd, rows, 0)
+        return out, mean, rstd
+
+    for mode in range(len(RK.MODE_NAMES)):
+        whole = run(mode, 0)
+        assert np.isnan(whole[0][:2]).all() and np.isfinite(whole[0][4:]).all()
+        for parts in (2, 3, 5):
+            for a, c in zip(whole, run(mode, parts)):
+                nan = np.isnan(a)
+                assert np.array_equal(nan, np.isnan(c)), (mode, parts)
+                assert np.array_equal(a[~nan].view(np.int64), c[~nan].view(np.int64)), (
+                    RK.MODE_NAMES[mode], parts)
 
 
 def test_row_parts(monkeypatch):

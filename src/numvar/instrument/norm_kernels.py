@@ -1,5 +1,5 @@
 """numba kernels of LayerNorm, GroupNorm, eval BatchNorm and softmax at flop granularity
-(binary32): ``aten.native_layer_norm``, ``native_group_norm`` (with a weight),
+(binary32; LayerNorm binary64 too): ``aten.native_layer_norm``, ``native_group_norm`` (with a weight),
 ``native_batch_norm`` / ``_native_batch_norm_legit_no_training`` (running statistics;
 and ``native_batch_norm`` in training without them on one sample: InstanceNorm),
 ``_softmax`` / ``_safe_softmax`` (last dim). The layer norm is described here; the
@@ -9,8 +9,8 @@ At flop granularity LayerNorm runs torch's decomposition with the mode re-entere
 ``var_mean`` (``prims.var``: six tensor steps, ``prims.sum``, ``prims.div``), ``+ eps``,
 ``rsqrt``, ``− mean``, ``· rstd``, ``· weight``, ``+ bias``: fourteen rounded sub-ops, each
 a dispatch, a handler and a kernel call (about 25 µs of Python each against a few µs of
-arithmetic on a transformer's activations: docs/speed.md). :func:`layer_norm_rows32` runs
-the same steps in one compiled call, or :func:`layer_norm_par32` in runs of rows on
+arithmetic on a transformer's activations: docs/speed.md). :func:`layer_norm_rows` runs
+the same steps in one compiled call, or :func:`layer_norm_par` in runs of rows on
 numba's threads (the same bits). The stream keys the decomposition would draw are drawn
 beforehand in the same order and every step uses its key and its element indices (the
 rows x viewed as (M, K), K the normalised size, m·K + k for element (m, k)):
@@ -20,13 +20,13 @@ key    step                        kernel (element indices)
 =====  ==========================  ==========================================
 0–5    ``prims.var`` (biased)      ``scan_kernels.rowvar`` (its own indices)
 6      ``prims.sum``               ``scan_kernels._rows`` (element (k, m): k·M + m)
-7      ``prims.div`` by K          ``pointwise.round_into`` (element m)
-8      ``+ eps`` (eps as binary32)  ``round_into`` (element m)
-9      ``rsqrt``                   float64 ``1/sqrt``, ``pointwise._roundtile`` (m)
-10     ``x − mean``                ``round_into`` (m·K + k)
-11     ``· rstd``                  ``round_into`` (m·K + k)
-12     ``· weight`` (if any)       ``round_into`` (m·K + k)
-12/13  ``+ bias`` (if any)         ``round_into`` (m·K + k)
+7      ``prims.div`` by K          ``pointwise.round_into_any`` (element m)
+8      ``+ eps`` (in x's format)   ``round_into_any`` (element m)
+9      ``rsqrt``                   float64 ``1/sqrt``, :func:`_rsqrt_rounded` (m)
+10     ``x − mean``                ``round_into_any`` (m·K + k)
+11     ``· rstd``                  ``round_into_any`` (m·K + k)
+12     ``· weight`` (if any)       ``round_into_any`` (m·K + k)
+12/13  ``+ bias`` (if any)         ``round_into_any`` (m·K + k)
 =====  ==========================  ==========================================
 
 ``rsqrt`` at flop is "the float64 result rounded once" (``handlers.op_once``): torch's
@@ -35,7 +35,10 @@ the kernel computes. The mode's ``_fused`` takes this kernel only after the
 decomposition ran once with the same signature and drew the same number of keys; the
 report then counts the same sub-ops. Same bits for the same seed: tested against the
 decomposition (``USE_KERNEL = False``) in every rounding mode, with non-finite values,
-with and without weight and bias (``tests/test_instrument_norm_kernels.py``).
+with and without weight and bias (``tests/test_instrument_norm_kernels.py``). A binary64
+input (float64 at 53 bits, :data:`LAYER_NORM64`) runs the same code on float64 arrays:
+``round_into_any`` rounds to binary64 there, and ``rsqrt``'s float64 result counts as
+exact (only ud perturbs it).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ import math
 import numba
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from numvar.rounding import kernels as K
 
@@ -53,9 +57,12 @@ from . import kernels as KN
 from . import pointwise as PW
 from . import scan_kernels as SK
 from .flop import flop_backend
+from .kernels import _bits
 
 #: take the kernel (False: the decomposition, op by op: the slow reference)
 USE_KERNEL = True
+#: take the layer-norm kernel for binary64 inputs too (False: their decomposition)
+LAYER_NORM64 = True
 #: a binary32 layer norm's time per element at flop granularity, in SR contraction
 #: terms (measured, one thread, Zen 3: 24 ns per element of a 128 × 128 layer norm
 #: against 0.8 ns per term): the weight of its elements against
@@ -74,32 +81,61 @@ def _statistics(x, eps, keys, mode, mean, rstd, Mg, mg0):
     """``var_mean`` (biased) of the rows of x (M, K), then ``rstd = RND(rsqrt(RND(var +
     eps)))``: keys 0–9 as in the module docstring; ``mean``, ``rstd`` (M,). x is the rows
     mg0 .. mg0 + M of a (Mg, K) whole (the whole: Mg = M, mg0 = 0), the element indices
-    those of the whole."""
+    those of the whole. binary32 (float32 arrays) or binary64 (float64; ``eps`` of the
+    arrays' dtype)."""
     M, Kd = x.shape
-    var = np.empty(M, np.float32)
-    SK.rowvar(x, keys[0:6], np.float32(Kd), np.float32(Kd), mode, var, Mg, mg0)
-    s = np.empty(M, np.float32)
+    dt = x.dtype
+    col = np.empty(M, dt)
+    col[:] = Kd
+    var = np.empty(M, dt)
+    SK.rowvar(x, keys[0:6], col[0], col[0], mode, var, Mg, mg0)
+    s = np.empty(M, dt)
     SK._rows(x, s, np.uint64(keys[6]), mode, Mg, mg0)
-    col = np.empty(M, np.float32)
-    col[:] = np.float32(Kd)
-    PW.round_into(K.OP_DIV, s, col, mean, np.uint64(keys[7]), mg0, mode)
+    # the ops as int64s, not literals: one compiled PW.round_into_any per dtype
+    PW.round_into_any(np.int64(K.OP_DIV), s, col, mean, np.uint64(keys[7]), mg0, mode)
     col[:] = eps
-    ve = np.empty(M, np.float32)
-    PW.round_into(K.OP_ADD, var, col, ve, np.uint64(keys[8]), mg0, mode)
-    h = np.empty(M)
-    for m in range(M):
-        h[m] = 1.0 / np.sqrt(np.float64(ve[m]))
-    PW._roundtile(h, rstd, np.uint64(keys[9]), mg0, PW._ONE, mode)  # mg0 an int64: one copy
+    ve = np.empty(M, dt)
+    PW.round_into_any(np.int64(K.OP_ADD), var, col, ve, np.uint64(keys[8]), mg0, mode)
+    _rsqrt_rounded(ve, rstd, np.uint64(keys[9]), mg0, mode)
+
+
+def _rsqrt_rounded(ve, rstd, ukey, l0, mode):  # pragma: no cover - replaced by its overload
+    """``rstd[m] = RND(1 / sqrt(ve[m]))`` with ``bits64(key, l0 + m)``: ``rsqrt`` at flop
+    granularity, the float64 result rounded once (``handlers.op_once``; torch's float64
+    ``rsqrt`` is ``1 / sqrt(x)``, two correctly rounded operations). binary32: rounded
+    to binary32 (``pointwise._roundtile``). binary64: the result counts as exact, rounded
+    to binary64 at 53 bits as ``Ctx.round`` rounds it: itself in the modes that keep
+    exact values (ieee, sr, random), else ``call_round_rn64`` (ud perturbs it)."""
+
+
+@overload(_rsqrt_rounded)
+def _rsqrt_rounded_impl(ve, rstd, ukey, l0, mode):
+    if rstd.dtype == types.float64:
+        def wide(ve, rstd, ukey, l0, mode):
+            keeps = mode == K.MODE_IEEE or mode == K.MODE_SR or mode == K.MODE_RANDOM
+            for m in range(rstd.size):
+                h = 1.0 / np.sqrt(ve[m])
+                rstd[m] = h if keeps else K.call_round_rn64(
+                    h, 0.0, mode, np.int64(53), _bits(ukey, np.uint64(l0 + m)))
+        return wide
+
+    def narrow(ve, rstd, ukey, l0, mode):
+        h = np.empty(rstd.size)
+        for m in range(rstd.size):
+            h[m] = 1.0 / np.sqrt(np.float64(ve[m]))
+        PW._roundtile(h, rstd, ukey, l0, PW._ONE, mode)  # l0 an int64: one copy
+    return narrow
 
 
 @njit(cache=True, error_model="numpy")
-def layer_norm_rows32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd, Mg,
-                      mg0):  # pragma: no cover - compiled
-    """LayerNorm of the rows of x (M, K) float32 C-contiguous, K ≥ 2, binary32 at 24 bits,
-    x the rows mg0 .. mg0 + M of a (Mg, K) whole (int64s; the whole: Mg = M, mg0 = 0):
-    ``out`` (M, K), ``mean`` and ``rstd`` (M,), with the keys and the whole's element
-    indices of the module docstring, so that a part of the rows gets the values the whole
-    gets for them. ``w``, ``b``: (K,) float32 (read only when ``has_w`` / ``has_b``)."""
+def layer_norm_rows(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd, Mg,
+                    mg0):  # pragma: no cover - compiled
+    """LayerNorm of the rows of x (M, K) C-contiguous, K ≥ 2, binary32 at 24 bits for
+    float32 arrays or binary64 at 53 bits for float64 ones (every array and ``eps`` of
+    x's dtype), x the rows mg0 .. mg0 + M of a (Mg, K) whole (int64s; the whole: Mg = M,
+    mg0 = 0): ``out`` (M, K), ``mean`` and ``rstd`` (M,), with the keys and the whole's
+    element indices of the module docstring, so that a part of the rows gets the values
+    the whole gets for them. ``w``, ``b``: (K,) (read only when ``has_w`` / ``has_b``)."""
     M, Kd = x.shape
     _statistics(x, eps, keys, mode, mean, rstd, Mg, mg0)
     z, o = np.int64(0), np.int64(1)  # not literals: one compiled _normalize_affine
@@ -109,17 +145,17 @@ def layer_norm_rows32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd, M
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def layer_norm_par32(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd,
-                     parts):  # pragma: no cover - compiled
-    """:func:`layer_norm_rows32` of the whole x (M, K), M ≥ ``pointwise.ROW_M_MIN`` (the
+def layer_norm_par(x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd,
+                   parts):  # pragma: no cover - compiled
+    """:func:`layer_norm_rows` of the whole x (M, K), M ≥ ``pointwise.ROW_M_MIN`` (the
     row-block sums: a part's rows are summed as in the whole), in ``parts`` runs of rows
     on numba's threads: the same bits as one call on the whole."""
     M = x.shape[0]
     for p in prange(parts):
         m0 = p * M // parts
         m1 = (p + 1) * M // parts
-        layer_norm_rows32(x[m0:m1], w, b, has_w, has_b, eps, keys, mode, out[m0:m1],
-                          mean[m0:m1], rstd[m0:m1], np.int64(M), np.int64(m0))
+        layer_norm_rows(x[m0:m1], w, b, has_w, has_b, eps, keys, mode, out[m0:m1],
+                        mean[m0:m1], rstd[m0:m1], np.int64(M), np.int64(m0))
 
 
 @njit(inline="always")
@@ -148,32 +184,34 @@ def _spread(full, v, d0, d1, d2, s0, s1, s2):
 def _normalize_affine(xf, mean, inv, w, b, has_w, has_b, keys, k0, mode, out, d0, d1, d2,
                       s0, s1, s2, a0, a1, a2, l0):  # pragma: no cover - compiled
     """``out = RND(RND(RND(RND(x − mean)·inv)·w) + b)`` (the weight and bias steps where
-    present), keys ``keys[k0]``, ``keys[k0 + 1]``, then one per affine step, element l0 + l
+    present; binary32 or binary64 by the arrays' dtype), keys ``keys[k0]``, ``keys[k0 + 1]``, then one per affine step, element l0 + l
     of the C-order (d0, d1, d2) arrays: the statistics read with strides (s0, s1, s2), the
     affine parameters with (a0, a1, a2). Whole-array passes, operands broadcast into one
     full buffer: one round_into call per step (one per row made short rows slow).
     Callers pass ``k0`` and the strides as runtime int64s: constants would be literal
     types, one compiled copy per caller's pattern (three in a test run) where one serves."""
     n = out.size
-    full = np.empty(n, np.float32)
+    dt = out.dtype
+    sub, mul, add = np.int64(K.OP_SUB), np.int64(K.OP_MUL), np.int64(K.OP_ADD)
+    full = np.empty(n, dt)
     _spread(full, mean, d0, d1, d2, s0, s1, s2)
-    d = np.empty(n, np.float32)
-    PW.round_into(K.OP_SUB, xf, full, d, np.uint64(keys[k0]), l0, mode)
+    d = np.empty(n, dt)
+    PW.round_into_any(sub, xf, full, d, np.uint64(keys[k0]), l0, mode)
     _spread(full, inv, d0, d1, d2, s0, s1, s2)
     last = has_w or has_b
-    e = np.empty(n, np.float32) if last else out
-    PW.round_into(K.OP_MUL, d, full, e, np.uint64(keys[k0 + 1]), l0, mode)
+    e = np.empty(n, dt) if last else out
+    PW.round_into_any(mul, d, full, e, np.uint64(keys[k0 + 1]), l0, mode)
     if not last:
         return
     k = k0 + 2
     if has_w:
         _spread(full, w, d0, d1, d2, a0, a1, a2)
-        PW.round_into(K.OP_MUL, e, full, d if has_b else out, np.uint64(keys[k]), l0, mode)
+        PW.round_into_any(mul, e, full, d if has_b else out, np.uint64(keys[k]), l0, mode)
         k += 1
         e, d = d, e
     if has_b:
         _spread(full, b, d0, d1, d2, a0, a1, a2)
-        PW.round_into(K.OP_ADD, e, full, out, np.uint64(keys[k]), l0, mode)
+        PW.round_into_any(add, e, full, out, np.uint64(keys[k]), l0, mode)
 
 
 @njit(inline="always")
@@ -237,7 +275,7 @@ def batch_norm_train32(xs, x, w, b, has_w, has_b, eps, keys, mode, out, mean, rs
     x (C·S,) float32 in C order (InstanceNorm's: its input arrives as (1, N·C, *S)),
     binary32 at 24 bits: torch's decomposition is LayerNorm's steps with the statistics
     per channel (``var_mean`` over every dim but 1) and the affine parameters per
-    channel, so keys 0–9 as :func:`layer_norm_rows32` on ``xs``, x as (C, S) rows, ``mean``
+    channel, so keys 0–9 as :func:`layer_norm_rows` on ``xs``, x as (C, S) rows, ``mean``
     and ``rstd`` (C,); then :func:`_normalize_affine` per channel (keys 10…, element l
     of x). ``N`` is 1 (the caller's rule: see :func:`_batch_norm_train`)."""
     z, o = np.int64(0), np.int64(1)  # not literals: one compiled _normalize_affine
@@ -251,7 +289,7 @@ def group_norm32(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
                  rstd):  # pragma: no cover - compiled
     """GroupNorm with a weight of x (N·C·HW,) float32 in C order, binary32 at 24 bits, as
     torch's CPU decomposition: the statistics of the N·G rows of (C/G)·HW elements as in
-    :func:`layer_norm_rows32` (keys 0–9, ``mean`` and ``rstd`` (N·G,)), ``scale = RND(rstd ·
+    :func:`layer_norm_rows` (keys 0–9, ``mean`` and ``rstd`` (N·G,)), ``scale = RND(rstd ·
     weight)`` (key 10) and ``shift = RND(−mean · scale)`` (key 11) on (N, C) (element
     n·C + c), ``shift = RND(shift + bias)`` (key 12, if a bias), then ``out = RND(RND(x ·
     scale) + shift)`` (the last two keys, element l)."""
@@ -336,41 +374,49 @@ def keys_needed(weight, bias) -> int:
     return 12 + (weight is not None) + (bias is not None)
 
 
-def _vector_ok(p, k: int) -> bool:
-    """A binary32 contiguous CPU tensor of k elements."""
-    return (isinstance(p, torch.Tensor) and p.dtype is torch.float32 and p.is_cpu
+def _vector_ok(p, k: int, dtype=torch.float32) -> bool:
+    """A contiguous CPU tensor of k elements of ``dtype``."""
+    return (isinstance(p, torch.Tensor) and p.dtype is dtype and p.is_cpu
             and p.numel() == k and p.is_contiguous())
 
 
-def _affine_ok(p, k: int) -> bool:
-    return p is None or _vector_ok(p, k)
+def _affine_ok(p, k: int, dtype=torch.float32) -> bool:
+    return p is None or _vector_ok(p, k, dtype)
 
 
-def _input_ok(ctx, x) -> bool:
+def _input_ok(ctx, x, wide: bool = False) -> bool:
     """A binary32 contiguous CPU input below ``kernels.PARALLEL_MIN_WORK`` elements (the
     kernels are serial; above it the decomposition's kernels run on every thread),
-    binary32 at 24 bits in its own format on the numba backend."""
-    return (USE_KERNEL and ctx._t32 and ctx._numba and ctx.format is None
-            and isinstance(x, torch.Tensor) and x.dtype is torch.float32 and x.is_cpu
-            and x.is_contiguous() and 0 < x.numel() < KN.PARALLEL_MIN_WORK
-            and flop_backend(x.device) == "numba")
+    binary32 at 24 bits in its own format on the numba backend; with ``wide`` (the
+    layer norm, :data:`LAYER_NORM64`), a binary64 one at 53 bits too."""
+    if not (USE_KERNEL and ctx._numba and ctx.format is None and isinstance(x, torch.Tensor)
+            and x.is_cpu and x.is_contiguous() and 0 < x.numel() < KN.PARALLEL_MIN_WORK):
+        return False
+    if x.dtype is torch.float32:
+        ok = ctx._t32
+    else:
+        ok = (wide and LAYER_NORM64 and x.dtype is torch.float64
+              and ctx.bits(torch.float64) == 53)
+    return ok and flop_backend(x.device) == "numba"
 
 
 def _eps_ok(ctx, x, eps) -> bool:
-    """An eps the scalar path holds in binary32 (as the decomposition's ``+ eps`` reads it)."""
-    return isinstance(eps, float) and ctx._scalar32(x, eps)
+    """An eps the scalar path holds in x's dtype (as the decomposition's ``+ eps`` reads
+    it; any float for binary64)."""
+    return isinstance(eps, float) and (x.dtype is torch.float64 or ctx._scalar32(x, eps))
 
 
 def serves(ctx, x, normalized_shape, weight, bias, eps) -> bool:
-    """The layer-norm kernel computes this call (:func:`_input_ok`, at least two
-    normalised elements per row, affine parameters of the normalised shape)."""
-    if not (_input_ok(ctx, x) and _eps_ok(ctx, x, eps)):
+    """The layer-norm kernel computes this call (:func:`_input_ok`, binary32 or binary64,
+    at least two normalised elements per row, affine parameters of the normalised shape
+    and x's dtype)."""
+    if not (_input_ok(ctx, x, wide=True) and _eps_ok(ctx, x, eps)):
         return False
     nd = len(normalized_shape)
     if nd == 0 or nd > x.dim() or tuple(x.shape[x.dim() - nd:]) != tuple(normalized_shape):
         return False
     k = math.prod(normalized_shape)
-    return k >= 2 and _affine_ok(weight, k) and _affine_ok(bias, k)
+    return k >= 2 and _affine_ok(weight, k, x.dtype) and _affine_ok(bias, k, x.dtype)
 
 
 def native_layer_norm(ctx, args, kwargs, nkeys: int):
@@ -387,27 +433,29 @@ def native_layer_norm(ctx, args, kwargs, nkeys: int):
     k = math.prod(normalized_shape)
     m = x.numel() // k
     stat = (*x.shape[:x.dim() - nd], *([1] * nd))
-    out = torch.empty(x.shape, dtype=torch.float32)
-    mean = torch.empty(stat, dtype=torch.float32)
-    rstd = torch.empty(stat, dtype=torch.float32)
+    dt = x.dtype
+    npt = np.float32 if dt is torch.float32 else np.float64
+    out = torch.empty(x.shape, dtype=dt)
+    mean = torch.empty(stat, dtype=dt)
+    rstd = torch.empty(stat, dtype=dt)
     keys = ctx.stream_keys(nkeys)
-    empty = np.empty(0, np.float32)
+    empty = np.empty(0, npt)
     w = empty if weight is None else weight.detach().numpy().reshape(k)
     b = empty if bias is None else bias.detach().numpy().reshape(k)
     args = (x.detach().numpy().reshape(m, k), w, b, weight is not None, bias is not None,
-            np.float32(eps), keys, ctx.code, out.numpy().reshape(m, k),
+            npt(eps), keys, ctx.code, out.numpy().reshape(m, k),
             mean.numpy().reshape(m), rstd.numpy().reshape(m))
     parts = row_parts(m, x.numel(), LAYER_NORM_WORK)
     if parts > 1:
-        layer_norm_par32(*args, parts)
+        layer_norm_par(*args, parts)
     else:
-        layer_norm_rows32(*args, m, 0)
+        layer_norm_rows(*args, m, 0)
     return out, mean, rstd
 
 
 def row_parts(rows: int, elems: int, work: int) -> int:
     """Runs of rows a layer norm or a softmax of ``rows`` rows and ``elems`` elements is
-    split into (one per numba thread: :func:`layer_norm_par32`, :func:`softmax_par32`),
+    split into (one per numba thread: :func:`layer_norm_par`, :func:`softmax_par32`),
     or 1 (one call on the calling thread): 1 with one thread, with fewer than
     ``pointwise.ROW_M_MIN`` rows (their sums are one scan, not per-row blocks), or below
     ``kernels.PARALLEL_MIN_WORK`` contraction terms' worth of time (``work`` per

@@ -621,6 +621,34 @@ def _tile64(op, a, b, o, ukey, l0, mode):  # pragma: no cover - compiled
                                        _bits(ukey, np.uint64(l0 + jj)))
 
 
+def round_into_any(op, a, b, o, ukey, l0, mode):  # pragma: no cover - replaced by its overload
+    """:func:`round_into` for binary32 or binary64 arrays, by ``o``'s dtype: ``o[j] =
+    RND(a[j] op b[j])`` with ``bits64(key, l0 + j)``; float32 arrays at 24 bits
+    (:func:`round_into`), float64 arrays at 53 bits as ``numvar.rounding.kernels.k_binary``
+    rounds them (:func:`_tile64`, tile by tile). Compiled as a function of its own, not
+    inlined: inlined into the variance kernel (``scan_kernels.rowvar``), numba's SSA pass
+    warned about :func:`_round_tiles`' phi nodes ("variable … is not in scope", once per
+    compile). Callers pass ``op`` as an int64, not a literal (one compiled copy per
+    dtype)."""
+
+
+@overload(round_into_any)
+def _round_into_any_impl(op, a, b, o, ukey, l0, mode):
+    if o.dtype == types.float64:
+        def wide(op, a, b, o, ukey, l0, mode):
+            n = o.size
+            for t0 in range(0, n, ROUND_TILE):
+                t1 = min(n, t0 + ROUND_TILE)
+                # int64s, not literals: the signature the other callers compile
+                _tile64(np.int64(op), a[t0:t1], b[t0:t1], o[t0:t1], ukey, np.int64(l0 + t0),
+                        np.int64(mode))
+        return wide
+
+    def narrow(op, a, b, o, ukey, l0, mode):
+        round_into(op, a, b, o, ukey, l0, mode)
+    return narrow
+
+
 @njit(inline="always")
 def _ntiles(M, N):
     if N >= TILE:

@@ -149,30 +149,6 @@ def _row_chains64(x, out, key, mode, Mg, mg0):  # pragma: no cover - compiled
         out[m] = acc[m]
 
 
-def _round_into(op, a, b, o, ukey, l0, mode):  # pragma: no cover - replaced by its overload
-    """``o[j] = RND(a[j] op b[j])`` with ``bits64(key, l0 + j)``: ``pointwise.round_into``
-    (binary32 at 24 bits), or for float64 arrays binary64 at 53 bits as
-    ``numvar.rounding.kernels.k_binary`` rounds them (``pointwise._tile64``, tile by
-    tile)."""
-
-
-@overload(_round_into)
-def _round_into_impl(op, a, b, o, ukey, l0, mode):
-    if o.dtype == types.float64:
-        def wide(op, a, b, o, ukey, l0, mode):
-            n = o.size
-            for t0 in range(0, n, PW.ROUND_TILE):
-                t1 = min(n, t0 + PW.ROUND_TILE)
-                # int64s, not literals: the signature pointwise's callers compile
-                PW._tile64(np.int64(op), a[t0:t1], b[t0:t1], o[t0:t1], ukey,
-                           np.int64(l0 + t0), np.int64(mode))
-        return wide
-
-    def narrow(op, a, b, o, ukey, l0, mode):
-        PW.round_into(op, a, b, o, ukey, l0, mode)
-    return narrow
-
-
 @njit(cache=True, error_model="numpy")
 def rowvar(x, keys, n_mean, n_var, mode, out, Mg, mg0):  # pragma: no cover - compiled
     """``flop.var`` of each row of x (M, K) C-contiguous, K ≥ 2, into ``out`` (M,):
@@ -185,24 +161,24 @@ def rowvar(x, keys, n_mean, n_var, mode, out, Mg, mg0):  # pragma: no cover - co
     ``RND(d·d)`` (key 3, same); their row sums (key 4); ``RND(s2 / n_var)`` (key 5)."""
     M, Kd = x.shape
     dt = x.dtype
-    # the ops as int64s, not literals: one compiled _round_into per dtype
+    # the ops as int64s, not literals: one compiled round_into_any per dtype
     div, sub, mul = np.int64(K.OP_DIV), np.int64(K.OP_SUB), np.int64(K.OP_MUL)
     s = np.empty(M, dt)
     _rows(x, s, keys[0], mode, Mg, mg0)
     nb = np.empty(M, dt)
     nb[:] = n_mean
     mu = np.empty(M, dt)
-    _round_into(div, s, nb, mu, np.uint64(keys[1]), mg0, mode)
+    PW.round_into_any(div, s, nb, mu, np.uint64(keys[1]), mg0, mode)
     # whole-array passes (element m·K + k of the C-order arrays): one call per step, not
     # one per row (short rows made the per-call set-up dominate)
     mub = np.empty((M, Kd), dt)
     for m in range(M):
         mub[m, :] = mu[m]
     d = np.empty(M * Kd, dt)
-    _round_into(sub, x.reshape(M * Kd), mub.reshape(M * Kd), d, np.uint64(keys[2]),
+    PW.round_into_any(sub, x.reshape(M * Kd), mub.reshape(M * Kd), d, np.uint64(keys[2]),
                 mg0 * Kd, mode)
     sq = np.empty((M, Kd), dt)
-    _round_into(mul, d, d, sq.reshape(M * Kd), np.uint64(keys[3]), mg0 * Kd, mode)
+    PW.round_into_any(mul, d, d, sq.reshape(M * Kd), np.uint64(keys[3]), mg0 * Kd, mode)
     _rows(sq, s, keys[4], mode, Mg, mg0)
     nb[:] = n_var
-    _round_into(div, s, nb, out, np.uint64(keys[5]), mg0, mode)
+    PW.round_into_any(div, s, nb, out, np.uint64(keys[5]), mg0, mode)
