@@ -4,8 +4,8 @@ Each case is one op under ``numvar.fuzzy(mode="sr", seed=0)`` at the granularity
 served at, with its module flags off (the route before: PyTorch's copy of the pooling
 windows, the flop handlers of ``affine_grid``'s sub-ops, the decomposition of the
 activations, a row-major copy of a column-major result, binary64's scalar quotients,
-roots, scan steps, materialised broadcasts, variances in six tensor steps and layer
-norms decomposed) and on, and natively; best of ``--repeats`` interleaved rounds of
+roots, scan steps, materialised broadcasts, variances in six tensor steps, layer norms
+and softmaxes decomposed) and on, and natively; best of ``--repeats`` interleaved rounds of
 ``--calls`` calls after a warm-up, each round timed by the thread's CPU time; ratios to
 native in the same run, and whether both settings give the same bits (the tests check
 that too: this measures the time).
@@ -51,7 +51,7 @@ _DIV64 = ((rounding_kernels, "DIV64_FAST"),)
 _SUMS64 = ((instrument_kernels, "SCAN64_FAST"), (flop, "ROW_SUMS64"))
 _VAR64 = ((flop, "USE_ROWVAR64"),)
 _ALL64 = (*_DIV64, (rounding_kernels, "SQRT64_FAST"), *_SUMS64, (_core, "BINARY64_IN_PLACE"),
-          *_VAR64, (norm_kernels, "LAYER_NORM64"))
+          *_VAR64, (norm_kernels, "LAYER_NORM64"), (norm_kernels, "SOFTMAX64"))
 
 #: name -> (granularity, the (module, flag) switches, the op)
 CASES = {

@@ -1,4 +1,4 @@
-"""The compiled layer norm (binary32 and binary64) and eval batch norm
+"""The compiled layer norm and softmax (binary32 and binary64) and eval batch norm
 (numvar.instrument.norm_kernels) against torch's decompositions run op by op (their slow
 reference, ``USE_KERNEL = False``): same bits of all three outputs, same stream position afterwards, same report, in every
 rounding mode, with and without weight and bias. Layer norm: normalised over one and
@@ -307,8 +307,8 @@ def test_instance_norm_matches_decomposition(monkeypatch, mode, shape, affine, g
     assert pos == pos_ref and rep == rep_ref
 
 
-def _softmax_data():
-    x = torch.randn(4, 5, 6, generator=torch.Generator().manual_seed(8))
+def _softmax_data(dtype=torch.float32):
+    x = torch.randn(4, 5, 6, generator=torch.Generator().manual_seed(8), dtype=dtype)
     x[0, 0, :] = float("-inf")  # an all −inf row: NaN in _softmax, 0 in _safe_softmax
     x[1, 1, 2] = float("inf")
     x[1, 2, 3] = float("nan")
@@ -319,9 +319,10 @@ def _softmax_data():
 @pytest.mark.parametrize("mode,which,parts", [
     ("sr", "softmax", 1), ("ud", "safe", 1), ("down", "safe", 1), ("random", "sdpa", 1),
     ("sr", "safe", 1), ("ieee", "safe_alive", 1), ("sr", "softmax", 3), ("ud", "safe", 2)])
-def test_softmax_matches_decomposition(monkeypatch, mode, which, parts):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_matches_decomposition(monkeypatch, mode, which, parts, dtype):
     _parts(monkeypatch, parts)
-    x = _softmax_data()
+    x = _softmax_data(dtype)
     if which == "safe_alive":  # no dead row: the kernel's output returned as it is
         x[0, 0, :] = torch.arange(6.0)
     fn = {"softmax": lambda t: torch.softmax(t, -1),
@@ -340,7 +341,7 @@ def test_softmax_matches_decomposition(monkeypatch, mode, which, parts):
             pos = fz.stream.counter
         return [o.detach() for o in outs] + ([t.grad] if grad else []), pos, fz.report().to_dict()
 
-    calls = count_calls(monkeypatch, NK, "softmax_par32" if parts > 1 else "softmax_tail32")
+    calls = count_calls(monkeypatch, NK, "softmax_par" if parts > 1 else "softmax_tail")
     fast, pos, rep = run(True)
     assert calls, "the compiled kernel did not run"
     ref, pos_ref, rep_ref = run(False)
@@ -350,10 +351,15 @@ def test_softmax_matches_decomposition(monkeypatch, mode, which, parts):
 
 
 def test_softmax_over_another_dim_takes_the_decomposition(monkeypatch):
-    calls = count_calls(monkeypatch, NK, "softmax_tail32")
+    """Another dim, or binary64 with ``SOFTMAX64`` off, takes the decomposition."""
+    calls = count_calls(monkeypatch, NK, "softmax_tail")
     with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
         for _ in range(2):
             torch.softmax(_softmax_data(), 1)
+    monkeypatch.setattr(NK, "SOFTMAX64", False)
+    with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
+        for _ in range(2):
+            torch.softmax(_softmax_data(torch.float64), -1)
     assert not calls
 
 
@@ -417,12 +423,12 @@ def test_runs_of_rows_give_the_whole_calls_bits(rows, k):
         o2 = out.reshape(rows, k)
         if parts:
             NK.layer_norm_par(x, w, b, True, True, eps, keys, mode, o2, mean, rstd, parts)
-            NK.softmax_par32(False, x, mx, e64[:0], keys, mode, d, parts)
-            NK.softmax_par32(True, x, mx, e64, keys[1:], mode, sm, parts)
+            NK.softmax_par(False, x, mx, e64[:0], keys, mode, d, parts)
+            NK.softmax_par(True, x, mx, e64, keys[1:], mode, sm, parts)
         else:
             NK.layer_norm_rows(x, w, b, True, True, eps, keys, mode, o2, mean, rstd, rows, 0)
-            NK.softmax_sub32(x, mx, keys[0], mode, d, 0)
-            NK.softmax_tail32(e64, keys[1:], mode, sm, rows, 0)
+            NK.softmax_sub(x, mx, keys[0], mode, d, 0)
+            NK.softmax_tail(e64, keys[1:], mode, sm, rows, 0)
         return [a.view(np.int32).copy() for a in (out, mean, rstd, d, sm)]
 
     for mode in range(len(RK.MODE_NAMES)):

@@ -63,13 +63,15 @@ from .kernels import _bits
 USE_KERNEL = True
 #: take the layer-norm kernel for binary64 inputs too (False: their decomposition)
 LAYER_NORM64 = True
+#: take the softmax kernels for binary64 inputs too (False: their decomposition)
+SOFTMAX64 = True
 #: a binary32 layer norm's time per element at flop granularity, in SR contraction
 #: terms (measured, one thread, Zen 3: 24 ns per element of a 128 × 128 layer norm
 #: against 0.8 ns per term): the weight of its elements against
 #: ``kernels.PARALLEL_MIN_WORK`` (:func:`row_parts`)
 LAYER_NORM_WORK = 30
-#: the same for a softmax's two compiled steps (:func:`softmax_sub32`,
-#: :func:`softmax_tail32`; 13.6 ns per element of 256 rows of 64)
+#: the same for a softmax's two compiled steps (:func:`softmax_sub`,
+#: :func:`softmax_tail`; 13.6 ns per element of 256 rows of 64, binary32)
 SOFTMAX_WORK = 17
 #: the same for eval batch norm's normalisation (:func:`batch_norm_eval32`: 7.4 ns per
 #: element of 2 × 64 × 32 × 32 with weight and bias)
@@ -99,32 +101,41 @@ def _statistics(x, eps, keys, mode, mean, rstd, Mg, mg0):
     _rsqrt_rounded(ve, rstd, np.uint64(keys[9]), mg0, mode)
 
 
-def _rsqrt_rounded(ve, rstd, ukey, l0, mode):  # pragma: no cover - replaced by its overload
-    """``rstd[m] = RND(1 / sqrt(ve[m]))`` with ``bits64(key, l0 + m)``: ``rsqrt`` at flop
-    granularity, the float64 result rounded once (``handlers.op_once``; torch's float64
-    ``rsqrt`` is ``1 / sqrt(x)``, two correctly rounded operations). binary32: rounded
-    to binary32 (``pointwise._roundtile``). binary64: the result counts as exact, rounded
-    to binary64 at 53 bits as ``Ctx.round`` rounds it: itself in the modes that keep
-    exact values (ieee, sr, random), else ``call_round_rn64`` (ud perturbs it)."""
+def _round_result(h, o, ukey, l0, mode):  # pragma: no cover - replaced by its overload
+    """``o[j] = RND(h[j])`` with ``bits64(key, l0 + j)``: a float64 result rounded once
+    as ``handlers.op_once`` rounds it (``Ctx.round``). binary32 ``o``: rounded to binary32
+    (``pointwise._roundtile``). binary64 ``o``: the result counts as exact, rounded to
+    binary64 at 53 bits: itself in the modes that keep exact values (ieee, sr, random;
+    NaN payloads kept, as ``Ctx.round`` copies), else ``call_round_rn64`` (ud perturbs
+    it)."""
 
 
-@overload(_rsqrt_rounded)
-def _rsqrt_rounded_impl(ve, rstd, ukey, l0, mode):
-    if rstd.dtype == types.float64:
-        def wide(ve, rstd, ukey, l0, mode):
-            keeps = mode == K.MODE_IEEE or mode == K.MODE_SR or mode == K.MODE_RANDOM
-            for m in range(rstd.size):
-                h = 1.0 / np.sqrt(ve[m])
-                rstd[m] = h if keeps else K.call_round_rn64(
-                    h, 0.0, mode, np.int64(53), _bits(ukey, np.uint64(l0 + m)))
+@overload(_round_result)
+def _round_result_impl(h, o, ukey, l0, mode):
+    if o.dtype == types.float64:
+        def wide(h, o, ukey, l0, mode):
+            if mode == K.MODE_IEEE or mode == K.MODE_SR or mode == K.MODE_RANDOM:
+                PW.copy_into(o, h)
+                return
+            for j in range(o.size):
+                o[j] = K.call_round_rn64(h[j], 0.0, mode, np.int64(53),
+                                         _bits(ukey, np.uint64(l0 + j)))
         return wide
 
-    def narrow(ve, rstd, ukey, l0, mode):
-        h = np.empty(rstd.size)
-        for m in range(rstd.size):
-            h[m] = 1.0 / np.sqrt(np.float64(ve[m]))
-        PW._roundtile(h, rstd, ukey, l0, PW._ONE, mode)  # l0 an int64: one copy
+    def narrow(h, o, ukey, l0, mode):
+        PW._roundtile(h, o, ukey, l0, PW._ONE, mode)  # l0 an int64: one copy
     return narrow
+
+
+@njit(inline="always")
+def _rsqrt_rounded(ve, rstd, ukey, l0, mode):
+    """``rstd[m] = RND(1 / sqrt(ve[m]))`` with ``bits64(key, l0 + m)``: ``rsqrt`` at flop
+    granularity, the float64 result rounded once (:func:`_round_result`; torch's float64
+    ``rsqrt`` is ``1 / sqrt(x)``, two correctly rounded operations)."""
+    h = np.empty(rstd.size)
+    for m in range(rstd.size):
+        h[m] = 1.0 / np.sqrt(np.float64(ve[m]))
+    _round_result(h, rstd, ukey, l0, mode)
 
 
 @njit(cache=True, error_model="numpy")
@@ -324,37 +335,41 @@ def group_norm32(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
 
 
 @njit(cache=True, error_model="numpy")
-def softmax_sub32(x, mx, key, mode, out, rg0):  # pragma: no cover - compiled
-    """``out = RND(x − max)`` of the rows of x (R, L) float32 C-contiguous, ``mx`` (R,) the
-    row maxima, x the rows rg0 .. rg0 + R of a whole (int64; the whole: 0), element
-    r·L + l of the whole (softmax's first rounded step)."""
+def softmax_sub(x, mx, key, mode, out, rg0):  # pragma: no cover - compiled
+    """``out = RND(x − max)`` of the rows of x (R, L) C-contiguous (binary32 for float32
+    arrays, binary64 for float64 ones), ``mx`` (R,) the row maxima, x the rows rg0 .. rg0
+    + R of a whole (int64; the whole: 0), element r·L + l of the whole (softmax's first
+    rounded step)."""
     R, L = x.shape
-    full = np.empty(R * L, np.float32)
+    full = np.empty(R * L, x.dtype)
     _spread(full, mx, R, 1, L, 1, 0, 0)
-    PW.round_into(K.OP_SUB, x.reshape(R * L), full, out, np.uint64(key), rg0 * L, mode)
+    PW.round_into_any(np.int64(K.OP_SUB), x.reshape(R * L), full, out, np.uint64(key),
+                      rg0 * L, mode)
 
 
 @njit(cache=True, error_model="numpy")
-def softmax_tail32(e64, keys, mode, out, Rg, rg0):  # pragma: no cover - compiled
+def softmax_tail(e64, keys, mode, out, Rg, rg0):  # pragma: no cover - compiled
     """Softmax's steps after torch's float64 exp ``e64`` (R, L), L ≥ 2: ``e = RND(e64)``
-    (key 0, element r·L + l), the row sums of e (key 1, ``scan_kernels._rows``), ``out =
-    RND(e / sum)`` (key 2, element r·L + l); out (R·L,) float32. e64 is the rows rg0 ..
+    (key 0, element r·L + l; :func:`_round_result`), the row sums of e (key 1,
+    ``scan_kernels._rows``), ``out = RND(e / sum)`` (key 2, element r·L + l); out (R·L,)
+    of the format's dtype (float32: binary32; float64: binary64). e64 is the rows rg0 ..
     rg0 + R of an (Rg, L) whole (int64s; the whole: Rg = R, rg0 = 0), the element
     indices those of the whole."""
     R, L = e64.shape
-    e = np.empty(R * L, np.float32)
-    PW._roundtile(e64.reshape(R * L), e, np.uint64(keys[0]), rg0 * L, PW._ONE, mode)
-    s = np.empty(R, np.float32)
+    dt = out.dtype
+    e = np.empty(R * L, dt)
+    _round_result(e64.reshape(R * L), e, np.uint64(keys[0]), rg0 * L, mode)
+    s = np.empty(R, dt)
     SK._rows(e.reshape(R, L), s, np.uint64(keys[1]), mode, Rg, rg0)
-    full = np.empty(R * L, np.float32)
+    full = np.empty(R * L, dt)
     _spread(full, s, R, 1, L, 1, 0, 0)
-    PW.round_into(K.OP_DIV, e, full, out, np.uint64(keys[2]), rg0 * L, mode)
+    PW.round_into_any(np.int64(K.OP_DIV), e, full, out, np.uint64(keys[2]), rg0 * L, mode)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def softmax_par32(tail, x, mx, e64, keys, mode, out, parts):  # pragma: no cover - compiled
-    """:func:`softmax_sub32` (x (R, L), ``mx``, ``keys[0]``) or, with ``tail``,
-    :func:`softmax_tail32` (``e64`` (R, L), ``keys``), R ≥ ``pointwise.ROW_M_MIN``, in
+def softmax_par(tail, x, mx, e64, keys, mode, out, parts):  # pragma: no cover - compiled
+    """:func:`softmax_sub` (x (R, L), ``mx``, ``keys[0]``) or, with ``tail``,
+    :func:`softmax_tail` (``e64`` (R, L), ``keys``), R ≥ ``pointwise.ROW_M_MIN``, in
     ``parts`` runs of rows on numba's threads: the same bits as one call on the whole
     (``out`` (R·L,))."""
     R, L = e64.shape if tail else x.shape
@@ -362,11 +377,11 @@ def softmax_par32(tail, x, mx, e64, keys, mode, out, parts):  # pragma: no cover
         r0 = p * R // parts
         r1 = (p + 1) * R // parts
         if tail:
-            softmax_tail32(e64[r0:r1], keys, mode, out[r0 * L:r1 * L], np.int64(R),
-                           np.int64(r0))
+            softmax_tail(e64[r0:r1], keys, mode, out[r0 * L:r1 * L], np.int64(R),
+                         np.int64(r0))
         else:
-            softmax_sub32(x[r0:r1], mx[r0:r1], keys[0], mode, out[r0 * L:r1 * L],
-                          np.int64(r0))
+            softmax_sub(x[r0:r1], mx[r0:r1], keys[0], mode, out[r0 * L:r1 * L],
+                        np.int64(r0))
 
 
 def keys_needed(weight, bias) -> int:
@@ -384,19 +399,19 @@ def _affine_ok(p, k: int, dtype=torch.float32) -> bool:
     return p is None or _vector_ok(p, k, dtype)
 
 
-def _input_ok(ctx, x, wide: bool = False) -> bool:
+def _input_ok(ctx, x, binary64: bool = False) -> bool:
     """A binary32 contiguous CPU input below ``kernels.PARALLEL_MIN_WORK`` elements (the
     kernels are serial; above it the decomposition's kernels run on every thread),
-    binary32 at 24 bits in its own format on the numba backend; with ``wide`` (the
-    layer norm, :data:`LAYER_NORM64`), a binary64 one at 53 bits too."""
+    binary32 at 24 bits in its own format on the numba backend; with ``binary64`` (the
+    layer norm's and softmax's kernels, :data:`LAYER_NORM64`, :data:`SOFTMAX64`), a
+    binary64 one at 53 bits too."""
     if not (USE_KERNEL and ctx._numba and ctx.format is None and isinstance(x, torch.Tensor)
             and x.is_cpu and x.is_contiguous() and 0 < x.numel() < KN.PARALLEL_MIN_WORK):
         return False
     if x.dtype is torch.float32:
         ok = ctx._t32
     else:
-        ok = (wide and LAYER_NORM64 and x.dtype is torch.float64
-              and ctx.bits(torch.float64) == 53)
+        ok = binary64 and x.dtype is torch.float64 and ctx.bits(torch.float64) == 53
     return ok and flop_backend(x.device) == "numba"
 
 
@@ -410,7 +425,7 @@ def serves(ctx, x, normalized_shape, weight, bias, eps) -> bool:
     """The layer-norm kernel computes this call (:func:`_input_ok`, binary32 or binary64,
     at least two normalised elements per row, affine parameters of the normalised shape
     and x's dtype)."""
-    if not (_input_ok(ctx, x, wide=True) and _eps_ok(ctx, x, eps)):
+    if not (_input_ok(ctx, x, LAYER_NORM64) and _eps_ok(ctx, x, eps)):
         return False
     nd = len(normalized_shape)
     if nd == 0 or nd > x.dim() or tuple(x.shape[x.dim() - nd:]) != tuple(normalized_shape):
@@ -455,7 +470,7 @@ def native_layer_norm(ctx, args, kwargs, nkeys: int):
 
 def row_parts(rows: int, elems: int, work: int) -> int:
     """Runs of rows a layer norm or a softmax of ``rows`` rows and ``elems`` elements is
-    split into (one per numba thread: :func:`layer_norm_par`, :func:`softmax_par32`),
+    split into (one per numba thread: :func:`layer_norm_par`, :func:`softmax_par`),
     or 1 (one call on the calling thread): 1 with one thread, with fewer than
     ``pointwise.ROW_M_MIN`` rows (their sums are one scan, not per-row blocks), or below
     ``kernels.PARALLEL_MIN_WORK`` contraction terms' worth of time (``work`` per
@@ -610,28 +625,28 @@ def safe_softmax(ctx, args, kwargs, nkeys: int):
 def _softmax_last(ctx, x, dim, nkeys, maxima: bool = False):
     """The softmax over the last dim (None where not served); with ``maxima``, (out, the
     row maxima (R,))."""
-    if (nkeys != 4 or not isinstance(dim, int) or not _input_ok(ctx, x) or x.dim() == 0
-            or dim % x.dim() != x.dim() - 1 or x.shape[-1] < 2):
+    if (nkeys != 4 or not isinstance(dim, int) or not _input_ok(ctx, x, SOFTMAX64)
+            or x.dim() == 0 or dim % x.dim() != x.dim() - 1 or x.shape[-1] < 2):
         return None
     L = x.shape[-1]
     R = x.numel() // L
     x2 = x.detach().reshape(R, L)
     mx = torch.amax(x2, -1)
     keys = ctx.stream_keys(4)
-    d = torch.empty(x.shape, dtype=torch.float32)
+    d = torch.empty(x.shape, dtype=x.dtype)
     parts = row_parts(R, x.numel(), SOFTMAX_WORK)
     xa, ma, da = x2.numpy(), mx.numpy(), d.numpy().reshape(-1)
     if parts > 1:
-        softmax_par32(False, xa, ma, np.empty((0, L)), keys, ctx.code, da, parts)
+        softmax_par(False, xa, ma, np.empty((0, L)), keys, ctx.code, da, parts)
     else:
-        softmax_sub32(xa, ma, keys[0], ctx.code, da, 0)
-    e64 = torch.exp(d.double())
-    out = torch.empty(x.shape, dtype=torch.float32)
+        softmax_sub(xa, ma, keys[0], ctx.code, da, 0)
+    e64 = torch.exp(d.double())  # (a float64 d is itself: its exp, which op_once rounds)
+    out = torch.empty(x.shape, dtype=x.dtype)
     ea, oa = e64.numpy().reshape(R, L), out.numpy().reshape(-1)
     if parts > 1:
-        softmax_par32(True, xa, ma, ea, keys[1:], ctx.code, oa, parts)
+        softmax_par(True, xa, ma, ea, keys[1:], ctx.code, oa, parts)
     else:
-        softmax_tail32(ea, keys[1:], ctx.code, oa, R, 0)
+        softmax_tail(ea, keys[1:], ctx.code, oa, R, 0)
     return (out, mx) if maxima else out
 
 
