@@ -1,14 +1,14 @@
 """The compiled layer norm and softmax (binary32 and binary64) and eval batch norm
 (numvar.instrument.norm_kernels) against torch's decompositions run op by op (their slow
-reference, ``USE_KERNEL = False``): same bits of all three outputs, same stream position afterwards, same report, in every
-rounding mode, with and without weight and bias. Layer norm: normalised over one and
-two dims, few rows (the row-scan sums) and many (the row-block sums), rows holding inf,
-NaN, a constant (variance 0: rstd = rsqrt(eps)) and values whose squares overflow
-binary32. Softmax (``_softmax``, ``_safe_softmax``, through SDPA's math path too) over
-the last dim, rows with −inf, inf, NaN and a dominant value, with autograd. Group norm
-(with a weight; with and without bias; 2- and 4-D; a constant group, inf, NaN). Batch norm:
-2-, 3- and 4-D inputs, a zero running variance, non-finite inputs
-and statistics, under no_grad and with autograd (another aten op reaches the mode)."""
+reference, ``USE_KERNEL = False``): same bits of all three outputs, same stream position
+afterwards, same report, in every rounding mode, with and without weight and bias. Layer
+norm: normalised over one and two dims, few rows (the row-scan sums) and many (the row-block
+sums), rows holding inf, NaN, a constant (variance 0: rstd = rsqrt(eps)) and values whose
+squares overflow the format. Softmax (``_softmax``, ``_safe_softmax``, through SDPA's math
+path too) over the last dim, rows with −inf, inf, NaN and a dominant value, with autograd.
+Group norm (with a weight; with and without bias; 2- and 4-D; a constant group, inf, NaN).
+Batch norm: 2-, 3- and 4-D inputs, a zero running variance, non-finite inputs and
+statistics, under no_grad and with autograd (another aten op reaches the mode)."""
 
 import numpy as np
 import pytest

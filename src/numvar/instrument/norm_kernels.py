@@ -1,8 +1,9 @@
 """numba kernels of LayerNorm, GroupNorm, eval BatchNorm and softmax at flop granularity
-(binary32; LayerNorm binary64 too): ``aten.native_layer_norm``, ``native_group_norm`` (with a weight),
-``native_batch_norm`` / ``_native_batch_norm_legit_no_training`` (running statistics;
-and ``native_batch_norm`` in training without them on one sample: InstanceNorm),
-``_softmax`` / ``_safe_softmax`` (last dim). The layer norm is described here; the
+(binary32; LayerNorm and softmax binary64 too): ``aten.native_layer_norm``,
+``native_group_norm`` (with a weight), ``native_batch_norm`` /
+``_native_batch_norm_legit_no_training`` (running statistics; and ``native_batch_norm``
+in training without them on one sample: InstanceNorm), ``_softmax`` /
+``_safe_softmax`` (last dim). The layer norm is described here; the
 others follow the same rules (their functions say their steps and keys).
 
 At flop granularity LayerNorm runs torch's decomposition with the mode re-entered:
@@ -38,7 +39,8 @@ decomposition (``USE_KERNEL = False``) in every rounding mode, with non-finite v
 with and without weight and bias (``tests/test_instrument_norm_kernels.py``). A binary64
 input (float64 at 53 bits, :data:`LAYER_NORM64`) runs the same code on float64 arrays:
 ``round_into_any`` rounds to binary64 there, and ``rsqrt``'s float64 result counts as
-exact (only ud perturbs it).
+exact (only ud perturbs it: :func:`_round_result`). The softmax's kernels likewise
+(:data:`SOFTMAX64`; ``exp``'s float64 result).
 """
 
 from __future__ import annotations
@@ -195,9 +197,10 @@ def _spread(full, v, d0, d1, d2, s0, s1, s2):
 def _normalize_affine(xf, mean, inv, w, b, has_w, has_b, keys, k0, mode, out, d0, d1, d2,
                       s0, s1, s2, a0, a1, a2, l0):  # pragma: no cover - compiled
     """``out = RND(RND(RND(RND(x − mean)·inv)·w) + b)`` (the weight and bias steps where
-    present; binary32 or binary64 by the arrays' dtype), keys ``keys[k0]``, ``keys[k0 + 1]``, then one per affine step, element l0 + l
-    of the C-order (d0, d1, d2) arrays: the statistics read with strides (s0, s1, s2), the
-    affine parameters with (a0, a1, a2). Whole-array passes, operands broadcast into one
+    present; binary32 or binary64 by the arrays' dtype), keys ``keys[k0]``,
+    ``keys[k0 + 1]``, then one per affine step, element l0 + l of the C-order (d0, d1,
+    d2) arrays: the statistics read with strides (s0, s1, s2), the affine parameters
+    with (a0, a1, a2). Whole-array passes, operands broadcast into one
     full buffer: one round_into call per step (one per row made short rows slow).
     Callers pass ``k0`` and the strides as runtime int64s: constants would be literal
     types, one compiled copy per caller's pattern (three in a test run) where one serves."""
