@@ -4,11 +4,11 @@ Each case is one op under ``numvar.fuzzy(mode="sr", seed=0)`` at the granularity
 served at, with its module flags off (the route before: PyTorch's copy of the pooling
 windows, the flop handlers of ``affine_grid``'s sub-ops, the decomposition of the
 activations, a row-major copy of a column-major result, binary64's scalar quotients,
-roots, scan steps, materialised broadcasts, variances in six tensor steps, layer norms
-and softmaxes decomposed) and on, and natively; best of ``--repeats`` interleaved rounds of
-``--calls`` calls after a warm-up, each round timed by the thread's CPU time; ratios to
-native in the same run, and whether both settings give the same bits (the tests check
-that too: this measures the time).
+roots, scan steps, materialised broadcasts, variances in six tensor steps, layer, group
+and instance norms and softmaxes decomposed) and on, and natively; best of
+``--repeats`` interleaved rounds of ``--calls`` calls after a warm-up, each round timed
+by the thread's CPU time; ratios to native in the same run, and whether both settings
+give the same bits (the tests check that too: this measures the time).
 
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_oneop.py [--repeats 15]
 """
@@ -43,6 +43,7 @@ _RHS = torch.randn(64, 64, generator=g).T
 _D = torch.randn(256, 128, generator=g, dtype=torch.float64)
 _E = torch.randn(256, 128, generator=g, dtype=torch.float64)
 _B = torch.randn(128, generator=g, dtype=torch.float64)
+_G = torch.randn(2, 16, 16, 16, generator=g, dtype=torch.float64)
 
 #: the binary64 paths at flop granularity (the route before: every quotient and root on the
 #: rounding core's scalar path, the scans' scalar steps, broadcasts materialised, row sums
@@ -51,7 +52,8 @@ _DIV64 = ((rounding_kernels, "DIV64_FAST"),)
 _SUMS64 = ((instrument_kernels, "SCAN64_FAST"), (flop, "ROW_SUMS64"))
 _VAR64 = ((flop, "USE_ROWVAR64"),)
 _ALL64 = (*_DIV64, (rounding_kernels, "SQRT64_FAST"), *_SUMS64, (_core, "BINARY64_IN_PLACE"),
-          *_VAR64, (norm_kernels, "LAYER_NORM64"), (norm_kernels, "SOFTMAX64"))
+          *_VAR64, *((norm_kernels, f) for f in ("LAYER_NORM64", "SOFTMAX64", "GROUP_NORM64",
+                                                  "INSTANCE_NORM64")))
 
 #: name -> (granularity, the (module, flag) switches, the op)
 CASES = {
@@ -80,6 +82,8 @@ CASES = {
     "float64 var over dim 1 (256, 128)": ("flop", _VAR64, lambda: _D.var(1)),
     "float64 softmax (256, 128)": ("flop", _ALL64, lambda: _D.softmax(1)),
     "float64 layer_norm (256, 128)": ("flop", _ALL64, lambda: F.layer_norm(_D, [128])),
+    "float64 group_norm (2, 16, 16, 16), 4 groups": (
+        "flop", _ALL64, lambda: F.group_norm(_G, 4, _G[0, :, 0, 0], _G[1, :, 0, 0])),
 }
 
 

@@ -1,14 +1,15 @@
-"""The compiled layer norm and softmax (binary32 and binary64) and eval batch norm
-(numvar.instrument.norm_kernels) against torch's decompositions run op by op (their slow
-reference, ``USE_KERNEL = False``): same bits of all three outputs, same stream position
-afterwards, same report, in every rounding mode, with and without weight and bias. Layer
-norm: normalised over one and two dims, few rows (the row-scan sums) and many (the row-block
-sums), rows holding inf, NaN, a constant (variance 0: rstd = rsqrt(eps)) and values whose
-squares overflow the format. Softmax (``_softmax``, ``_safe_softmax``, through SDPA's math
-path too) over the last dim, rows with −inf, inf, NaN and a dominant value, with autograd.
-Group norm (with a weight; with and without bias; 2- and 4-D; a constant group, inf, NaN).
-Batch norm: 2-, 3- and 4-D inputs, a zero running variance, non-finite inputs and
-statistics, under no_grad and with autograd (another aten op reaches the mode)."""
+"""The compiled layer norm, softmax, group norm and instance norm (binary32 and binary64) and
+eval batch norm (numvar.instrument.norm_kernels) against torch's decompositions run op by
+op (their slow reference, ``USE_KERNEL = False``): same bits of all three outputs, same
+stream position afterwards, same report, in every rounding mode, with and without weight
+and bias. Layer norm: normalised over one and two dims, few rows (the row-scan sums) and
+many (the row-block sums), rows holding inf, NaN, a constant (variance 0: rstd =
+rsqrt(eps)) and values whose squares overflow the format. Softmax (``_softmax``,
+``_safe_softmax``, through SDPA's math path too) over the last dim, rows with −inf, inf,
+NaN and a dominant value, with autograd. Group norm (with a weight; with and without bias;
+2- and 4-D; a constant group, inf, NaN). Batch norm: 2-, 3- and 4-D inputs, a zero running
+variance, non-finite inputs and statistics, under no_grad and with autograd (another aten
+op reaches the mode)."""
 
 import numpy as np
 import pytest
@@ -256,7 +257,7 @@ def test_training_batch_norm_takes_the_decomposition(monkeypatch):
     """Training with running statistics (their update), or with batch statistics over
     more than one sample: the decomposition."""
     calls = count_calls(monkeypatch, NK, "batch_norm_eval32")
-    train_calls = count_calls(monkeypatch, NK, "batch_norm_train32")
+    train_calls = count_calls(monkeypatch, NK, "batch_norm_train")
     bn = torch.nn.BatchNorm1d(3).train()
     stats_free = torch.nn.BatchNorm1d(3, track_running_stats=False).train()
     with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
@@ -273,7 +274,8 @@ def _instance_run(use, monkeypatch, mode, x, norm, grad):
     with torch.set_grad_enabled(grad), fuzzy(mode=mode, granularity="flop", seed=6) as fz:
         outs = [norm(xx) for _ in range(2)]
         if grad:
-            (torch.nan_to_num(outs[1]) * torch.arange(float(x.shape[-1]))).sum().backward()
+            (torch.nan_to_num(outs[1]) * torch.arange(float(x.shape[-1]), dtype=x.dtype)
+             ).sum().backward()
         pos = fz.stream.counter
     grads = [xx.grad] + [p.grad for p in norm.parameters()] if grad else []
     return [o.detach() for o in outs] + grads, pos, fz.report().to_dict()
@@ -283,22 +285,23 @@ def _instance_run(use, monkeypatch, mode, x, norm, grad):
     ("sr", (2, 3, 4, 5), True, False), ("ieee", (2, 3, 4, 5), False, False),
     ("ud", (3, 4, 7), True, False), ("random", (1, 2, 3, 3, 2), True, False),
     ("down", (2, 3, 6), True, False), ("sr", (2, 3, 4, 4), True, True)])
-def test_instance_norm_matches_decomposition(monkeypatch, mode, shape, affine, grad):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_instance_norm_matches_decomposition(monkeypatch, mode, shape, affine, grad, dtype):
     """InstanceNorm (training-mode batch norm of one (1, N·C, *S) sample, no running
-    statistics) through batch_norm_train32: the decomposition's bits, stream position
+    statistics) through batch_norm_train: the decomposition's bits, stream position
     and report, with NaN, a constant channel and overflowing squares, and its backward."""
-    x = torch.randn(*shape, generator=torch.Generator().manual_seed(7)) * 2 + 0.5
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(7), dtype=dtype) * 2 + 0.5
     x.view(-1)[2] = float("nan")
     x[0, 1] = 3.0  # a constant channel: variance 0, rstd 1/sqrt(eps)
-    x.view(-1)[-1] = 2e38
+    x.view(-1)[-1] = 2e38 if dtype is torch.float32 else 2e300
     cls = {3: torch.nn.InstanceNorm1d, 4: torch.nn.InstanceNorm2d, 5: torch.nn.InstanceNorm3d}
-    norm = cls[len(shape)](shape[1], affine=affine)
+    norm = cls[len(shape)](shape[1], affine=affine).to(dtype)
     if affine:
         g = torch.Generator().manual_seed(8)
         with torch.no_grad():
             norm.weight.copy_(torch.randn(shape[1], generator=g))
             norm.bias.copy_(torch.randn(shape[1], generator=g))
-    calls = count_calls(monkeypatch, NK, "batch_norm_train32")
+    calls = count_calls(monkeypatch, NK, "batch_norm_train")
     fast, pos, rep = _instance_run(True, monkeypatch, mode, x, norm, grad)
     assert calls, "the compiled kernel did not run"
     ref, pos_ref, rep_ref = _instance_run(False, monkeypatch, mode, x, norm, grad)
@@ -366,14 +369,15 @@ def test_softmax_over_another_dim_takes_the_decomposition(monkeypatch):
 @pytest.mark.parametrize("mode,shape,groups,bias", [("sr", (3, 6, 4, 5), 2, True),
                                                      ("down", (3, 6, 4, 5), 3, False),
                                                      ("ud", (5, 6), 3, True)])
-def test_group_norm_matches_decomposition(monkeypatch, mode, shape, groups, bias):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_group_norm_matches_decomposition(monkeypatch, mode, shape, groups, bias, dtype):
     g = torch.Generator().manual_seed(9)
-    x = torch.randn(*shape, generator=g)
+    x = torch.randn(*shape, generator=g, dtype=dtype)
     x.view(shape[0], -1)[0, 0] = float("inf")
     x.view(shape[0], -1)[1, :shape[1] // groups * (x.numel() // shape[0] // shape[1])] = 0.5
     x.view(-1)[-2] = float("nan")
-    w = torch.randn(shape[1], generator=g)
-    b = torch.randn(shape[1], generator=g) if bias else None
+    w = torch.randn(shape[1], generator=g, dtype=dtype)
+    b = torch.randn(shape[1], generator=g, dtype=dtype) if bias else None
 
     def run(use):
         monkeypatch.setattr(NK, "USE_KERNEL", use)
@@ -384,7 +388,7 @@ def test_group_norm_matches_decomposition(monkeypatch, mode, shape, groups, bias
             pos = fz.stream.counter
         return outs, pos, fz.report().to_dict()
 
-    calls = count_calls(monkeypatch, NK, "group_norm32")
+    calls = count_calls(monkeypatch, NK, "group_norm")
     fast, pos, rep = run(True)
     assert calls, "the compiled kernel did not run"
     ref, pos_ref, rep_ref = run(False)

@@ -82,9 +82,10 @@ CASES64 = {
 def test_rowvar64_matches_tensor_steps(mode, case, monkeypatch):
     """binary64: the compiled call (the rows' chains or blocks, pointwise's binary64
     tiles; up and farthest on the scalar functions) against the six float64 tensor
-    steps, taken where flop._rowvar_dtype says (LayerNorm through its decomposition: its
-    own compiled call is norm_kernels' test)."""
-    monkeypatch.setattr(NK, "LAYER_NORM64", False)
+    steps, taken where flop._rowvar_dtype says (the norms through their decompositions:
+    their own compiled calls are norm_kernels' tests)."""
+    for flag in ("LAYER_NORM64", "GROUP_NORM64", "INSTANCE_NORM64"):
+        monkeypatch.setattr(NK, flag, False)
     calls = count_calls(monkeypatch, flop.SK, "rowvar")
     shape, fn, served = CASES64[case]
     for special in (False, True):

@@ -1,5 +1,5 @@
 """numba kernels of LayerNorm, GroupNorm, eval BatchNorm and softmax at flop granularity
-(binary32; LayerNorm and softmax binary64 too): ``aten.native_layer_norm``,
+(binary32; all but eval BatchNorm binary64 too): ``aten.native_layer_norm``,
 ``native_group_norm`` (with a weight), ``native_batch_norm`` /
 ``_native_batch_norm_legit_no_training`` (running statistics; and ``native_batch_norm``
 in training without them on one sample: InstanceNorm), ``_softmax`` /
@@ -39,8 +39,10 @@ decomposition (``USE_KERNEL = False``) in every rounding mode, with non-finite v
 with and without weight and bias (``tests/test_instrument_norm_kernels.py``). A binary64
 input (float64 at 53 bits, :data:`LAYER_NORM64`) runs the same code on float64 arrays:
 ``round_into_any`` rounds to binary64 there, and ``rsqrt``'s float64 result counts as
-exact (only ud perturbs it: :func:`_round_result`). The softmax's kernels likewise
-(:data:`SOFTMAX64`; ``exp``'s float64 result).
+exact (only ud perturbs it: :func:`_round_result`). The softmax's, GroupNorm's and
+InstanceNorm's kernels likewise (:data:`SOFTMAX64`, ``exp``'s float64 result;
+:data:`GROUP_NORM64`; :data:`INSTANCE_NORM64`); eval BatchNorm's stays binary32 (its
+``sqrt`` step has no binary64 tile here).
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ USE_KERNEL = True
 LAYER_NORM64 = True
 #: take the softmax kernels for binary64 inputs too (False: their decomposition)
 SOFTMAX64 = True
+#: the same for GroupNorm (with a weight) and InstanceNorm (one sample's training batch
+#: norm)
+GROUP_NORM64 = True
+INSTANCE_NORM64 = True
 #: a binary32 layer norm's time per element at flop granularity, in SR contraction
 #: terms (measured, one thread, Zen 3: 24 ns per element of a 128 × 128 layer norm
 #: against 0.8 ns per term): the weight of its elements against
@@ -283,11 +289,11 @@ def batch_norm_eval_par32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, o
 
 
 @njit(cache=True, error_model="numpy")
-def batch_norm_train32(xs, x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd, N, C,
-                       S):  # pragma: no cover - compiled
+def batch_norm_train(xs, x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd, N, C,
+                     S):  # pragma: no cover - compiled
     """Batch norm with batch statistics (training, no running statistics) of one sample,
-    x (C·S,) float32 in C order (InstanceNorm's: its input arrives as (1, N·C, *S)),
-    binary32 at 24 bits: torch's decomposition is LayerNorm's steps with the statistics
+    x (C·S,) in C order (InstanceNorm's: its input arrives as (1, N·C, *S)), binary32 at
+    24 bits for float32 arrays, binary64 at 53 for float64 ones: torch's decomposition is LayerNorm's steps with the statistics
     per channel (``var_mean`` over every dim but 1) and the affine parameters per
     channel, so keys 0–9 as :func:`layer_norm_rows` on ``xs``, x as (C, S) rows, ``mean``
     and ``rstd`` (C,); then :func:`_normalize_affine` per channel (keys 10…, element l
@@ -299,9 +305,10 @@ def batch_norm_train32(xs, x, w, b, has_w, has_b, eps, keys, mode, out, mean, rs
 
 
 @njit(cache=True, error_model="numpy")
-def group_norm32(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
-                 rstd):  # pragma: no cover - compiled
-    """GroupNorm with a weight of x (N·C·HW,) float32 in C order, binary32 at 24 bits, as
+def group_norm(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
+               rstd):  # pragma: no cover - compiled
+    """GroupNorm with a weight of x (N·C·HW,) in C order (binary32 at 24 bits for float32
+    arrays, binary64 at 53 for float64 ones; every array and ``eps`` of x's dtype), as
     torch's CPU decomposition: the statistics of the N·G rows of (C/G)·HW elements as in
     :func:`layer_norm_rows` (keys 0–9, ``mean`` and ``rstd`` (N·G,)), ``scale = RND(rstd ·
     weight)`` (key 10) and ``shift = RND(−mean · scale)`` (key 11) on (N, C) (element
@@ -309,32 +316,33 @@ def group_norm32(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
     scale) + shift)`` (the last two keys, element l)."""
     R = N * G
     Cg = C // G
+    mul, add = np.int64(K.OP_MUL), np.int64(K.OP_ADD)  # int64s: one round_into_any per dtype
     Kd = Cg * HW
     x2 = x.reshape(R, Kd)
     _statistics(x2, eps, keys, mode, mean, rstd, np.int64(R), np.int64(0))
     n = N * C
-    a = np.empty(n, np.float32)
-    c = np.empty(n, np.float32)
-    scale = np.empty(n, np.float32)
+    a = np.empty(n, x.dtype)
+    c = np.empty(n, x.dtype)
+    scale = np.empty(n, x.dtype)
     _spread(a, rstd, N, G, Cg, G, 1, 0)
     _spread(c, w, N, G, Cg, 0, Cg, 1)
-    PW.round_into(K.OP_MUL, a, c, scale, np.uint64(keys[10]), 0, mode)
+    PW.round_into_any(mul, a, c, scale, np.uint64(keys[10]), 0, mode)
     negm = -mean
     _spread(a, negm, N, G, Cg, G, 1, 0)
-    shift = np.empty(n, np.float32)
-    PW.round_into(K.OP_MUL, a, scale, shift, np.uint64(keys[11]), 0, mode)
+    shift = np.empty(n, x.dtype)
+    PW.round_into_any(mul, a, scale, shift, np.uint64(keys[11]), 0, mode)
     k = 12
     if has_b:
         _spread(c, b, N, G, Cg, 0, Cg, 1)
-        PW.round_into(K.OP_ADD, shift, c, a, np.uint64(keys[12]), 0, mode)
+        PW.round_into_any(add, shift, c, a, np.uint64(keys[12]), 0, mode)
         PW.copy_into(shift, a)
         k = 13
-    full = np.empty(x.size, np.float32)
+    full = np.empty(x.size, x.dtype)
     _spread(full, scale, N, C, HW, C, 1, 0)
-    t = np.empty(x.size, np.float32)
-    PW.round_into(K.OP_MUL, x, full, t, np.uint64(keys[k]), 0, mode)
+    t = np.empty(x.size, x.dtype)
+    PW.round_into_any(mul, x, full, t, np.uint64(keys[k]), 0, mode)
     _spread(full, shift, N, C, HW, C, 1, 0)
-    PW.round_into(K.OP_ADD, t, full, out, np.uint64(keys[k + 1]), 0, mode)
+    PW.round_into_any(add, t, full, out, np.uint64(keys[k + 1]), 0, mode)
 
 
 @njit(cache=True, error_model="numpy")
@@ -406,8 +414,8 @@ def _input_ok(ctx, x, binary64: bool = False) -> bool:
     """A binary32 contiguous CPU input below ``kernels.PARALLEL_MIN_WORK`` elements (the
     kernels are serial; above it the decomposition's kernels run on every thread),
     binary32 at 24 bits in its own format on the numba backend; with ``binary64`` (the
-    layer norm's and softmax's kernels, :data:`LAYER_NORM64`, :data:`SOFTMAX64`), a
-    binary64 one at 53 bits too."""
+    flag of a kernel that serves binary64: :data:`LAYER_NORM64`, :data:`SOFTMAX64`,
+    :data:`GROUP_NORM64`, :data:`INSTANCE_NORM64`), a binary64 one at 53 bits too."""
     if not (USE_KERNEL and ctx._numba and ctx.format is None and isinstance(x, torch.Tensor)
             and x.is_cpu and x.is_contiguous() and 0 < x.numel() < KN.PARALLEL_MIN_WORK):
         return False
@@ -544,27 +552,29 @@ def _batch_norm_train(ctx, x, weight, bias, eps, nkeys):
     """``native_batch_norm`` in training without running statistics on one sample
     (InstanceNorm's, whose input arrives as (1, N·C, *S)) as (out, save_mean (C,),
     save_invstd (C,)); None where the kernel does not serve the call."""
-    if not (_input_ok(ctx, x) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
+    if not (_input_ok(ctx, x, INSTANCE_NORM64) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
         return None
     N, C = x.shape[0], x.shape[1]
     S = x.numel() // (N * C)
     # N = 1 only: then the statistics' dims (0, 2, ...) are trailing but for a size-1 dim
     # and the decomposition's var_mean takes the row kernels (flop._trailing) whose steps
     # the kernel runs; with N > 1 it runs tensor steps over x's own element order
-    if (N != 1 or S < 2 or not (_affine_ok(weight, C) and _affine_ok(bias, C))
+    dt = x.dtype
+    if (N != 1 or S < 2 or not (_affine_ok(weight, C, dt) and _affine_ok(bias, C, dt))
             or keys_needed(weight, bias) != nkeys):
         return None
-    out = torch.empty(x.shape, dtype=torch.float32)
-    mean = torch.empty(C, dtype=torch.float32)
-    rstd = torch.empty(C, dtype=torch.float32)
+    npt = np.float32 if dt is torch.float32 else np.float64
+    out = torch.empty(x.shape, dtype=dt)
+    mean = torch.empty(C, dtype=dt)
+    rstd = torch.empty(C, dtype=dt)
     keys = ctx.stream_keys(nkeys)
     xs = x.detach().reshape(C, S).numpy()
-    empty = np.empty(0, np.float32)
+    empty = np.empty(0, npt)
     w = empty if weight is None else weight.detach().numpy()
     b = empty if bias is None else bias.detach().numpy()
-    batch_norm_train32(xs, xs.reshape(-1), w, b, weight is not None, bias is not None,
-                       np.float32(eps), keys, ctx.code, out.numpy().reshape(-1),
-                       mean.numpy(), rstd.numpy(), 1, C, S)
+    batch_norm_train(xs, xs.reshape(-1), w, b, weight is not None, bias is not None, npt(eps),
+                     keys, ctx.code, out.numpy().reshape(-1), mean.numpy(), rstd.numpy(), 1,
+                     C, S)
     return out, mean, rstd
 
 
@@ -662,19 +672,21 @@ def native_group_norm(ctx, args, kwargs, nkeys: int):
     if a is None:
         return None
     x, weight, bias, N, C, HW, G, eps = a
-    if not (_input_ok(ctx, x) and _eps_ok(ctx, x, eps)) or weight is None or not all(
-            isinstance(v, int) for v in (N, C, HW, G)):
+    if (not (_input_ok(ctx, x, GROUP_NORM64) and _eps_ok(ctx, x, eps)) or weight is None
+            or not all(isinstance(v, int) for v in (N, C, HW, G))):
         return None
+    dt = x.dtype
     if (G < 1 or C % G or N * C * HW != x.numel() or (C // G) * HW < 2
-            or not _vector_ok(weight, C) or not _affine_ok(bias, C)
+            or not _vector_ok(weight, C, dt) or not _affine_ok(bias, C, dt)
             or 14 + (bias is not None) != nkeys):
         return None
-    out = torch.empty(x.shape, dtype=torch.float32)
-    mean = torch.empty((N, G), dtype=torch.float32)
-    rstd = torch.empty((N, G), dtype=torch.float32)
+    npt = np.float32 if dt is torch.float32 else np.float64
+    out = torch.empty(x.shape, dtype=dt)
+    mean = torch.empty((N, G), dtype=dt)
+    rstd = torch.empty((N, G), dtype=dt)
     keys = ctx.stream_keys(nkeys)
-    b = np.empty(0, np.float32) if bias is None else bias.detach().numpy()
-    group_norm32(x.detach().numpy().reshape(-1), weight.detach().numpy(), b, bias is not None,
-                 N, C, HW, G, np.float32(eps), keys, ctx.code, out.numpy().reshape(-1),
-                 mean.numpy().reshape(-1), rstd.numpy().reshape(-1))
+    b = np.empty(0, npt) if bias is None else bias.detach().numpy()
+    group_norm(x.detach().numpy().reshape(-1), weight.detach().numpy(), b, bias is not None,
+               N, C, HW, G, npt(eps), keys, ctx.code, out.numpy().reshape(-1),
+               mean.numpy().reshape(-1), rstd.numpy().reshape(-1))
     return out, mean, rstd
