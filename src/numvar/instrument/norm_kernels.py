@@ -293,11 +293,12 @@ def batch_norm_train(xs, x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd
                      S):  # pragma: no cover - compiled
     """Batch norm with batch statistics (training, no running statistics) of one sample,
     x (C·S,) in C order (InstanceNorm's: its input arrives as (1, N·C, *S)), binary32 at
-    24 bits for float32 arrays, binary64 at 53 for float64 ones: torch's decomposition is LayerNorm's steps with the statistics
-    per channel (``var_mean`` over every dim but 1) and the affine parameters per
-    channel, so keys 0–9 as :func:`layer_norm_rows` on ``xs``, x as (C, S) rows, ``mean``
-    and ``rstd`` (C,); then :func:`_normalize_affine` per channel (keys 10…, element l
-    of x). ``N`` is 1 (the caller's rule: see :func:`_batch_norm_train`)."""
+    24 bits for float32 arrays, binary64 at 53 for float64 ones: torch's decomposition
+    is LayerNorm's steps with the statistics per channel (``var_mean`` over every dim
+    but 1) and the affine parameters per channel, so keys 0–9 as
+    :func:`layer_norm_rows` on ``xs``, x as (C, S) rows, ``mean`` and ``rstd`` (C,);
+    then :func:`_normalize_affine` per channel (keys 10…, element l of x). ``N`` is 1
+    (the caller's rule: see :func:`_batch_norm_train`)."""
     z, o = np.int64(0), np.int64(1)  # not literals: one compiled _normalize_affine
     _statistics(xs, eps, keys, mode, mean, rstd, np.int64(xs.shape[0]), z)
     _normalize_affine(x, mean, rstd, w, b, has_w, has_b, keys, np.int64(10), mode, out, N,
