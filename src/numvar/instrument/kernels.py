@@ -1924,6 +1924,21 @@ def _scan_tiles(x, out, key, mode, use_mul, cumulative):  # pragma: no cover
                                               _bits(ukey, q0 + np.uint64(jj)))
 
 
+@njit(inline="always")
+def chain_add64(acc, xv, r, mode, fast):
+    """One step of a binary64 sum's dependent chain at 53 bits, ``RND(acc + xv)`` with the
+    bits ``r`` (:func:`_scan_kernel`'s value): ``rn64_step`` on the TwoSum where ``fast``
+    (sr, ieee, ud, random) and ``_wide_takes`` hold, else the scalar function (called,
+    not inlined: one compiled copy for every caller). :func:`_scan_chain64` and
+    ``scan_kernels._row_chains64`` step their chains with it."""
+    s = acc + xv
+    bv = s - acc
+    e = (acc - (s - bv)) + (xv - bv)
+    if fast and K._wide_takes(acc, xv, s, False):
+        return K.rn64_step(s, e, r, mode)
+    return K.call_wide_binary(np.int64(K.OP_ADD), acc, xv, mode, np.int64(53), r)
+
+
 @njit(cache=True)
 def _scan_chain64(x, out, key, mode, cumulative):  # pragma: no cover - compiled
     """binary64 sums at 53 bits (sr, ieee, ud, random) of few columns: each column's
@@ -1943,16 +1958,8 @@ def _scan_chain64(x, out, key, mode, cumulative):  # pragma: no cover - compiled
         out[0, j] = acc
         z = _weyl(ukey, np.uint64(M + j))  # element (1, j): index M + j, stepped by M·γ
         for k in range(1, Kd):
-            xv = x[k, j]
-            s = acc + xv
-            bv = s - acc
-            e = (acc - (s - bv)) + (xv - bv)
-            r = _bits_weyl(z)
+            acc = chain_add64(acc, x[k, j], _bits_weyl(z), mode, True)
             z += step
-            if K._wide_takes(acc, xv, s, False):
-                acc = K.rn64_step(s, e, r, mode)
-            else:  # (add_f64, called, not inlined: one compiled copy for every caller)
-                acc = K.call_wide_binary(np.int64(K.OP_ADD), acc, xv, mode, np.int64(53), r)
             if cumulative:
                 out[k, j] = acc
         if not cumulative:

@@ -65,6 +65,8 @@ from .kernels import _bits
 
 #: take the kernel (False: the decomposition, op by op: the slow reference)
 USE_KERNEL = True
+#: the numpy scalar type of the kernels' arrays, per input dtype
+_NP = {torch.float32: np.float32, torch.float64: np.float64}
 #: take the layer-norm kernel for binary64 inputs too (False: their decomposition)
 LAYER_NORM64 = True
 #: take the softmax kernels for binary64 inputs too (False: their decomposition)
@@ -461,7 +463,7 @@ def native_layer_norm(ctx, args, kwargs, nkeys: int):
     m = x.numel() // k
     stat = (*x.shape[:x.dim() - nd], *([1] * nd))
     dt = x.dtype
-    npt = np.float32 if dt is torch.float32 else np.float64
+    npt = _NP[dt]
     out = torch.empty(x.shape, dtype=dt)
     mean = torch.empty(stat, dtype=dt)
     rstd = torch.empty(stat, dtype=dt)
@@ -564,7 +566,7 @@ def _batch_norm_train(ctx, x, weight, bias, eps, nkeys):
     if (N != 1 or S < 2 or not (_affine_ok(weight, C, dt) and _affine_ok(bias, C, dt))
             or keys_needed(weight, bias) != nkeys):
         return None
-    npt = np.float32 if dt is torch.float32 else np.float64
+    npt = _NP[dt]
     out = torch.empty(x.shape, dtype=dt)
     mean = torch.empty(C, dtype=dt)
     rstd = torch.empty(C, dtype=dt)
@@ -681,7 +683,7 @@ def native_group_norm(ctx, args, kwargs, nkeys: int):
             or not _vector_ok(weight, C, dt) or not _affine_ok(bias, C, dt)
             or 14 + (bias is not None) != nkeys):
         return None
-    npt = np.float32 if dt is torch.float32 else np.float64
+    npt = _NP[dt]
     out = torch.empty(x.shape, dtype=dt)
     mean = torch.empty((N, G), dtype=dt)
     rstd = torch.empty((N, G), dtype=dt)
