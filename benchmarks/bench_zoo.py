@@ -46,7 +46,9 @@ more tables check the other goals of the issue:
   float64: the CPU has no native kernels for the
   format, and ratios to that slow native run say nothing; the cell then gives
   :func:`native_for_goal`, the least native time, as a multiple of the twin's, at which
-  the goal would hold with numvar's times as measured);
+  the goal would hold with numvar's times as measured; a missed goal shows, for each
+  side that misses, the bound above ÷ the twin's ratio, :func:`format_bounds`, "out of
+  reach" where it exceeds the goal);
 - **threads**: flop SR time at 1 thread ÷ at the largest thread count measured (goal
   ≥ 1.7 on 2 cores for ``resnet_basic``, ResNet-18's layout, and ``bert``), and whether the
   flop SR outputs are bitwise identical across the thread counts. A missed goal shows
@@ -548,6 +550,25 @@ def native_for_goal(r: dict, twin: dict, goal: float) -> float:
     return max(r["flop SR"] / twin["flop SR"], r["op SR"] / twin["op SR"]) / goal
 
 
+def format_bounds(r: dict, twin: dict, goal: float) -> str:
+    """For an entry that misses its format goal: each missing side's bound ÷ the twin's
+    measured ratio (flop: :func:`flop_bound` of the entry's floor and kernels; op:
+    :func:`op_bound`, the float64 re-runs and the rounding kernels), and "out of reach"
+    where one exceeds ``goal``. The twin's ratio is taken as measured (speeding the twin
+    up only lowers it), so a bound above the goal means no change to the entry's numvar
+    Python can meet it. Empty where the rows lack the bound's parts."""
+    (f, o), (tf, to) = _ratios(r), _ratios(twin)
+    nat, parts = r["native"], []
+    if f / tf > goal and r.get("kernels") is not None:
+        parts.append(("flop", flop_bound(r["floor"] / nat, r["kernels"] / nat) / tf))
+    if o / to > goal and (ob := op_bound(r)) is not None:
+        parts.append(("op", ob / to))
+    if not parts:
+        return ""
+    text = "; " + ", ".join(f"{side} bound {b:.2f}" for side, b in parts)
+    return text + (": out of reach" if any(b > goal for _, b in parts) else "")
+
+
 def _format_rows(rows) -> list[str]:
     out = []
     for r, twin, what, goal, slow in _twins(rows):
@@ -558,7 +579,8 @@ def _format_rows(rows) -> list[str]:
                   f"holds where native {what} takes ≥ {native_for_goal(r, twin, goal):.2f}× "
                   f"the twin's native time")
         else:
-            ok = "✓" if max(f / tf, o / to) <= goal else f"✗ (> {goal})"
+            ok = ("✓" if max(f / tf, o / to) <= goal
+                  else f"✗ (> {goal}{format_bounds(r, twin, goal)})")
         out.append(f"| {name} | {what} | {slow:.2f} | {f:.1f}× | {tf:.1f}× | {f / tf:.2f} | "
                    f"{o:.1f}× | {to:.1f}× | {o / to:.2f} | {ok} |")
     if not out:
@@ -569,7 +591,8 @@ def _format_rows(rows) -> list[str]:
             + " the CPU lacks native kernels for the format "
             "and the goal is not judged: the cell says instead how fast a native run of the "
             "entry, as a multiple of the twin's native time, may be for the goal to hold "
-            "with numvar's times as measured here).", "",
+            "with numvar's times as measured here); a missed goal shows each missing "
+            "side's bound (as in the table above) ÷ the twin's ratio.", "",
             "| model | format | native ÷ | flop SR | twin flop SR | ÷ | op SR | twin op SR | ÷ "
             "| goal |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|", *out]
 

@@ -35,6 +35,7 @@ _ROW = ("float64[::1], uint64[::1], {0}[::1], float64[:, ::1], uint64, uint64, {
 _ROW32 = _ROW.format("float32", "literal(0)")
 _NARROW = ("float64[:, ::1], float64[:, ::1], float64[:, ::1], uint64[::1], uint64[::1], "
            "int64, int64, int64")
+_SCAN = "{0}[:, ::1], {0}[:, ::1], uint64, int64, int64, boolean, boolean, boolean"
 LEAVES: list[tuple[str, str, str]] = [
     ("numvar.instrument.kernels", "_tile32",
      "float32[::1], float32[::1], float32[:, ::1], uint64, uint64, int64, int64, int64, "
@@ -56,6 +57,14 @@ LEAVES: list[tuple[str, str, str]] = [
     ("numvar.instrument.kernels", "_row64",
      "float64[::1], float64[::1], float64[:, ::1], uint64, uint64, int64, int64, boolean, "
      "int64"),
+    # the scans' scalar kernel (directed modes, virtual precisions): 22-25 s cold on one
+    # core, and the affine_grid tests and zoo.md's example compiled it side by side
+    ("numvar.instrument.kernels", "_scan_kernel", _SCAN.format("float32")),
+]
+#: compiled beside the second phase's two tasks, where the shorter one (float64) leaves a
+#: core idle for longer than this takes
+LATE_LEAVES: list[tuple[str, str, str]] = [
+    ("numvar.instrument.kernels", "_scan_kernel", _SCAN.format("float64")),
 ]
 #: the elementwise tiles of numvar.instrument.pointwise that the recurrent steps, the
 #: short paths, the normalisations and the FFTs all call (op, a, b, o, key, l0, mode),
@@ -228,7 +237,8 @@ def _report(future, log) -> bool:
 def warm(workers: int | None = None, log=print) -> float:
     """Compile :data:`SHARED` and :data:`LEAVES` and run :data:`INDEPENDENT`,
     :func:`_rnn_steps` and :func:`_short_paths`, then :data:`ENTRIES` and ``numvar run``'s
-    warm-up model (:func:`_entries_and_runner_model`), over ``workers`` processes, and
+    warm-up model (:func:`_entries_and_runner_model`) with :data:`LATE_LEAVES` beside
+    them, over ``workers`` processes, and
     record that warm-up as done (``numvar run`` then skips it). Returns the wall time;
     logs one line per task and any leaf a task compiled again."""
     workers = workers or os.cpu_count() or 1
@@ -246,9 +256,12 @@ def warm(workers: int | None = None, log=print) -> float:
         for f in first:
             _report(f, log)
         # the leaves' callers, then numvar run's warm-up model, one process per dtype
-        done = [_report(f, log) for f in [
-            pool.submit(_checked, _entries_and_runner_model, LEAVES, dtype)
-            for dtype in ENTRIES]]
+        second = [pool.submit(_checked, _entries_and_runner_model, LEAVES, dtype)
+                  for dtype in ENTRIES]
+        late = [pool.submit(_compile_leaf, *leaf) for leaf in LATE_LEAVES]
+        done = [_report(f, log) for f in second]
+        for f in late:
+            _report(f, log)
     if all(done):  # later `numvar run`s (the documentation's examples) skip their warm-up
         from numvar.runner import warmup as RW
 

@@ -86,6 +86,37 @@ def test_bench_zoo_formats_table_judges_only_comparable_natives(monkeypatch):
     assert main["net"].endswith("| ✓ | ✓ |") and main["mlp_f64"].endswith("| ✗ (> 11.5) | ✓ |")
 
 
+def test_bench_zoo_bounds_a_missed_format_goal(monkeypatch):
+    """A missed format goal shows, for each side that misses, that side's bound (flop:
+    floor − 1 + kernels; op: f64 ref + op kernels, × the entry's native) ÷ the twin's
+    ratio, and "out of reach" exactly when one exceeds the goal; a met goal, or a row
+    without the bound's parts, shows none."""
+    bz = _load_script(monkeypatch, "bench_zoo")
+
+    def row(model, native, op, flop, **parts):  # ratios × native; parts × native too
+        return {"model": model, "threads": 1, "native": native, "op SR": op * native,
+                "flop SR": flop * native, **{k: v * native for k, v in parts.items()}}
+
+    twin = row("net", 0.010, 4.0, 10.0)
+    # op 6.4 / 4.0 = 1.6 misses; op bound (5.2 + 0.4) / 4.0 = 1.4: not out of reach
+    near = row("net_bf16", 0.006, 6.4, 12.0, floor=20.0, kernels=9.0,
+               **{"f64 ref": 5.2, "op kernels": 0.4})
+    # flop 16.5 / 10 = 1.65 misses, bound (2.0 − 1 + 15.2) / 10 = 1.62 > 1.5; op 1.0
+    far = row("net_fp16", 0.009, 4.0, 16.5, floor=2.0, kernels=15.2,
+              **{"f64 ref": 3.0, "op kernels": 0.1})
+    bare = row("mlp", 0.001, 3.0, 10.0)
+    lines = {ln.split(" | ")[0][2:]: ln for ln in
+             bz._format_rows([twin, near, far, bare, row("mlp_f64", 0.002, 2.0, 31.0)])
+             if ln.startswith("| ")}
+    assert lines["net_bf16"].endswith("| 1.60 | ✗ (> 1.5; op bound 1.40) |")
+    assert lines["net_fp16"].endswith("| 1.00 | ✗ (> 1.5; flop bound 1.62: out of reach) |")
+    assert lines["mlp_f64"].endswith("| ✗ (> 3.0) |")  # measured without the parts
+    met = row("net_bf16", 0.006, 5.0, 12.0, floor=20.0, kernels=9.0,
+              **{"f64 ref": 5.6, "op kernels": 0.4})
+    assert bz.format_bounds(met, twin, 1.5) == ""
+    assert bz._format_rows([twin, met])[-1].endswith("| ✓ |")
+
+
 def test_bench_zoo_bounds_a_missed_flop_goal_by_its_kernels(monkeypatch):
     """A missed flop goal shows the bound floor − 1 + kernels (× native) and says "out of
     reach" exactly when the bound exceeds the goal; a met goal shows no bound, and a row
