@@ -44,6 +44,11 @@ _D = torch.randn(256, 128, generator=g, dtype=torch.float64)
 _E = torch.randn(256, 128, generator=g, dtype=torch.float64)
 _B = torch.randn(128, generator=g, dtype=torch.float64)
 _G = torch.randn(2, 16, 16, 16, generator=g, dtype=torch.float64)
+#: running mean and variance, weight and bias of a 16-channel eval batch norm
+_RUNNING = (torch.randn(16, generator=g, dtype=torch.float64),
+            torch.rand(16, generator=g, dtype=torch.float64) + 0.5,
+            torch.randn(16, generator=g, dtype=torch.float64),
+            torch.randn(16, generator=g, dtype=torch.float64))
 
 #: the binary64 paths at flop granularity (the route before: every quotient and root on the
 #: rounding core's scalar path, the scans' scalar steps, broadcasts materialised, row sums
@@ -53,7 +58,7 @@ _SUMS64 = ((instrument_kernels, "SCAN64_FAST"), (flop, "ROW_SUMS64"))
 _VAR64 = ((flop, "USE_ROWVAR64"),)
 _ALL64 = (*_DIV64, (rounding_kernels, "SQRT64_FAST"), *_SUMS64, (_core, "BINARY64_IN_PLACE"),
           *_VAR64, *((norm_kernels, f) for f in ("LAYER_NORM64", "SOFTMAX64", "GROUP_NORM64",
-                                                  "INSTANCE_NORM64")))
+                                                  "INSTANCE_NORM64", "BATCH_NORM_EVAL64")))
 
 #: name -> (granularity, the (module, flag) switches, the op)
 CASES = {
@@ -84,6 +89,8 @@ CASES = {
     "float64 layer_norm (256, 128)": ("flop", _ALL64, lambda: F.layer_norm(_D, [128])),
     "float64 group_norm (2, 16, 16, 16), 4 groups": (
         "flop", _ALL64, lambda: F.group_norm(_G, 4, _G[0, :, 0, 0], _G[1, :, 0, 0])),
+    "float64 batch_norm, eval (2, 16, 16, 16)": (
+        "flop", _ALL64, lambda: F.batch_norm(_G, *_RUNNING[:2], *_RUNNING[2:], False)),
 }
 
 

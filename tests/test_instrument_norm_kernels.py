@@ -155,17 +155,17 @@ def test_declines_and_autograd(monkeypatch):
         _same(a, b)
 
 
-def _bn(c, affine, seed=4):
+def _bn(c, affine, seed=4, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    bn = torch.nn.BatchNorm1d(c, affine=affine).eval()
+    bn = torch.nn.BatchNorm1d(c, affine=affine).eval().to(dtype)
     with torch.no_grad():
-        bn.running_mean.copy_(torch.randn(c, generator=g))
-        bn.running_var.copy_(torch.rand(c, generator=g) * 3)
+        bn.running_mean.copy_(torch.randn(c, generator=g, dtype=dtype))
+        bn.running_var.copy_(torch.rand(c, generator=g, dtype=dtype) * 3)
         bn.running_var[0] = 0.0  # invstd = 1/sqrt(eps)
         bn.running_mean[1] = float("inf")
         if affine:
-            bn.weight.copy_(torch.randn(c, generator=g))
-            bn.bias.copy_(torch.randn(c, generator=g))
+            bn.weight.copy_(torch.randn(c, generator=g, dtype=dtype))
+            bn.bias.copy_(torch.randn(c, generator=g, dtype=dtype))
     return bn
 
 
@@ -182,18 +182,23 @@ def _bn_run(use, monkeypatch, mode, x, bn, grad):
     ("sr", (3, 5, 4, 2), True, False, 1), ("down", (3, 5, 4, 2), True, False, 1),
     ("ud", (4, 5), False, False, 1), ("sr", (2, 5, 7), True, True, 1),
     ("sr", (3, 5, 4, 2), True, False, 2), ("random", (3, 5, 4, 2), False, False, 3),
-    ("ud", (2, 5, 7), True, True, 2)])
-def test_eval_batch_norm_matches_decomposition(monkeypatch, mode, shape, affine, grad, parts):
-    """(``parts`` > 1: the channels split into that many runs, :func:`batch_norm_eval_par32`,
-    whatever the thread count and size.)"""
-    x = torch.randn(*shape, generator=torch.Generator().manual_seed(6))
+    ("ud", (2, 5, 7), True, True, 2), ("ieee", (3, 5, 4), True, False, 1),
+    ("up", (2, 5, 3), False, False, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_eval_batch_norm_matches_decomposition(monkeypatch, mode, shape, affine, grad, parts,
+                                               dtype):
+    """(``parts`` > 1: the channels split into that many runs, :func:`batch_norm_eval_par`,
+    whatever the thread count and size.) binary64: the per-channel square root by the
+    rounding core's scalar function, the decomposition's by ``k_sqrt``'s vectorised block
+    in sr, ieee, ud and random."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(6), dtype=dtype)
     x.view(-1)[3] = float("nan")
-    x.view(-1)[-1] = 1e38
-    bn = _bn(shape[1], affine)
+    x.view(-1)[-1] = 1e38 if dtype is torch.float32 else 1e307
+    bn = _bn(shape[1], affine, dtype=dtype)
     if parts > 1:
         monkeypatch.setattr(NK, "channel_parts", lambda channels, elems, work: parts)
     calls = count_calls(monkeypatch, NK,
-                        "batch_norm_eval_par32" if parts > 1 else "batch_norm_eval32")
+                        "batch_norm_eval_par" if parts > 1 else "batch_norm_eval")
     fast, pos, rep = _bn_run(True, monkeypatch, mode, x, bn, grad)
     assert calls, "the compiled kernel did not run"
     ref, pos_ref, rep_ref = _bn_run(False, monkeypatch, mode, x, bn, grad)
@@ -202,36 +207,59 @@ def test_eval_batch_norm_matches_decomposition(monkeypatch, mode, shape, affine,
     assert pos == pos_ref and rep == rep_ref
 
 
-def test_runs_of_channels_give_the_whole_batch_norms_bits():
+def test_eval_batch_norm_binary64_declines(monkeypatch):
+    """float64 eval batch norm takes the kernel at 53 bits; with ``BATCH_NORM_EVAL64`` off
+    or at a virtual precision, the decomposition."""
+    calls = count_calls(monkeypatch, NK, "batch_norm_eval")
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    bn = _bn(4, True, dtype=torch.float64)
+
+    def run(**kw):
+        with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0, **kw):
+            for _ in range(2):
+                F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, False,
+                             0.1, 1e-5)
+    run(precision=40)
+    monkeypatch.setattr(NK, "BATCH_NORM_EVAL64", False)
+    run()
+    assert not calls
+    monkeypatch.setattr(NK, "BATCH_NORM_EVAL64", True)
+    run()
+    assert calls
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_runs_of_channels_give_the_whole_batch_norms_bits(dt):
     """The parallel eval batch norm in 1, 2, 3, 5 and 7 runs of channels (7 channels: runs
     of one channel and of none) against one call on the whole, bit for bit, in every
     rounding mode, with and without weight and bias, inputs holding inf, NaN and a
-    channel of zero running variance. (As for the row kernels above, a NaN's sign may
-    differ where a run's elements go through a vectorised loop's scalar remainder: NaNs
-    must be at the same places, every other bit must agree.)"""
+    channel of zero running variance, binary32 and binary64. (As for the row kernels
+    above, a NaN's sign may differ where a run's elements go through a vectorised loop's
+    scalar remainder: NaNs must be at the same places, every other bit must agree.)"""
     N, C, S = 3, 7, 10
     g = np.random.default_rng(3)
-    x = (g.standard_normal(N * C * S) * 3).astype(np.float32)
-    x[5], x[S * C + 2], x[-1] = np.inf, np.nan, -3e38
-    w, b, rmean = (g.standard_normal(C).astype(np.float32) for _ in range(3))
-    rvar = (np.abs(g.standard_normal(C)) + 0.1).astype(np.float32)
+    x = (g.standard_normal(N * C * S) * 3).astype(dt)
+    x[5], x[S * C + 2], x[-1] = np.inf, np.nan, -3e38 if dt is np.float32 else -3e307
+    w, b, rmean = (g.standard_normal(C).astype(dt) for _ in range(3))
+    rvar = (np.abs(g.standard_normal(C)) + 0.1).astype(dt)
     rvar[4] = 0.0
     keys = np.arange(1, 9, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    eps = np.float32(1e-5)
-    empty = np.empty(0, np.float32)
+    eps = dt(1e-5)
+    empty = np.empty(0, dt)
+    bits = np.int32 if dt is np.float32 else np.int64
     for has_w, has_b in ((True, True), (False, True), (False, False)):
         args = (x, w if has_w else empty, b if has_b else empty, has_w, has_b, rmean, rvar,
                 eps, keys)
         for mode in range(len(RK.MODE_NAMES)):
             whole = np.empty_like(x)
-            NK.batch_norm_eval32(*args, mode, whole, N, C, S)
+            NK.batch_norm_eval(*args, mode, whole, N, C, S)
             nan = np.isnan(whole)
             assert nan[S * C + 2] and np.isinf(whole[5]) and not nan.all()
             for parts in (1, 2, 3, 5, 7):
                 out = np.full_like(x, 7.0)
-                NK.batch_norm_eval_par32(*args, mode, out, N, C, S, parts)
+                NK.batch_norm_eval_par(*args, mode, out, N, C, S, parts)
                 assert np.array_equal(nan, np.isnan(out)), (RK.MODE_NAMES[mode], parts)
-                assert np.array_equal(whole[~nan].view(np.int32), out[~nan].view(np.int32)), (
+                assert np.array_equal(whole[~nan].view(bits), out[~nan].view(bits)), (
                     RK.MODE_NAMES[mode], parts, has_w, has_b)
 
 
@@ -256,7 +284,7 @@ def test_channel_parts_split_only_work_worth_the_threads(monkeypatch):
 def test_training_batch_norm_takes_the_decomposition(monkeypatch):
     """Training with running statistics (their update), or with batch statistics over
     more than one sample: the decomposition."""
-    calls = count_calls(monkeypatch, NK, "batch_norm_eval32")
+    calls = count_calls(monkeypatch, NK, "batch_norm_eval")
     train_calls = count_calls(monkeypatch, NK, "batch_norm_train")
     bn = torch.nn.BatchNorm1d(3).train()
     stats_free = torch.nn.BatchNorm1d(3, track_running_stats=False).train()

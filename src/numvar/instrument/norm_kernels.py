@@ -1,5 +1,5 @@
 """numba kernels of LayerNorm, GroupNorm, eval BatchNorm and softmax at flop granularity
-(binary32; all but eval BatchNorm binary64 too): ``aten.native_layer_norm``,
+(binary32 and binary64): ``aten.native_layer_norm``,
 ``native_group_norm`` (with a weight), ``native_batch_norm`` /
 ``_native_batch_norm_legit_no_training`` (running statistics; and ``native_batch_norm``
 in training without them on one sample: InstanceNorm), ``_softmax`` /
@@ -41,8 +41,9 @@ input (float64 at 53 bits, :data:`LAYER_NORM64`) runs the same code on float64 a
 ``round_into_any`` rounds to binary64 there, and ``rsqrt``'s float64 result counts as
 exact (only ud perturbs it: :func:`_round_result`). The softmax's, GroupNorm's and
 InstanceNorm's kernels likewise (:data:`SOFTMAX64`, ``exp``'s float64 result;
-:data:`GROUP_NORM64`; :data:`INSTANCE_NORM64`); eval BatchNorm's stays binary32 (its
-``sqrt`` step has no binary64 tile here).
+:data:`GROUP_NORM64`; :data:`INSTANCE_NORM64`) and eval BatchNorm's
+(:data:`BATCH_NORM_EVAL64`; its per-channel ``sqrt`` by the rounding core's scalar
+function, :func:`_sqrt_into`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ SOFTMAX64 = True
 #: norm)
 GROUP_NORM64 = True
 INSTANCE_NORM64 = True
+#: the same for eval batch norm (running statistics)
+BATCH_NORM_EVAL64 = True
 #: a binary32 layer norm's time per element at flop granularity, in SR contraction
 #: terms (measured, one thread, Zen 3: 24 ns per element of a 128 × 128 layer norm
 #: against 0.8 ns per term): the weight of its elements against
@@ -83,7 +86,7 @@ LAYER_NORM_WORK = 30
 #: the same for a softmax's two compiled steps (:func:`softmax_sub`,
 #: :func:`softmax_tail`; 13.6 ns per element of 256 rows of 64, binary32)
 SOFTMAX_WORK = 17
-#: the same for eval batch norm's normalisation (:func:`batch_norm_eval32`: 7.4 ns per
+#: the same for eval batch norm's normalisation (:func:`batch_norm_eval`: 7.4 ns per
 #: element of 2 × 64 × 32 × 32 with weight and bias)
 BATCH_NORM_WORK = 9
 
@@ -236,31 +239,54 @@ def _normalize_affine(xf, mean, inv, w, b, has_w, has_b, keys, k0, mode, out, d0
         PW.round_into_any(add, e, full, out, np.uint64(keys[k]), l0, mode)
 
 
+def _sqrt_into(a, o, ukey, mode):  # pragma: no cover - replaced by its overload
+    """``o[j] = RND(sqrt(a[j]))`` with ``bits64(key, j)``, as the flop ``sqrt`` rounds it
+    (``Ctx.sqrt``): binary32 ``o`` by ``pointwise._sqrttile``; binary64 ``o`` by
+    ``rounding.kernels.wide_sqrt`` per element, the scalar function of ``k_sqrt``, whose
+    vectorised block (``_sqrt64_block``) gives the same bits (``tests/test_rounding_core``
+    compares them element by element); a channel count of elements needs no more."""
+
+
+@overload(_sqrt_into)
+def _sqrt_into_impl(a, o, ukey, mode):
+    if o.dtype == types.float64:
+        def wide(a, o, ukey, mode):
+            for j in range(o.size):
+                o[j] = K.wide_sqrt(a[j], mode, np.int64(53), _bits(ukey, np.uint64(j)))
+        return wide
+
+    def narrow(a, o, ukey, mode):
+        PW._sqrttile(a, o, ukey, np.int64(0), mode)
+    return narrow
+
+
 @njit(inline="always")
 def _bn_invstd(rvar, eps, keys, mode, C):
     """Eval batch norm's ``invstd = RND(RND(1 / RND(sqrt(RND(var + eps)))) · 1)`` per
-    channel (keys 0–3, element c) of the running variance ``rvar`` (C,)."""
-    col = np.empty(C, np.float32)
+    channel (keys 0–3, element c) of the running variance ``rvar`` (C,), in its dtype."""
+    dt = rvar.dtype
+    col = np.empty(C, dt)
     col[:] = eps
-    ve = np.empty(C, np.float32)
-    PW.round_into(K.OP_ADD, rvar, col, ve, np.uint64(keys[0]), 0, mode)
-    sd = np.empty(C, np.float32)
-    PW._sqrttile(ve, sd, np.uint64(keys[1]), np.int64(0), mode)
+    ve = np.empty(C, dt)
+    z = np.int64(0)
+    PW.round_into_any(np.int64(K.OP_ADD), rvar, col, ve, np.uint64(keys[0]), z, mode)
+    sd = np.empty(C, dt)
+    _sqrt_into(ve, sd, np.uint64(keys[1]), mode)
     col[:] = 1.0
-    rc = np.empty(C, np.float32)
-    PW.round_into(K.OP_DIV, col, sd, rc, np.uint64(keys[2]), 0, mode)
-    inv = np.empty(C, np.float32)
-    PW.round_into(K.OP_MUL, rc, col, inv, np.uint64(keys[3]), 0, mode)
+    rc = np.empty(C, dt)
+    PW.round_into_any(np.int64(K.OP_DIV), col, sd, rc, np.uint64(keys[2]), z, mode)
+    inv = np.empty(C, dt)
+    PW.round_into_any(np.int64(K.OP_MUL), rc, col, inv, np.uint64(keys[3]), z, mode)
     return inv
 
 
 @njit(cache=True, error_model="numpy")
-def batch_norm_eval32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, N, C,
-                      S):  # pragma: no cover - compiled
-    """Batch norm with running statistics (eval) of x (N·C·S,) float32 in C order, binary32
-    at 24 bits, into ``out``: torch's decomposition step by step, the per-channel
-    ``invstd`` of :func:`_bn_invstd` (keys 0–3, element c), then
-    :func:`_normalize_affine` per channel (keys 4…, element l)."""
+def batch_norm_eval(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, N, C,
+                    S):  # pragma: no cover - compiled
+    """Batch norm with running statistics (eval) of x (N·C·S,) in C order into ``out``,
+    binary32 at 24 bits for float32 arrays, binary64 at 53 for float64 ones: torch's
+    decomposition step by step, the per-channel ``invstd`` of :func:`_bn_invstd` (keys
+    0–3, element c), then :func:`_normalize_affine` per channel (keys 4…, element l)."""
     inv = _bn_invstd(rvar, eps, keys, mode, C)
     z, o = np.int64(0), np.int64(1)  # not literals: one compiled _normalize_affine
     _normalize_affine(x, rmean, inv, w, b, has_w, has_b, keys, np.int64(4), mode, out, N,
@@ -268,9 +294,9 @@ def batch_norm_eval32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, 
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def batch_norm_eval_par32(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, N, C,
-                          S, parts):  # pragma: no cover - compiled
-    """:func:`batch_norm_eval32` with the channels split into ``parts`` runs on numba's
+def batch_norm_eval_par(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out, N, C,
+                        S, parts):  # pragma: no cover - compiled
+    """:func:`batch_norm_eval` with the channels split into ``parts`` runs on numba's
     threads: run p normalises channels c0 .. c1 of every sample, each sample's block of
     them (contiguous in x) by one :func:`_normalize_affine` call given the block's first
     element index, so every element gets the keys and index of the whole call: the same
@@ -418,7 +444,8 @@ def _input_ok(ctx, x, binary64: bool = False) -> bool:
     kernels are serial; above it the decomposition's kernels run on every thread),
     binary32 at 24 bits in its own format on the numba backend; with ``binary64`` (the
     flag of a kernel that serves binary64: :data:`LAYER_NORM64`, :data:`SOFTMAX64`,
-    :data:`GROUP_NORM64`, :data:`INSTANCE_NORM64`), a binary64 one at 53 bits too."""
+    :data:`GROUP_NORM64`, :data:`INSTANCE_NORM64`, :data:`BATCH_NORM_EVAL64`), a binary64
+    one at 53 bits too."""
     if not (USE_KERNEL and ctx._numba and ctx.format is None and isinstance(x, torch.Tensor)
             and x.is_cpu and x.is_contiguous() and 0 < x.numel() < KN.PARALLEL_MIN_WORK):
         return False
@@ -495,7 +522,7 @@ def row_parts(rows: int, elems: int, work: int) -> int:
 
 def channel_parts(channels: int, elems: int, work: int) -> int:
     """Runs of channels an eval batch norm of ``channels`` channels and ``elems``
-    elements is split into (one per numba thread: :func:`batch_norm_eval_par32`), or 1:
+    elements is split into (one per numba thread: :func:`batch_norm_eval_par`), or 1:
     with one thread, one channel, or below ``kernels.PARALLEL_MIN_WORK`` contraction
     terms' worth of time (``work`` per element: :data:`BATCH_NORM_WORK`). Results do not
     depend on it."""
@@ -586,26 +613,28 @@ def _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, training, eps, nkeys):
         if rmean is None and rvar is None:
             return _batch_norm_train(ctx, x, weight, bias, eps, nkeys)
         return None  # (the running statistics' update: the decomposition)
-    if not (_input_ok(ctx, x) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
+    if not (_input_ok(ctx, x, BATCH_NORM_EVAL64) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
         return None
     N, C = x.shape[0], x.shape[1]
-    if not (_vector_ok(rmean, C) and _vector_ok(rvar, C) and _affine_ok(weight, C)
-            and _affine_ok(bias, C)) or 6 + (weight is not None) + (bias is not None) != nkeys:
+    dt = x.dtype
+    if not (_vector_ok(rmean, C, dt) and _vector_ok(rvar, C, dt) and _affine_ok(weight, C, dt)
+            and _affine_ok(bias, C, dt)) or 6 + (weight is not None) + (bias is not None) != nkeys:
         return None
     S = x.numel() // (N * C)
-    out = torch.empty(x.shape, dtype=torch.float32)
+    npt = _NP[dt]
+    out = torch.empty(x.shape, dtype=dt)
     keys = ctx.stream_keys(nkeys)
-    empty = np.empty(0, np.float32)
+    empty = np.empty(0, npt)
     w = empty if weight is None else weight.detach().numpy()
     b = empty if bias is None else bias.detach().numpy()
     args = (x.detach().numpy().reshape(-1), w, b, weight is not None, bias is not None,
-            rmean.detach().numpy(), rvar.detach().numpy(), np.float32(eps), keys, ctx.code,
+            rmean.detach().numpy(), rvar.detach().numpy(), npt(eps), keys, ctx.code,
             out.numpy().reshape(-1), N, C, S)
     parts = channel_parts(C, x.numel(), BATCH_NORM_WORK)
     if parts > 1:
-        batch_norm_eval_par32(*args, parts)
+        batch_norm_eval_par(*args, parts)
     else:
-        batch_norm_eval32(*args)
+        batch_norm_eval(*args)
     return out, x.new_zeros((0,)), x.new_zeros((0,))
 
 
