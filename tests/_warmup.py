@@ -238,9 +238,9 @@ def warm(workers: int | None = None, log=print) -> float:
     """Compile :data:`SHARED` and :data:`LEAVES` and run :data:`INDEPENDENT`,
     :func:`_rnn_steps` and :func:`_short_paths`, then :data:`ENTRIES` and ``numvar run``'s
     warm-up model (:func:`_entries_and_runner_model`) with :data:`LATE_LEAVES` beside
-    them, over ``workers`` processes, and
-    record that warm-up as done (``numvar run`` then skips it). Returns the wall time;
-    logs one line per task and any leaf a task compiled again."""
+    them, over ``workers`` processes, and record that warm-up as done (``numvar run``
+    then skips it). Returns the wall time; logs one line per task and any leaf a task
+    compiled again."""
     workers = workers or os.cpu_count() or 1
     t0 = time.perf_counter()
     import multiprocessing as mp
