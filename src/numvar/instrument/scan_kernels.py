@@ -167,7 +167,7 @@ def rowvar(x, keys, n_mean, n_var, mode, out, Mg, mg0):  # pragma: no cover - co
         mub[m, :] = mu[m]
     d = np.empty(M * Kd, dt)
     PW.round_into_any(sub, x.reshape(M * Kd), mub.reshape(M * Kd), d, np.uint64(keys[2]),
-                mg0 * Kd, mode)
+                      mg0 * Kd, mode)
     sq = np.empty((M, Kd), dt)
     PW.round_into_any(mul, d, d, sq.reshape(M * Kd), np.uint64(keys[3]), mg0 * Kd, mode)
     _rows(sq, s, keys[4], mode, Mg, mg0)
