@@ -32,6 +32,15 @@ e.g. the float64 sine-wave predictor against its binary32 twin:
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_forward.py --lbfgs \
         sine_mlp_f64 sine_mlp --repeats 10
 
+``--train`` times a training step instead of a forward (the model in training mode:
+forward, the entry's loss, backward; no optimizer, so each step does the same work; with
+``--flag``, the loss and the gradients are compared), e.g. batch norm's training
+kernels on the CNNs:
+
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_forward.py --train \
+        --flag numvar.instrument.norm_kernels.BATCH_NORM_TRAIN \
+        --flag numvar.instrument.norm_kernels.BATCH_NORM_BACKWARD mobilenet_se resnet_basic
+
 ``--float64`` runs each entry with its parameters and floating-point inputs cast to float64
 (a float64 twin of a binary32 model, beside the zoo's own ``*_f64`` entries), e.g. the
 binary64 paths on the normalisation layers:
@@ -45,6 +54,7 @@ binary64 paths on the normalisation layers:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import time
 
@@ -90,34 +100,48 @@ def lbfgs_steps(name: str, repeats: int) -> tuple[float, float]:
     return best[True], best[False]
 
 
-def _built(name: str, float64: bool):
-    """(model in eval mode, inputs) of zoo entry ``name`` at bench size; ``float64``: its
-    floating-point parameters, buffers and inputs cast to float64."""
+def _built(name: str, float64: bool, train: bool = False):
+    """(the work, under no_grad or not) of zoo entry ``name`` at bench size: a callable
+    running one forward of the model in eval mode and returning its output, or with
+    ``train`` one training step (the model in training mode: forward, the entry's loss,
+    backward; the gradients set to None first, no optimizer, so every step does the same
+    work) returning the loss and the gradients. ``float64``: its floating-point
+    parameters, buffers and inputs cast to float64."""
     built = zoo.build(name, "bench")
-    model, x = built.model.eval(), built.inputs
+    model, x = built.model.train(train), built.inputs
     if float64:
         model = model.double()
         x = tuple(t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
                   for t in x)
-    return model, x
+    if not train:
+        return (lambda: model(*x)), torch.no_grad
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss = built.loss(model(*x))
+        loss.backward()
+        return [loss] + [p.grad for p in model.parameters() if p.grad is not None]
+    return step, contextlib.nullcontext
 
 
-def best_forward(name: str, repeats: int, float64: bool = False) -> tuple[float, float]:
-    """(best flop SR seconds, best native seconds) per forward of zoo entry ``name``."""
-    model, x = _built(name, float64)
+def best_forward(name: str, repeats: int, float64: bool = False,
+                 train: bool = False) -> tuple[float, float]:
+    """(best flop SR seconds, best native seconds) per forward (or training step) of zoo
+    entry ``name``."""
+    work, grad_mode = _built(name, float64, train)
 
     def flop() -> float:
         with fuzzy(mode="sr", granularity="flop", seed=0):
             t = time.perf_counter()
-            model(*x)
+            work()
             return time.perf_counter() - t
 
     def native() -> float:
         t = time.perf_counter()
-        model(*x)
+        work()
         return time.perf_counter() - t
 
-    with torch.no_grad():
+    with grad_mode():
         for _ in range(3):
             flop()
         tf = min(flop() for _ in range(repeats))
@@ -137,14 +161,15 @@ def _flag(path: str):
     return mod, attr
 
 
-def toggled_forwards(name: str, flags, repeats: int,
-                     float64: bool = False) -> tuple[float, float, float, bool]:
+def toggled_forwards(name: str, flags, repeats: int, float64: bool = False,
+                     train: bool = False) -> tuple[float, float, float, bool]:
     """(best flop SR seconds with the ``flags`` (one path, or several) False, with them
-    True, best native seconds, whether both outputs have the same bits) per forward of zoo
-    entry ``name``, by the thread's CPU time over ``repeats`` interleaved rounds; the
-    flags are restored after."""
+    True, best native seconds, whether both outputs have the same bits) per forward (or
+    training step: its loss and gradients compared) of zoo entry ``name``, by the
+    thread's CPU time over ``repeats`` interleaved rounds; the flags are restored
+    after."""
     switches = [_flag(f) for f in ([flags] if isinstance(flags, str) else flags)]
-    model, x = _built(name, float64)
+    work, grad_mode = _built(name, float64, train)
     original = [getattr(mod, attr) for mod, attr in switches]
 
     def flop(on: bool):
@@ -152,17 +177,17 @@ def toggled_forwards(name: str, flags, repeats: int,
             setattr(mod, attr, on)
         with fuzzy(mode="sr", granularity="flop", seed=0):
             t = time.thread_time()
-            out = model(*x)
+            out = work()
             return time.thread_time() - t, out
 
     def native() -> float:
         t = time.thread_time()
-        model(*x)
+        work()
         return time.thread_time() - t
 
     best = {False: float("inf"), True: float("inf"), "native": float("inf")}
     try:
-        with torch.no_grad():
+        with grad_mode():
             outs = {on: [flop(on) for _ in range(3)][-1][1] for on in (False, True)}
             same = _bits(outs[False]) == _bits(outs[True])
             for _ in range(repeats):
@@ -177,7 +202,7 @@ def toggled_forwards(name: str, flags, repeats: int,
 
 def _bits(out) -> list[bytes]:
     if isinstance(out, torch.Tensor):
-        return [out.detach().contiguous().view(torch.uint8).numpy().tobytes()]
+        return [out.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()]
     if isinstance(out, (list, tuple)):
         return [b for o in out for b in _bits(o)]
     if isinstance(out, dict):
@@ -196,13 +221,15 @@ def main() -> None:
                     "and floating-point inputs to float64")
     ap.add_argument("--lbfgs", action="store_true", help="time one torch.optim.LBFGS step "
                     "(four iterations) on each entry's loss instead of a forward")
+    ap.add_argument("--train", action="store_true", help="time a training step (training "
+                    "mode: forward, the entry's loss, backward) instead of an eval forward")
     args = ap.parse_args()
     unknown = [m for m in args.models if m not in zoo.ZOO]
     if unknown:
         ap.error(f"unknown zoo entries: {', '.join(unknown)} (known: {', '.join(zoo.ZOO)})")
     if args.lbfgs:
-        if args.flag or args.float64:
-            ap.error("--lbfgs times the entries as they are (no --flag, no --float64)")
+        if args.flag or args.float64 or args.train:
+            ap.error("--lbfgs times the entries as they are (no --flag, --float64, --train)")
         for name in args.models:
             tf, tn = lbfgs_steps(name, args.repeats)
             print(f"{name} {tf * 1e3:.3f} {tn * 1e3:.3f} {tf / tn:.1f}", flush=True)
@@ -211,12 +238,13 @@ def main() -> None:
         for f in args.flag:
             _flag(f)  # (refused before any model is built)
         for name in args.models:
-            off, on, tn, same = toggled_forwards(name, args.flag, args.repeats, args.float64)
+            off, on, tn, same = toggled_forwards(name, args.flag, args.repeats, args.float64,
+                                                 args.train)
             print(f"{name} {off * 1e3:.3f} {on * 1e3:.3f} {tn * 1e3:.3f} "
                   f"{(off - on) / tn:.2f} {'same bits' if same else 'BITS DIFFER'}", flush=True)
         return
     for name in args.models:
-        tf, tn = best_forward(name, args.repeats, args.float64)
+        tf, tn = best_forward(name, args.repeats, args.float64, args.train)
         print(f"{name} {tf * 1e3:.3f} {tn * 1e3:.3f} {tf / tn:.1f}", flush=True)
 
 

@@ -5,7 +5,8 @@ served at, with its module flags off (the route before: PyTorch's copy of the po
 windows, the flop handlers of ``affine_grid``'s sub-ops, the decomposition of the
 activations, a row-major copy of a column-major result, binary64's scalar quotients,
 roots, scan steps, materialised broadcasts, variances in six tensor steps, layer, group
-and instance norms and softmaxes decomposed) and on, and natively; best of
+and instance norms and softmaxes decomposed, training batch norm and batch norm's backward
+decomposed) and on, and natively; best of
 ``--repeats`` interleaved rounds of ``--calls`` calls after a warm-up, each round timed
 by the thread's CPU time; ratios to native in the same run, and whether both settings
 give the same bits (the tests check that too: this measures the time).
@@ -50,6 +51,28 @@ _RUNNING = (torch.randn(16, generator=g, dtype=torch.float64),
             torch.randn(16, generator=g, dtype=torch.float64),
             torch.randn(16, generator=g, dtype=torch.float64))
 
+
+def _train_batch_norm(dtype: torch.dtype, backward: bool):
+    """A training step of a 16-channel batch norm with running statistics on (8, 16, 8,
+    8): the forward (its output), or the forward and the backward of a weighted sum with
+    respect to the input, the weight and the bias (the input's gradient)."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 16, 8, 8, generator=gen, dtype=dtype).requires_grad_(backward)
+    gy = torch.randn(8, 16, 8, 8, generator=gen, dtype=dtype)
+    w = torch.randn(16, generator=gen, dtype=dtype).requires_grad_(backward)
+    b = torch.randn(16, generator=gen, dtype=dtype).requires_grad_(backward)
+    rm, rv = torch.zeros(16, dtype=dtype), torch.ones(16, dtype=dtype)
+
+    def step():
+        if not backward:
+            return F.batch_norm(x, rm, rv, w, b, True)
+        with torch.enable_grad():
+            return torch.autograd.grad(F.batch_norm(x, rm, rv, w, b, True), (x, w, b), gy)[0]
+    return step
+
+
+_TRAIN = ((norm_kernels, "BATCH_NORM_TRAIN"), (norm_kernels, "BATCH_NORM_BACKWARD"))
+
 #: the binary64 paths at flop granularity (the route before: every quotient and root on the
 #: rounding core's scalar path, the scans' scalar steps, broadcasts materialised, row sums
 #: through a transposed copy)
@@ -58,7 +81,7 @@ _SUMS64 = ((instrument_kernels, "SCAN64_FAST"), (flop, "ROW_SUMS64"))
 _VAR64 = ((flop, "USE_ROWVAR64"),)
 _ALL64 = (*_DIV64, (rounding_kernels, "SQRT64_FAST"), *_SUMS64, (_core, "BINARY64_IN_PLACE"),
           *_VAR64, *((norm_kernels, f) for f in ("LAYER_NORM64", "SOFTMAX64", "GROUP_NORM64",
-                                                  "INSTANCE_NORM64", "BATCH_NORM_EVAL64")))
+                                                  "BATCH_NORM_TRAIN64", "BATCH_NORM_EVAL64")))
 
 #: name -> (granularity, the (module, flag) switches, the op)
 CASES = {
@@ -91,6 +114,12 @@ CASES = {
         "flop", _ALL64, lambda: F.group_norm(_G, 4, _G[0, :, 0, 0], _G[1, :, 0, 0])),
     "float64 batch_norm, eval (2, 16, 16, 16)": (
         "flop", _ALL64, lambda: F.batch_norm(_G, *_RUNNING[:2], *_RUNNING[2:], False)),
+    "batch_norm, training (8, 16, 8, 8)": ("flop", _TRAIN,
+                                          _train_batch_norm(torch.float32, False)),
+    "batch_norm, training, forward and backward (8, 16, 8, 8)": (
+        "flop", _TRAIN, _train_batch_norm(torch.float32, True)),
+    "float64 batch_norm, training, forward and backward (8, 16, 8, 8)": (
+        "flop", _TRAIN, _train_batch_norm(torch.float64, True)),
 }
 
 

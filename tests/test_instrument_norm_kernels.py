@@ -11,12 +11,15 @@ NaN and a dominant value, with autograd. Group norm (with a weight; with and wit
 variance, non-finite inputs and statistics, under no_grad and with autograd (another aten
 op reaches the mode)."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from numvar.instrument import fuzzy
+from numvar.instrument import mode as MD
 from numvar.instrument import norm_kernels as NK
 from numvar.instrument import pointwise as PW
 from numvar.rounding import kernels as RK
@@ -47,6 +50,9 @@ def _run(use, monkeypatch, mode, x, nshape, w, b, seed=5):
 
 def _same(a, b):
     assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+    if not a.is_floating_point():
+        assert torch.equal(a, b)
+        return
     bits = torch.int64 if a.dtype is torch.float64 else torch.int32
     assert torch.equal(a.view(bits), b.view(bits))
 
@@ -281,18 +287,133 @@ def test_channel_parts_split_only_work_worth_the_threads(monkeypatch):
     assert NK.channel_parts(3, 10 * big, NK.BATCH_NORM_WORK) == 3
 
 
-def test_training_batch_norm_takes_the_decomposition(monkeypatch):
-    """Training with running statistics (their update), or with batch statistics over
-    more than one sample: the decomposition."""
-    calls = count_calls(monkeypatch, NK, "batch_norm_eval")
-    train_calls = count_calls(monkeypatch, NK, "batch_norm_train")
-    bn = torch.nn.BatchNorm1d(3).train()
-    stats_free = torch.nn.BatchNorm1d(3, track_running_stats=False).train()
-    with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=0):
+def _train_data(shape, special, dtype):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(9), dtype=dtype) * 2 + 0.5
+    if special:
+        x.view(-1)[2] = float("nan")  # channel 2 % C: its statistics NaN
+        x[:, 1] = 3.0  # a constant channel: variance 0, rstd 1/sqrt(eps)
+        x.view(-1)[-1] = 2e38 if dtype is torch.float32 else 2e300  # its square overflows
+    return x
+
+
+def _train_run(use, monkeypatch, mode, x, bn, grad, seed=4):
+    """Three steps of (a copy of) ``bn`` (in training: running statistics updated each
+    time; the second and third steps take the kernels) on x scaled, with the backward of
+    a weighted sum where ``grad``. Everything that may differ between the two paths is
+    returned: outputs, running statistics, gradients, the stream position and the
+    report."""
+    monkeypatch.setattr(NK, "USE_KERNEL", use)
+    monkeypatch.setattr(MD, "_FUSED_SEEN", {})  # (the first step decomposes, in any order)
+    bn = copy.deepcopy(bn)
+    outs = []
+    xx = x.clone().requires_grad_(grad)
+    weights = torch.linspace(-1.0, 2.0, x.numel(), dtype=x.dtype).reshape(x.shape)
+    with torch.set_grad_enabled(grad), fuzzy(mode=mode, granularity="flop", seed=seed) as fz:
+        for i in range(3):
+            y = bn(xx * (i + 1.0))
+            if grad:
+                (y * weights).sum().backward()
+            outs.append(y.detach())
+        pos = fz.stream.counter
+    for t in (bn.running_mean, bn.running_var, bn.num_batches_tracked):
+        if t is not None:
+            outs.append(t)
+    if grad:
+        outs += [xx.grad] + [p.grad for p in bn.parameters() if p.grad is not None]
+    return outs, pos, fz.report().to_dict()
+
+
+@pytest.mark.parametrize("mode,shape,affine,running,momentum,special,grad", [
+    ("sr", (4, 3), True, True, 0.1, True, True),
+    ("ud", (3, 4, 5), False, True, 0.1, True, True),
+    ("random", (2, 3, 4, 2), True, False, 0.1, True, True),
+    ("down", (2, 3, 6), True, True, None, False, False),
+    ("ieee", (3, 17, 4), True, True, 1 / 3, True, True),
+    ("sr", (2, 16, 3, 3), False, False, 0.1, False, True),
+    ("up", (1, 3, 5), True, True, 0.1, False, True),
+    ("sr", (5, 2, 1), True, True, 1.0, True, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_training_batch_norm_matches_decomposition(monkeypatch, mode, shape, affine, running,
+                                                   momentum, special, grad, dtype):
+    """Training batch norm (batch statistics over N > 1 samples, or one; running statistics
+    updated in place or absent; momentum 1/3, whose 1 − momentum binary32 rounds; None:
+    the cumulative average, the decomposition at every step) through
+    batch_norm_train, and its backward through batch_norm_backward: the decomposition's
+    bits for the outputs, the running statistics, every gradient, the stream position
+    and the report. 16 and 17 channels: the channels' sums by columns (a tile of every
+    channel per step); 2 to 4: by rows, x's own for one sample. A NaN, a constant channel
+    and an overflowing square (``special``)."""
+    cls = {2: torch.nn.BatchNorm1d, 3: torch.nn.BatchNorm1d, 4: torch.nn.BatchNorm2d}
+    bn = cls[len(shape)](shape[1], affine=affine, momentum=momentum,
+                         track_running_stats=running).to(dtype).train()
+    if affine:
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            bn.weight.copy_(torch.randn(shape[1], generator=g, dtype=dtype))
+            bn.bias.copy_(torch.randn(shape[1], generator=g, dtype=dtype))
+    x = _train_data(shape, special, dtype)
+    forward = count_calls(monkeypatch, NK, "batch_norm_train")
+    backward = count_calls(monkeypatch, NK, "batch_norm_backward")
+    fast, pos, rep = _train_run(True, monkeypatch, mode, x, bn, grad)
+    # (momentum None: each step's factor 1/k is a new signature, so every step runs the
+    # decomposition; the backward does not read it)
+    assert len(forward) == (2 if momentum else 0) and len(backward) == (2 if grad else 0)
+    ref, pos_ref, rep_ref = _train_run(False, monkeypatch, mode, x, bn, grad)
+    assert len(fast) == len(ref)
+    for a, b in zip(fast, ref):
+        _same(a, b)
+    assert pos == pos_ref and rep == rep_ref
+
+
+@pytest.mark.parametrize("mode,affine,frozen_weight", [
+    ("sr", True, False), ("ud", False, False), ("down", True, True), ("random", True, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_eval_batch_norm_backward_matches_decomposition(monkeypatch, mode, affine,
+                                                        frozen_weight, dtype):
+    """Eval batch norm's backward (fine-tuning through a frozen batch norm: the
+    decomposition's rsqrt of the running variance, then grad_input from it), with the
+    weight's gradient left out of ``output_mask`` (``frozen_weight``: 13 keys, not 14)."""
+    bn = _bn(4, affine, dtype=dtype)
+    with torch.no_grad():
+        bn.running_mean[1] = 0.5  # (_bn's inf mean: NaN gradients only)
+    if affine and frozen_weight:
+        bn.weight.requires_grad_(False)
+    x = _train_data((3, 4, 5), True, dtype)
+    calls = count_calls(monkeypatch, NK, "batch_norm_backward")
+    fast, pos, rep = _train_run(True, monkeypatch, mode, x, bn.eval(), True)
+    assert len(calls) == 2
+    ref, pos_ref, rep_ref = _train_run(False, monkeypatch, mode, x, bn.eval(), True)
+    assert len(fast) == len(ref) == 7 + affine + (affine and not frozen_weight)
+    for a, b in zip(fast, ref):
+        _same(a, b)
+    assert pos == pos_ref and rep == rep_ref
+
+
+@pytest.mark.parametrize("flag", ["BATCH_NORM_TRAIN", "BATCH_NORM_TRAIN64",
+                                  "BATCH_NORM_BACKWARD", "precision"])
+def test_training_batch_norm_declines(monkeypatch, flag):
+    """Each flag off (or a virtual precision) sends its calls to the decomposition:
+    BATCH_NORM_TRAIN the calls over several samples or with running statistics (not
+    InstanceNorm's), BATCH_NORM_TRAIN64 float64's forward and backward,
+    BATCH_NORM_BACKWARD the backward."""
+    monkeypatch.setattr(MD, "_FUSED_SEEN", {})  # (the first step decomposes, in any order)
+    forward = count_calls(monkeypatch, NK, "batch_norm_train")
+    backward = count_calls(monkeypatch, NK, "batch_norm_backward")
+    dtype = torch.float64 if flag in ("BATCH_NORM_TRAIN64", "precision") else torch.float32
+    bn = torch.nn.BatchNorm1d(3).to(dtype).train()
+    instance = torch.nn.InstanceNorm1d(3).to(dtype)
+    x = torch.randn(4, 3, 5, dtype=dtype, requires_grad=True)
+    kw = {"precision": 40} if flag == "precision" else {}
+    if flag != "precision":
+        monkeypatch.setattr(NK, flag, False)
+    with fuzzy(mode="sr", granularity="flop", seed=0, **kw):
         for _ in range(2):
-            bn(torch.randn(4, 3))
-            stats_free(torch.randn(4, 3))
-    assert not calls and not train_calls
+            (bn(x).sum() + instance(x).sum()).backward()
+    # (the second step takes the kernels: one sample's forward, InstanceNorm's, without
+    # BATCH_NORM_TRAIN; none for float64 without BATCH_NORM_TRAIN64 or at 40 bits)
+    expect = {"BATCH_NORM_TRAIN": (1, 2), "BATCH_NORM_TRAIN64": (0, 0),
+              "BATCH_NORM_BACKWARD": (2, 0), "precision": (0, 0)}[flag]
+    assert (len(forward), len(backward)) == expect
 
 
 def _instance_run(use, monkeypatch, mode, x, norm, grad):

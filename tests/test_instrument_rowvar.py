@@ -84,7 +84,7 @@ def test_rowvar64_matches_tensor_steps(mode, case, monkeypatch):
     tiles; up and farthest on the scalar functions) against the six float64 tensor
     steps, taken where flop._rowvar_dtype says (the norms through their decompositions:
     their own compiled calls are norm_kernels' tests)."""
-    for flag in ("LAYER_NORM64", "GROUP_NORM64", "INSTANCE_NORM64"):
+    for flag in ("LAYER_NORM64", "GROUP_NORM64", "BATCH_NORM_TRAIN64"):
         monkeypatch.setattr(NK, flag, False)
     calls = count_calls(monkeypatch, flop.SK, "rowvar")
     shape, fn, served = CASES64[case]

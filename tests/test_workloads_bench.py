@@ -335,6 +335,33 @@ def test_bench_forward_times_a_flag_off_and_on_with_the_same_bits(monkeypatch, c
             mod.main()
 
 
+def test_bench_forward_times_training_steps_with_a_flag(monkeypatch, capsys):
+    """bench_forward.py --train --flag: training steps of the norms entry (batch norm and
+    instance norm in training mode, their backward) with batch norm's training kernels
+    off and on: the same loss and gradient bits, the flags restored; --train alone:
+    flop and native ms and their ratio."""
+    from numvar.instrument import norm_kernels as NK
+
+    mod = _load_script(monkeypatch, "bench_forward")
+    monkeypatch.setattr("sys.argv", ["bench_forward.py", "--train", "--flag",
+                                     "numvar.instrument.norm_kernels.BATCH_NORM_TRAIN",
+                                     "--flag",
+                                     "numvar.instrument.norm_kernels.BATCH_NORM_BACKWARD",
+                                     "norms", "--repeats", "1"])
+    mod.main()
+    name, off, on, native, saved, *same = capsys.readouterr().out.split()
+    assert name == "norms" and " ".join(same) == "same bits"
+    off, on, native, saved = float(off), float(on), float(native), float(saved)
+    assert off > 0 and on > 0 and native > 0
+    assert abs(saved - (off - on) / native) < 0.02  # (the printed values are rounded)
+    assert NK.BATCH_NORM_TRAIN is True and NK.BATCH_NORM_BACKWARD is True
+    monkeypatch.setattr("sys.argv", ["bench_forward.py", "--train", "norms", "--repeats", "1"])
+    mod.main()
+    name, flop_ms, native_ms, ratio = capsys.readouterr().out.split()
+    assert name == "norms" and float(flop_ms) > 0 and float(native_ms) > 0
+    assert abs(float(ratio) - float(flop_ms) / float(native_ms)) <= 0.05 * float(ratio) + 0.1
+
+
 def test_bench_forward_times_an_lbfgs_step(monkeypatch, capsys):
     """bench_forward.py --lbfgs: one line per entry, flop and native ms of an LBFGS step and
     their ratio; combined with --flag it is refused."""
@@ -358,8 +385,9 @@ def test_bench_forward_toggles_several_flags_on_a_float64_twin(monkeypatch, caps
     from numvar.rounding import kernels as RK
 
     mod = _load_script(monkeypatch, "bench_forward")
-    model, x = mod._built("linear_solve", True)
-    assert model(*x).dtype == torch.float64
+    work, grad_mode = mod._built("linear_solve", True)
+    with grad_mode():
+        assert work().dtype == torch.float64
     seen = []
     real = mod.fuzzy
 

@@ -1,8 +1,9 @@
 """numba kernels of LayerNorm, GroupNorm, eval BatchNorm and softmax at flop granularity
 (binary32 and binary64): ``aten.native_layer_norm``,
 ``native_group_norm`` (with a weight), ``native_batch_norm`` /
-``_native_batch_norm_legit_no_training`` (running statistics; and ``native_batch_norm``
-in training without them on one sample: InstanceNorm), ``_softmax`` /
+``_native_batch_norm_legit_no_training`` (eval: running statistics; and
+``native_batch_norm`` in training: batch statistics, the running ones updated, and
+InstanceNorm's one-sample call), ``_softmax`` /
 ``_safe_softmax`` (last dim). The layer norm is described here; the
 others follow the same rules (their functions say their steps and keys).
 
@@ -41,7 +42,7 @@ input (float64 at 53 bits, :data:`LAYER_NORM64`) runs the same code on float64 a
 ``round_into_any`` rounds to binary64 there, and ``rsqrt``'s float64 result counts as
 exact (only ud perturbs it: :func:`_round_result`). The softmax's, GroupNorm's and
 InstanceNorm's kernels likewise (:data:`SOFTMAX64`, ``exp``'s float64 result;
-:data:`GROUP_NORM64`; :data:`INSTANCE_NORM64`) and eval BatchNorm's
+:data:`GROUP_NORM64`; :data:`BATCH_NORM_TRAIN64`) and eval BatchNorm's
 (:data:`BATCH_NORM_EVAL64`; its per-channel ``sqrt`` by the rounding core's scalar
 function, :func:`_sqrt_into`).
 """
@@ -72,10 +73,16 @@ _NP = {torch.float32: np.float32, torch.float64: np.float64}
 LAYER_NORM64 = True
 #: take the softmax kernels for binary64 inputs too (False: their decomposition)
 SOFTMAX64 = True
-#: the same for GroupNorm (with a weight) and InstanceNorm (one sample's training batch
-#: norm)
+#: the same for GroupNorm (with a weight) and training batch norm (InstanceNorm's too)
 GROUP_NORM64 = True
-INSTANCE_NORM64 = True
+BATCH_NORM_TRAIN64 = True
+#: training batch norm over more than one sample or with running statistics in one
+#: compiled call too (False: only one sample without them, InstanceNorm's call; the
+#: rest by its decomposition)
+BATCH_NORM_TRAIN = True
+#: batch norm's backward (training and eval) in one compiled call (False: its
+#: decomposition)
+BATCH_NORM_BACKWARD = True
 #: the same for eval batch norm (running statistics)
 BATCH_NORM_EVAL64 = True
 #: a binary32 layer norm's time per element at flop granularity, in SR contraction
@@ -89,6 +96,12 @@ SOFTMAX_WORK = 17
 #: the same for eval batch norm's normalisation (:func:`batch_norm_eval`: 7.4 ns per
 #: element of 2 × 64 × 32 × 32 with weight and bias)
 BATCH_NORM_WORK = 9
+#: training batch norm's channel sums by columns (a tile of every channel per step,
+#: ``pointwise._colsums``) from this many channels, by rows below (their chains stepped
+#: together, ``scan_kernels._rows``). One thread, sr, Zen 4, ns per element, rows /
+#: columns: 3 channels 3.9 / 10.6, 4: 3.6 / 6.6, 8: 3.5 / 3.3, 12: 4.1 / 2.3, 16: 3.8 /
+#: 1.8, 96: 3.6 / 0.9 (``_rows`` on (C, K) rows from 16 on transposes blocks itself)
+COLUMN_SUMS_MIN = 12
 
 
 @njit(inline="always")
@@ -100,16 +113,27 @@ def _statistics(x, eps, keys, mode, mean, rstd, Mg, mg0):
     arrays' dtype)."""
     M, Kd = x.shape
     dt = x.dtype
-    col = np.empty(M, dt)
-    col[:] = Kd
+    nk = np.empty(1, dt)
+    nk[0] = Kd
     var = np.empty(M, dt)
-    SK.rowvar(x, keys[0:6], col[0], col[0], mode, var, Mg, mg0)
+    SK.rowvar(x, keys[0:6], nk[0], nk[0], mode, var, Mg, mg0)
     s = np.empty(M, dt)
     SK._rows(x, s, np.uint64(keys[6]), mode, Mg, mg0)
+    _mean_rstd(s, var, Kd, eps, keys, mode, mean, rstd, mg0)
+
+
+@njit(inline="always")
+def _mean_rstd(s, var, Kd, eps, keys, mode, mean, rstd, mg0):
+    """The rest of :func:`_statistics` given the rows' biased variance ``var`` (keys 0–5)
+    and their sums ``s`` (``prims.sum``, key 6) over ``Kd`` elements: ``mean = RND(s /
+    Kd)`` (``prims.div``, key 7), ``rstd = RND(rsqrt(RND(var + eps)))`` (keys 8, 9)."""
+    M = s.size
+    col = np.empty(M, s.dtype)
+    col[:] = Kd
     # the ops as int64s, not literals: one compiled PW.round_into_any per dtype
     PW.round_into_any(np.int64(K.OP_DIV), s, col, mean, np.uint64(keys[7]), mg0, mode)
     col[:] = eps
-    ve = np.empty(M, dt)
+    ve = np.empty(M, s.dtype)
     PW.round_into_any(np.int64(K.OP_ADD), var, col, ve, np.uint64(keys[8]), mg0, mode)
     _rsqrt_rounded(ve, rstd, np.uint64(keys[9]), mg0, mode)
 
@@ -316,21 +340,215 @@ def batch_norm_eval_par(x, w, b, has_w, has_b, rmean, rvar, eps, keys, mode, out
                               S, z, o, z, z, o, z, np.int64(l0))
 
 
+@njit(inline="always")
+def _channel_layout(x, t, N, C, S):
+    """x (N·C·S,) in C order laid out for :func:`_channel_sums`, in ``t`` (N·S, C) or x
+    itself: with at least :data:`COLUMN_SUMS_MIN` channels by position, ``t[n·S + s, c]
+    = x[(n·C + c)·S + s]`` (each sample's (C, S) block transposed, 16 positions at a
+    time: their cache lines stay in L1), the (K, C) order in which :func:`flop.reduce`
+    scans dims (0, 2, …); with fewer, by channel, (C, N·S) in the same k order (x's own
+    rows when N = 1)."""
+    if C >= COLUMN_SUMS_MIN:
+        for n in range(N):
+            for s0 in range(0, S, 16):
+                s1 = min(S, s0 + 16)
+                for c in range(C):
+                    base = (n * C + c) * S
+                    for s in range(s0, s1):
+                        t[n * S + s, c] = x[base + s]
+        return t
+    if N == 1:
+        return x.reshape(C, S)
+    rows = t.reshape(C, N * S)
+    for n in range(N):
+        for c in range(C):
+            l0 = (n * C + c) * S
+            PW.copy_into(rows[c, n * S:(n + 1) * S], x[l0:l0 + S])
+    return rows
+
+
+@njit(inline="always")
+def _channel_sums(t, out, key, mode):
+    """The channels' sums of ``t`` (:func:`_channel_layout`'s array) into ``out`` (C,),
+    in :func:`flop.reduce`'s order and bits over dims (0, 2, …) (element (k, c):
+    ``bits64(key, k·C + c)``): with at least :data:`COLUMN_SUMS_MIN` channels
+    ``pointwise._colsums`` over the whole, each step one tile of the C channels; with
+    fewer, ``scan_kernels._rows`` on the channels' rows (their chains stepped together)."""
+    C = out.size
+    if C >= COLUMN_SUMS_MIN:
+        K.wide_vectors()
+        PW._colsums(t, out, 0, C, np.uint64(key), K.OP_ADD, mode, C, 0)
+    else:
+        SK._rows(t.reshape(C, t.size // C), out, np.uint64(key), mode, np.int64(C),
+                 np.int64(0))
+
+
+@njit(inline="always")
+def _channel_var(x, xt, t, keys, mode, var, N, C, S):
+    """``prims.var`` (biased) of x (N·C·S,) over dims (0, 2, …) into ``var`` (C,), as
+    :func:`flop.var`'s six tensor steps compute it (keys 0–5): the channels' sums (``xt``:
+    x by :func:`_channel_layout`; :func:`_channel_sums`), ``mu = RND(Σ / (N·S))`` (element
+    c), ``d = RND(x − mu)`` and ``RND(d·d)`` (element l of x), their channels' sums and
+    ``RND(Σ / (N·S))``. With N = 1 these are :func:`scan_kernels.rowvar`'s steps and
+    indices on x's rows. ``t`` (N·S, C): the layout's scratch (the squares' layout)."""
+    dt = x.dtype
+    div, sub, mul = np.int64(K.OP_DIV), np.int64(K.OP_SUB), np.int64(K.OP_MUL)
+    z, o = np.int64(0), np.int64(1)
+    cnt = np.empty(C, dt)
+    cnt[:] = N * S
+    s = np.empty(C, dt)
+    _channel_sums(xt, s, keys[0], mode)
+    mu = np.empty(C, dt)
+    PW.round_into_any(div, s, cnt, mu, np.uint64(keys[1]), z, mode)
+    full = np.empty(x.size, dt)
+    _spread(full, mu, N, C, S, z, o, z)
+    d = np.empty(x.size, dt)
+    PW.round_into_any(sub, x, full, d, np.uint64(keys[2]), z, mode)
+    PW.round_into_any(mul, d, d, full, np.uint64(keys[3]), z, mode)
+    _channel_sums(_channel_layout(full, t, N, C, S), s, keys[4], mode)
+    PW.round_into_any(div, s, cnt, var, np.uint64(keys[5]), z, mode)
+
+
+@njit(inline="always")
+def _running_update(v, r, momentum, rest, keys, k, mode):
+    """``r ← RND(RND(momentum · v) + RND(rest · r))`` (keys k, k + 1, k + 2; element c):
+    the decomposition's running-statistic update, ``rest`` its ``1 − momentum``, both
+    Python numbers rounded to x's dtype as the scalar path reads them."""
+    dt = r.dtype
+    mul, add = np.int64(K.OP_MUL), np.int64(K.OP_ADD)
+    z = np.int64(0)
+    col = np.empty(r.size, dt)
+    col[:] = momentum
+    a = np.empty(r.size, dt)
+    PW.round_into_any(mul, col, v, a, np.uint64(keys[k]), z, mode)
+    col[:] = rest
+    c = np.empty(r.size, dt)
+    PW.round_into_any(mul, col, r, c, np.uint64(keys[k + 1]), z, mode)
+    PW.round_into_any(add, a, c, r, np.uint64(keys[k + 2]), z, mode)
+
+
 @njit(cache=True, error_model="numpy")
-def batch_norm_train(xs, x, w, b, has_w, has_b, eps, keys, mode, out, mean, rstd, N, C,
+def batch_norm_train(x, w, b, has_w, has_b, rm, rv, has_rm, has_rv, momentum, rest, unbias,
+                     eps, keys, mode, out, mean, rstd, N, C,
                      S):  # pragma: no cover - compiled
-    """Batch norm with batch statistics (training, no running statistics) of one sample,
-    x (C·S,) in C order (InstanceNorm's: its input arrives as (1, N·C, *S)), binary32 at
-    24 bits for float32 arrays, binary64 at 53 for float64 ones: torch's decomposition
-    is LayerNorm's steps with the statistics per channel (``var_mean`` over every dim
-    but 1) and the affine parameters per channel, so keys 0–9 as
-    :func:`layer_norm_rows` on ``xs``, x as (C, S) rows, ``mean`` and ``rstd`` (C,);
-    then :func:`_normalize_affine` per channel (keys 10…, element l of x). ``N`` is 1
-    (the caller's rule: see :func:`_batch_norm_train`)."""
+    """Batch norm with batch statistics (training) of x (N·C·S,) in C order, binary32 at
+    24 bits for float32 arrays, binary64 at 53 for float64 ones (every array and scalar of
+    x's dtype), as torch's decomposition (``native_batch_norm_helper``): ``var_mean`` over
+    dims (0, 2, …) (:func:`_channel_var`, keys 0–5; ``prims.sum``, ``prims.div``, keys 6,
+    7), ``rstd = RND(rsqrt(RND(var + eps)))`` (keys 8, 9), ``RND(RND(x − mean) · rstd)``
+    (keys 10, 11, element l of x); where running statistics are given (``has_rm``,
+    ``has_rv``), their update in place (:func:`_running_update`, three keys for the mean;
+    for the variance one more first: ``u = RND(var · unbias)``, ``unbias`` the
+    decomposition's ``n / (n − 1)``); then ``· weight`` and ``+ bias`` (the next keys, in
+    that order). ``mean`` and ``rstd`` (C,): ``save_mean``, ``save_invstd``. N = 1
+    without running statistics is InstanceNorm's call (its input arrives as (1, N·C,
+    *S))."""
+    dt = x.dtype
     z, o = np.int64(0), np.int64(1)  # not literals: one compiled _normalize_affine
-    _statistics(xs, eps, keys, mode, mean, rstd, np.int64(xs.shape[0]), z)
-    _normalize_affine(x, mean, rstd, w, b, has_w, has_b, keys, np.int64(10), mode, out, N,
-                      C, S, z, o, z, z, o, z, z)
+    t = np.empty((N * S, C), dt)
+    xt = _channel_layout(x, t, N, C, S)
+    s = np.empty(C, dt)
+    _channel_sums(xt, s, keys[6], mode)  # (prims.sum's key: its sums before t is reused)
+    var = np.empty(C, dt)
+    _channel_var(x, xt, t, keys, mode, var, N, C, S)
+    _mean_rstd(s, var, N * S, eps, keys, mode, mean, rstd, z)
+    k = 12
+    if has_rm:
+        _running_update(mean, rm, momentum, rest, keys, k, mode)
+        k += 3
+    if has_rv:
+        col = np.empty(C, dt)
+        col[:] = unbias
+        u = np.empty(C, dt)
+        PW.round_into_any(np.int64(K.OP_MUL), var, col, u, np.uint64(keys[k]), z, mode)
+        _running_update(u, rv, momentum, rest, keys, k + 1, mode)
+        k += 4
+    ka = np.empty(4, keys.dtype)  # the normalisation's keys: 10, 11, then the affine ones
+    ka[0] = keys[10]
+    ka[1] = keys[11]
+    for j in range(k, keys.size):
+        ka[2 + j - k] = keys[j]
+    _normalize_affine(x, mean, rstd, w, b, has_w, has_b, ka, z, mode, out, N, C, S, z, o,
+                      z, z, o, z, z)
+
+
+@njit(inline="always")
+def _rounded(op, a, b, out, key, mode):
+    """``out = RND(a op b)``, element l of the arrays (a step of the decompositions)."""
+    PW.round_into_any(op, a, b, out, np.uint64(key), np.int64(0), mode)
+
+
+@njit(cache=True, error_model="numpy")
+def batch_norm_backward(g, x, w, has_w, mean, inv, rv, train, eps, norm, keys, mode, gi, gw,
+                        want_w, gb, N, C, S):  # pragma: no cover - compiled
+    """``native_batch_norm_backward`` of x and the output gradient g (N·C·S,) in C order,
+    binary32 at 24 bits for float32 arrays, binary64 at 53 for float64 ones (every array
+    and scalar of x's dtype), as torch's decomposition: in eval (not ``train``) first
+    ``inv = RND(rsqrt(RND(rv + eps)))`` (two keys; ``mean`` then the running mean),
+    then, k the next key: ``gos = Σ g`` over dims (0, 2, …) (key k; element (n·S + s)·C
+    + c, as :func:`_channel_var`'s sums), ``t = RND(x − mean)``, ``RND(g · t)`` (k + 1, k
+    + 2; element l of x), ``dot = Σ g·t`` (k + 3), ``gm = RND(gos · norm)``, ``RND(dot ·
+    norm)``, ``RND(inv · inv)``, their product ``ps``, ``gsc = RND(inv · w)`` (or ``inv ·
+    1``) (k + 4 … k + 8, element c), then in training ``RND(RND(RND(RND(x − mean) · ps) −
+    g) …`` as written: ``p = RND(RND(x − mean) · ps)``, ``gi = RND(RND(RND(g − p) − gm) ·
+    gsc)`` (k + 9 … k + 13), in eval ``gi = RND(g · gsc)`` (k + 9); then ``gw = RND(dot ·
+    inv)`` where ``want_w`` (the next key). ``gb`` (C,) ← ``gos``. ``norm`` is the
+    decomposition's ``1 / (N·S)`` read in x's dtype."""
+    dt = x.dtype
+    sub, mul, add = np.int64(K.OP_SUB), np.int64(K.OP_MUL), np.int64(K.OP_ADD)
+    z, o = np.int64(0), np.int64(1)
+    col = np.empty(C, dt)
+    k = 0
+    if not train:
+        col[:] = eps
+        ve = np.empty(C, dt)
+        _rounded(add, rv, col, ve, keys[0], mode)
+        _rsqrt_rounded(ve, inv, np.uint64(keys[1]), z, mode)
+        k = 2
+    n = x.size
+    tr = np.empty((N * S, C), dt)
+    gos = np.empty(C, dt)
+    _channel_sums(_channel_layout(g, tr, N, C, S), gos, keys[k], mode)
+    full = np.empty(n, dt)
+    _spread(full, mean, N, C, S, z, o, z)
+    t = np.empty(n, dt)
+    u = np.empty(n, dt)  # (no step writes over its own operands: a tile may be redone)
+    _rounded(sub, x, full, t, keys[k + 1], mode)
+    _rounded(mul, g, t, u, keys[k + 2], mode)
+    dot = np.empty(C, dt)
+    _channel_sums(_channel_layout(u, tr, N, C, S), dot, keys[k + 3], mode)
+    col[:] = norm
+    gm = np.empty(C, dt)
+    _rounded(mul, gos, col, gm, keys[k + 4], mode)
+    dn = np.empty(C, dt)
+    _rounded(mul, dot, col, dn, keys[k + 5], mode)
+    sq = np.empty(C, dt)
+    _rounded(mul, inv, inv, sq, keys[k + 6], mode)
+    ps = np.empty(C, dt)
+    _rounded(mul, dn, sq, ps, keys[k + 7], mode)
+    gsc = np.empty(C, dt)
+    if has_w:
+        _rounded(mul, inv, w, gsc, keys[k + 8], mode)
+    else:
+        col[:] = 1.0
+        _rounded(mul, inv, col, gsc, keys[k + 8], mode)
+    if train:
+        _rounded(sub, x, full, t, keys[k + 9], mode)
+        _spread(full, ps, N, C, S, z, o, z)
+        _rounded(mul, t, full, u, keys[k + 10], mode)
+        _rounded(sub, g, u, t, keys[k + 11], mode)
+        _spread(full, gm, N, C, S, z, o, z)
+        _rounded(sub, t, full, u, keys[k + 12], mode)
+        _spread(full, gsc, N, C, S, z, o, z)
+        _rounded(mul, u, full, gi, keys[k + 13], mode)
+        k += 14
+    else:
+        _spread(full, gsc, N, C, S, z, o, z)
+        _rounded(mul, g, full, gi, keys[k + 9], mode)
+        k += 10
+    if want_w:
+        _rounded(mul, dot, inv, gw, keys[k], mode)
+    PW.copy_into(gb, gos)
 
 
 @njit(cache=True, error_model="numpy")
@@ -444,7 +662,7 @@ def _input_ok(ctx, x, binary64: bool = False) -> bool:
     kernels are serial; above it the decomposition's kernels run on every thread),
     binary32 at 24 bits in its own format on the numba backend; with ``binary64`` (the
     flag of a kernel that serves binary64: :data:`LAYER_NORM64`, :data:`SOFTMAX64`,
-    :data:`GROUP_NORM64`, :data:`INSTANCE_NORM64`, :data:`BATCH_NORM_EVAL64`), a binary64
+    :data:`GROUP_NORM64`, :data:`BATCH_NORM_TRAIN64`, :data:`BATCH_NORM_EVAL64`), a binary64
     one at 53 bits too."""
     if not (USE_KERNEL and ctx._numba and ctx.format is None and isinstance(x, torch.Tensor)
             and x.is_cpu and x.is_contiguous() and 0 < x.numel() < KN.PARALLEL_MIN_WORK):
@@ -556,16 +774,18 @@ def _arguments(args, kwargs, names, defaults=None):
 def native_batch_norm(ctx, args, kwargs, nkeys: int):
     """``aten.native_batch_norm`` in eval (``training=False``: running statistics) as
     (out, save_mean, save_invstd), the last two empty as torch's CPU decomposition gives
-    them, or in training without running statistics (:func:`_batch_norm_train`); None
-    where the kernels do not serve the call (training with running statistics, missing
-    or non-binary32 ones in eval, ...) or the decomposition drew another number of
-    keys."""
+    them, or in training (:func:`_batch_norm_train`: batch statistics, the running ones
+    updated in place where given); None where the kernels do not serve the call
+    (missing running statistics in eval, another dtype, ...) or the decomposition drew
+    another number of keys."""
     a = _arguments(args, kwargs, ("input", "weight", "bias", "running_mean", "running_var",
                                   "training", "momentum", "eps"))
     if a is None:
         return None
-    x, weight, bias, rmean, rvar, training, _, eps = a
-    return _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, training, eps, nkeys)
+    x, weight, bias, rmean, rvar, training, momentum, eps = a
+    if training:
+        return _batch_norm_train(ctx, x, weight, bias, rmean, rvar, momentum, eps, nkeys)
+    return _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, eps, nkeys)
 
 
 def batch_norm_no_training(ctx, args, kwargs, nkeys: int):
@@ -575,44 +795,99 @@ def batch_norm_no_training(ctx, args, kwargs, nkeys: int):
     if a is None:
         return None
     x, weight, bias, rmean, rvar, _, eps = a
-    return _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, False, eps, nkeys)
+    return _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, eps, nkeys)
 
 
-def _batch_norm_train(ctx, x, weight, bias, eps, nkeys):
-    """``native_batch_norm`` in training without running statistics on one sample
-    (InstanceNorm's, whose input arrives as (1, N·C, *S)) as (out, save_mean (C,),
-    save_invstd (C,)); None where the kernel does not serve the call."""
-    if not (_input_ok(ctx, x, INSTANCE_NORM64) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
+def _train_keys(weight, bias, rmean, rvar) -> int:
+    """Stream keys of training batch norm's decomposition (:func:`batch_norm_train`)."""
+    return (12 + 3 * (rmean is not None) + 4 * (rvar is not None) + (weight is not None)
+            + (bias is not None))
+
+
+def _batch_norm_train(ctx, x, weight, bias, rmean, rvar, momentum, eps, nkeys):
+    """``native_batch_norm`` in training as (out, save_mean (C,), save_invstd (C,)), the
+    running statistics (where given) updated in place; None where the kernel does not
+    serve the call. Without :data:`BATCH_NORM_TRAIN`, one sample without running
+    statistics only (InstanceNorm's call, whose input arrives as (1, N·C, *S))."""
+    if not (_input_ok(ctx, x, BATCH_NORM_TRAIN64) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
         return None
     N, C = x.shape[0], x.shape[1]
     S = x.numel() // (N * C)
-    # N = 1 only: then the statistics' dims (0, 2, ...) are trailing but for a size-1 dim
-    # and the decomposition's var_mean takes the row kernels (flop._trailing) whose steps
-    # the kernel runs; with N > 1 it runs tensor steps over x's own element order
     dt = x.dtype
-    if (N != 1 or S < 2 or not (_affine_ok(weight, C, dt) and _affine_ok(bias, C, dt))
-            or keys_needed(weight, bias) != nkeys):
+    running = rmean is not None or rvar is not None
+    if (N * S < 2 or not BATCH_NORM_TRAIN and (N != 1 or running)
+            or not all(_affine_ok(p, C, dt) for p in (weight, bias, rmean, rvar))
+            or _train_keys(weight, bias, rmean, rvar) != nkeys):
         return None
     npt = _NP[dt]
+    scalars = (0.0, 1.0, 1.0)
+    if running:
+        # the decomposition's Python numbers (momentum, 1 − momentum, n / (n − 1)), which
+        # its tensor-scalar products read in x's dtype (:func:`_eps_ok`'s rule)
+        n = x.numel() / x.shape[1]
+        scalars = (momentum, 1 - momentum, n / (n - 1))
+        if not (type(momentum) is float and all(_eps_ok(ctx, x, v) for v in scalars)):
+            return None
     out = torch.empty(x.shape, dtype=dt)
     mean = torch.empty(C, dtype=dt)
     rstd = torch.empty(C, dtype=dt)
     keys = ctx.stream_keys(nkeys)
-    xs = x.detach().reshape(C, S).numpy()
     empty = np.empty(0, npt)
-    w = empty if weight is None else weight.detach().numpy()
-    b = empty if bias is None else bias.detach().numpy()
-    batch_norm_train(xs, xs.reshape(-1), w, b, weight is not None, bias is not None, npt(eps),
-                     keys, ctx.code, out.numpy().reshape(-1), mean.numpy(), rstd.numpy(), 1,
-                     C, S)
+
+    def arr(p):
+        return empty if p is None else p.detach().numpy()
+
+    batch_norm_train(x.detach().numpy().reshape(-1), arr(weight), arr(bias), weight is not None,
+                     bias is not None, arr(rmean), arr(rvar), rmean is not None,
+                     rvar is not None, *(npt(v) for v in scalars), npt(eps), keys, ctx.code,
+                     out.numpy().reshape(-1), mean.numpy(), rstd.numpy(), N, C, S)
     return out, mean, rstd
 
 
-def _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, training, eps, nkeys):
-    if training:
-        if rmean is None and rvar is None:
-            return _batch_norm_train(ctx, x, weight, bias, eps, nkeys)
-        return None  # (the running statistics' update: the decomposition)
+def batch_norm_backward_op(ctx, args, kwargs, nkeys: int):
+    """``aten.native_batch_norm_backward`` as (grad_input, grad_weight, grad_bias) (the
+    last two None where ``output_mask`` leaves them out) by :func:`batch_norm_backward`;
+    None where the kernel does not serve the call (another dtype or layout, a mask
+    without grad_input, ...) or the decomposition drew another number of keys."""
+    a = _arguments(args, kwargs, ("grad_out", "input", "weight", "running_mean",
+                                  "running_var", "save_mean", "save_invstd", "train", "eps",
+                                  "output_mask"))
+    if a is None or not BATCH_NORM_BACKWARD:
+        return None
+    g, x, weight, rmean, rvar, smean, sinv, train, eps, mask = a
+    if not (_input_ok(ctx, x, BATCH_NORM_TRAIN64) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
+        return None
+    N, C = x.shape[0], x.shape[1]
+    S = x.numel() // (N * C)
+    dt = x.dtype
+    mean, inv = (smean, sinv) if train else (rmean, rvar)
+    if not (isinstance(g, torch.Tensor) and g.shape == x.shape and g.dtype is dt and g.is_cpu
+            and _vector_ok(mean, C, dt) and _vector_ok(inv, C, dt)
+            and _affine_ok(weight, C, dt) and len(mask) == 3 and mask[0]
+            and 14 - 2 * (not train) + bool(mask[1]) == nkeys):
+        return None
+    norm = 1.0 / (x.numel() / C)  # the decomposition's Python number
+    if not _eps_ok(ctx, x, norm):
+        return None
+    npt = _NP[dt]
+    gi = torch.empty(x.shape, dtype=dt)
+    gw = torch.empty(C, dtype=dt) if mask[1] else None
+    gb = torch.empty(C, dtype=dt)
+    keys = ctx.stream_keys(nkeys)
+    empty = np.empty(0, npt)
+    invstd = inv.detach().numpy() if train else np.empty(C, npt)
+    batch_norm_backward(g.detach().contiguous().numpy().reshape(-1),
+                        x.detach().numpy().reshape(-1),
+                        empty if weight is None else weight.detach().numpy(),
+                        weight is not None, mean.detach().numpy(), invstd,
+                        empty if train else inv.detach().numpy(), bool(train), npt(eps),
+                        npt(norm), keys, ctx.code, gi.numpy().reshape(-1),
+                        empty if gw is None else gw.numpy(), bool(mask[1]), gb.numpy(),
+                        N, C, S)
+    return gi, gw, gb if mask[2] else None
+
+
+def _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, eps, nkeys):
     if not (_input_ok(ctx, x, BATCH_NORM_EVAL64) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
         return None
     N, C = x.shape[0], x.shape[1]
