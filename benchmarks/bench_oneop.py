@@ -6,6 +6,7 @@ windows, the flop handlers of ``affine_grid``'s sub-ops, the decomposition of th
 activations, a row-major copy of a column-major result, binary64's scalar quotients,
 roots, scan steps, materialised broadcasts, variances in six tensor steps, layer, group
 and instance norms and softmaxes decomposed, training batch norm and batch norm's backward
+decomposed, the norms of inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more
 decomposed) and on, and natively; best of
 ``--repeats`` interleaved rounds of ``--calls`` calls after a warm-up, each round timed
 by the thread's CPU time; ratios to native in the same run, and whether both settings
@@ -72,6 +73,11 @@ def _train_batch_norm(dtype: torch.dtype, backward: bool):
 
 
 _TRAIN = ((norm_kernels, "BATCH_NORM_TRAIN"), (norm_kernels, "BATCH_NORM_BACKWARD"))
+#: inputs of kernels.PARALLEL_MIN_WORK elements or more (norm_kernels.LARGE_INPUTS)
+_L = torch.randn(512, 768, generator=g)
+_LW = (torch.randn(768, generator=g), torch.randn(768, generator=g))
+_GW = (torch.randn(64, generator=g), torch.randn(64, generator=g))
+_X64 = torch.randn(8, 64, 32, 32, generator=g)
 
 #: the binary64 paths at flop granularity (the route before: every quotient and root on the
 #: rounding core's scalar path, the scans' scalar steps, broadcasts materialised, row sums
@@ -120,6 +126,10 @@ CASES = {
         "flop", _TRAIN, _train_batch_norm(torch.float32, True)),
     "float64 batch_norm, training, forward and backward (8, 16, 8, 8)": (
         "flop", _TRAIN, _train_batch_norm(torch.float64, True)),
+    "layer_norm (512, 768)": ("flop", ((norm_kernels, "LARGE_INPUTS"),),
+                              lambda: F.layer_norm(_L, [768], *_LW)),
+    "group_norm (8, 64, 32, 32), 8 groups": ("flop", ((norm_kernels, "LARGE_INPUTS"),),
+                                             lambda: F.group_norm(_X64, 8, *_GW)),
 }
 
 

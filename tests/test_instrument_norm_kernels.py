@@ -13,6 +13,7 @@ op reaches the mode)."""
 
 import copy
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -636,3 +637,68 @@ def test_row_parts(monkeypatch):
     assert NK.row_parts(PW.ROW_M_MIN - 1, 10 * big, NK.LAYER_NORM_WORK) == 1
     monkeypatch.setattr(NK.numba, "get_num_threads", lambda: 1)
     assert NK.row_parts(128, 10 * big, NK.SOFTMAX_WORK) == 1
+
+
+def _large_cases():
+    """(name, op) on inputs of just over kernels.PARALLEL_MIN_WORK elements (2 · 64 · 2049
+    = 262 272), and whether the kernel splits the work over threads."""
+    from numvar.instrument import kernels as KN
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 64, 2049, generator=g)
+    assert x.numel() >= KN.PARALLEL_MIN_WORK
+    rows = x.reshape(128, 2049)
+    w, b = torch.randn(64, generator=g), torch.randn(64, generator=g)
+    wl, bl = torch.randn(2049, generator=g), torch.randn(2049, generator=g)
+    rm, rv = torch.randn(64, generator=g), torch.rand(64, generator=g) + 0.5
+    xg = x.clone().requires_grad_()
+
+    def train_step():
+        with torch.enable_grad():
+            y = F.batch_norm(xg, rm.clone(), rv.clone(), w, b, True)
+            return [y.detach(), *torch.autograd.grad(y, xg, x)]
+    return [
+        ("layer_norm", True, lambda: F.layer_norm(rows, [2049], wl, bl)),
+        ("softmax", True, lambda: rows.softmax(-1)),
+        ("eval batch_norm", True, lambda: F.batch_norm(x, rm, rv, w, b, False)),
+        ("training batch_norm and its backward", False, train_step),
+        ("group_norm", False, lambda: F.group_norm(x, 8, w, b)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_large_inputs_take_the_kernels_where_threads_allow(monkeypatch, case):
+    """Inputs of kernels.PARALLEL_MIN_WORK elements or more take the kernels on one numba
+    thread (every kernel), and on two where the kernel splits its rows or channels over
+    them (layer norm, softmax, eval batch norm), with the decomposition's bits; the serial
+    kernels (training batch norm and its backward, group norm) leave them to the
+    decomposition on two threads, and so does every kernel with LARGE_INPUTS off. A
+    kernel was taken when the second call ran no decomposition (the first records it)."""
+    name, splits, op = _large_cases()[case]
+    decompositions = count_calls(monkeypatch, MD.FuzzyMode, "_decompose_reference")
+
+    def run(use, threads, large=True):
+        monkeypatch.setattr(NK, "USE_KERNEL", use)
+        monkeypatch.setattr(NK, "LARGE_INPUTS", large)
+        monkeypatch.setattr(MD, "_FUSED_SEEN", {})
+        numba.set_num_threads(threads)
+        try:
+            with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=3) as fz:
+                outs = [op()]
+                decompositions.clear()
+                outs.append(op())
+                pos = fz.stream.counter
+        finally:
+            numba.set_num_threads(1)
+        flat = [t for o in outs for t in (o if isinstance(o, list) else [o])]
+        return flat, pos, not decompositions
+
+    ref, pos_ref, taken = run(False, 1)
+    assert not taken
+    for threads in (1, 2):
+        got, pos, taken = run(True, threads)
+        assert taken == (threads == 1 or splits), (name, threads)
+        assert pos == pos_ref
+        for a, b in zip(got, ref):
+            _same(a, b)
+    assert not run(True, 1, large=False)[2], name

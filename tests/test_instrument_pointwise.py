@@ -587,7 +587,10 @@ def test_plan_cache_is_the_uncached_fold_and_keys_on_strides():
 def test_rowsum_is_the_scan_of_the_transpose(mode):
     rng = np.random.default_rng(7)
     m = RK.mode_code(mode)
-    for M, Kd in [(512, 64), (37, 5), (1, 7), (1000, 1), (700, 300), (3, 4096), (600, 2)]:
+    # (block_rows: 109-row blocks of 300, 64-row blocks of 1000 (RBLOCK_MIN), one block of
+    # 20 × 2049; 8 × 8 transposed tiles with edges of rows and of k)
+    for M, Kd in [(512, 64), (37, 5), (1, 7), (1000, 1), (700, 300), (3, 4096), (600, 2),
+                  (130, 1000), (20, 2049)]:
         x = _weird(rng, M * Kd).reshape(M, Kd)
         for mul in (False, True):
             got = PW.rowsum32(x, 321, m, mul=mul)

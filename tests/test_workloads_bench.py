@@ -362,6 +362,22 @@ def test_bench_forward_times_training_steps_with_a_flag(monkeypatch, capsys):
     assert abs(float(ratio) - float(flop_ms) / float(native_ms)) <= 0.05 * float(ratio) + 0.1
 
 
+def test_bench_rowsums_prints_every_shape_with_the_same_bits(monkeypatch, capsys):
+    """benchmarks/bench_rowsums.py: one row per shape, positive times, the row kernel's
+    ratio to native consistent with its columns, and the same bits as the scan."""
+    mod = _load_script(monkeypatch, "bench_rowsums")
+    monkeypatch.setattr(mod, "SHAPES", [(40, 100), (64, 300)])
+    mod.main(["--repeats", "1"])
+    lines = capsys.readouterr().out.strip().splitlines()[2:]
+    assert len(lines) == 2
+    for ln in lines:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        rows, scan, native = (float(c) for c in cells[1:4])
+        assert rows > 0 and scan > 0 and native > 0 and cells[5] == "yes"
+        ratio = float(cells[4].rstrip("×"))
+        assert abs(ratio - rows / native) <= 0.06 * ratio + 0.1  # (values printed rounded)
+
+
 def test_bench_forward_times_an_lbfgs_step(monkeypatch, capsys):
     """bench_forward.py --lbfgs: one line per entry, flop and native ms of an LBFGS step and
     their ratio; combined with --flag it is refused."""

@@ -83,6 +83,10 @@ BATCH_NORM_TRAIN = True
 #: batch norm's backward (training and eval) in one compiled call (False: its
 #: decomposition)
 BATCH_NORM_BACKWARD = True
+#: inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more to the kernels too, on one
+#: numba thread, or on several where the kernel splits its work over them
+#: (:func:`_input_ok`; False: the decomposition, as for every input that size before)
+LARGE_INPUTS = True
 #: the same for eval batch norm (running statistics)
 BATCH_NORM_EVAL64 = True
 #: a binary32 layer norm's time per element at flop granularity, in SR contraction
@@ -658,20 +662,32 @@ def _affine_ok(p, k: int, dtype=torch.float32) -> bool:
 
 
 def _input_ok(ctx, x, binary64: bool = False) -> bool:
-    """A binary32 contiguous CPU input below ``kernels.PARALLEL_MIN_WORK`` elements (the
-    kernels are serial; above it the decomposition's kernels run on every thread),
-    binary32 at 24 bits in its own format on the numba backend; with ``binary64`` (the
-    flag of a kernel that serves binary64: :data:`LAYER_NORM64`, :data:`SOFTMAX64`,
-    :data:`GROUP_NORM64`, :data:`BATCH_NORM_TRAIN64`, :data:`BATCH_NORM_EVAL64`), a binary64
-    one at 53 bits too."""
+    """A binary32 contiguous CPU input, binary32 at 24 bits in its own format on the numba
+    backend; with ``binary64`` (the flag of a kernel that serves binary64:
+    :data:`LAYER_NORM64`, :data:`SOFTMAX64`, :data:`GROUP_NORM64`,
+    :data:`BATCH_NORM_TRAIN64`, :data:`BATCH_NORM_EVAL64`), a binary64 one at 53 bits
+    too. Its size: :func:`_size_ok`."""
     if not (USE_KERNEL and ctx._numba and ctx.format is None and isinstance(x, torch.Tensor)
-            and x.is_cpu and x.is_contiguous() and 0 < x.numel() < KN.PARALLEL_MIN_WORK):
+            and x.is_cpu and x.is_contiguous() and x.numel() > 0):
         return False
     if x.dtype is torch.float32:
         ok = ctx._t32
     else:
         ok = binary64 and x.dtype is torch.float64 and ctx.bits(torch.float64) == 53
     return ok and flop_backend(x.device) == "numba"
+
+
+def _size_ok(x, splits: bool) -> bool:
+    """Any input below ``kernels.PARALLEL_MIN_WORK`` elements; a larger one on one numba
+    thread, or on several where the kernel splits it over them (``splits``: enough rows or
+    channels for :func:`row_parts` / :func:`channel_parts`). A serial kernel leaves a
+    large input on several threads to the decomposition, whose kernels use them all.
+    Measured (one thread, sr, ms, decomposition / kernel): layer norm (512, 768) 3.78 /
+    3.71, softmax (96, 64, 64) 3.04 / 2.81, eval batch norm (8, 64, 32, 32) 1.82 / 1.64,
+    training batch norm 8.79 / 5.34, group norm of 8 groups 4.83 / 4.20; on two threads
+    with the first three split 3.31 / 2.65, 2.23 / 1.76, 1.04 / 0.87."""
+    return x.numel() < KN.PARALLEL_MIN_WORK or LARGE_INPUTS and (
+        splits or numba.get_num_threads() == 1)
 
 
 def _eps_ok(ctx, x, eps) -> bool:
@@ -690,7 +706,8 @@ def serves(ctx, x, normalized_shape, weight, bias, eps) -> bool:
     if nd == 0 or nd > x.dim() or tuple(x.shape[x.dim() - nd:]) != tuple(normalized_shape):
         return False
     k = math.prod(normalized_shape)
-    return k >= 2 and _affine_ok(weight, k, x.dtype) and _affine_ok(bias, k, x.dtype)
+    return (k >= 2 and _affine_ok(weight, k, x.dtype) and _affine_ok(bias, k, x.dtype)
+            and _size_ok(x, x.numel() // k >= PW.ROW_M_MIN))
 
 
 def native_layer_norm(ctx, args, kwargs, nkeys: int):
@@ -809,7 +826,8 @@ def _batch_norm_train(ctx, x, weight, bias, rmean, rvar, momentum, eps, nkeys):
     running statistics (where given) updated in place; None where the kernel does not
     serve the call. Without :data:`BATCH_NORM_TRAIN`, one sample without running
     statistics only (InstanceNorm's call, whose input arrives as (1, N·C, *S))."""
-    if not (_input_ok(ctx, x, BATCH_NORM_TRAIN64) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
+    if (not (_input_ok(ctx, x, BATCH_NORM_TRAIN64) and _eps_ok(ctx, x, eps)) or x.dim() < 2
+            or not _size_ok(x, False)):
         return None
     N, C = x.shape[0], x.shape[1]
     S = x.numel() // (N * C)
@@ -855,7 +873,8 @@ def batch_norm_backward_op(ctx, args, kwargs, nkeys: int):
     if a is None or not BATCH_NORM_BACKWARD:
         return None
     g, x, weight, rmean, rvar, smean, sinv, train, eps, mask = a
-    if not (_input_ok(ctx, x, BATCH_NORM_TRAIN64) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
+    if (not (_input_ok(ctx, x, BATCH_NORM_TRAIN64) and _eps_ok(ctx, x, eps)) or x.dim() < 2
+            or not _size_ok(x, False)):
         return None
     N, C = x.shape[0], x.shape[1]
     S = x.numel() // (N * C)
@@ -888,7 +907,8 @@ def batch_norm_backward_op(ctx, args, kwargs, nkeys: int):
 
 
 def _batch_norm_eval(ctx, x, weight, bias, rmean, rvar, eps, nkeys):
-    if not (_input_ok(ctx, x, BATCH_NORM_EVAL64) and _eps_ok(ctx, x, eps)) or x.dim() < 2:
+    if (not (_input_ok(ctx, x, BATCH_NORM_EVAL64) and _eps_ok(ctx, x, eps)) or x.dim() < 2
+            or not _size_ok(x, x.shape[1] >= 2)):
         return None
     N, C = x.shape[0], x.shape[1]
     dt = x.dtype
@@ -946,7 +966,8 @@ def _softmax_last(ctx, x, dim, nkeys, maxima: bool = False):
     """The softmax over the last dim (None where not served); with ``maxima``, (out, the
     row maxima (R,))."""
     if (nkeys != 4 or not isinstance(dim, int) or not _input_ok(ctx, x, SOFTMAX64)
-            or x.dim() == 0 or dim % x.dim() != x.dim() - 1 or x.shape[-1] < 2):
+            or x.dim() == 0 or dim % x.dim() != x.dim() - 1 or x.shape[-1] < 2
+            or not _size_ok(x, x.numel() // x.shape[-1] >= PW.ROW_M_MIN)):
         return None
     L = x.shape[-1]
     R = x.numel() // L
@@ -979,7 +1000,8 @@ def native_group_norm(ctx, args, kwargs, nkeys: int):
     if a is None:
         return None
     x, weight, bias, N, C, HW, G, eps = a
-    if (not (_input_ok(ctx, x, GROUP_NORM64) and _eps_ok(ctx, x, eps)) or weight is None
+    if (not (_input_ok(ctx, x, GROUP_NORM64) and _eps_ok(ctx, x, eps) and _size_ok(x, False))
+            or weight is None
             or not all(isinstance(v, int) for v in (N, C, HW, G))):
         return None
     dt = x.dtype

@@ -110,7 +110,7 @@ def _row_blocks(x, out, key, mode, Mg, mg0):
     """:func:`_rows` by pointwise's blocks of rows (``pointwise._rowblock_at``)."""
     M, Kd = x.shape
     K.wide_vectors()
-    R = max(1, min(PW.RBLOCK, PW.RBLOCK_ELEMS // Kd))
+    R = PW.block_rows(M, Kd)
     ukey = np.uint64(key)
     for r0 in range(0, M, R):
         PW._rowblock_at(x, out, r0, min(R, M - r0), ukey, K.OP_ADD, mode, Mg, mg0)
