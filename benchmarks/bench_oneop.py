@@ -6,7 +6,7 @@ windows, the flop handlers of ``affine_grid``'s sub-ops, the decomposition of th
 activations, a row-major copy of a column-major result, binary64's scalar quotients,
 roots, scan steps, materialised broadcasts, variances in six tensor steps, layer, group
 and instance norms and softmaxes decomposed, training batch norm and batch norm's backward
-decomposed, the norms of inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more
+decomposed, the hard activations' backward decomposed, the norms of inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more
 decomposed) and on, and natively; best of
 ``--repeats`` interleaved rounds of ``--calls`` calls after a warm-up, each round timed
 by the thread's CPU time; ratios to native in the same run, and whether both settings
@@ -73,6 +73,18 @@ def _train_batch_norm(dtype: torch.dtype, backward: bool):
 
 
 _TRAIN = ((norm_kernels, "BATCH_NORM_TRAIN"), (norm_kernels, "BATCH_NORM_BACKWARD"))
+_AG = _A.clone().requires_grad_()
+_GY = torch.randn(2, 16, 16, 16, generator=g)
+
+
+def _activation_grad(fn):
+    """The input's gradient of ``fn`` at _A for the gradient _GY (forward and backward)."""
+    def step():
+        with torch.enable_grad():
+            return torch.autograd.grad(fn(_AG), _AG, _GY)[0]
+    return step
+
+
 #: inputs of kernels.PARALLEL_MIN_WORK elements or more (norm_kernels.LARGE_INPUTS)
 _L = torch.randn(512, 768, generator=g)
 _LW = (torch.randn(768, generator=g), torch.randn(768, generator=g))
@@ -102,6 +114,11 @@ CASES = {
                                   lambda: F.hardswish(_A)),
     "hardsigmoid (2, 16, 16, 16)": ("flop", ((activation_kernels, "USE_KERNEL"),),
                                     lambda: F.hardsigmoid(_A)),
+    "hardswish, forward and backward (2, 16, 16, 16)": (
+        "flop", ((activation_kernels, "USE_BACKWARD_KERNEL"),), _activation_grad(F.hardswish)),
+    "hardsigmoid, forward and backward (2, 16, 16, 16)": (
+        "flop", ((activation_kernels, "USE_BACKWARD_KERNEL"),),
+        _activation_grad(F.hardsigmoid)),
     "linalg.solve 64×64, 64 right-hand sides": (
         "op", ((_core, "ROUND_COLUMNS_IN_PLACE"),), lambda: torch.linalg.solve(_SPD, _RHS)),
     "float64 x / y (256, 128)": ("flop", _DIV64, lambda: _D / _E),

@@ -91,3 +91,50 @@ def test_declines_leave_the_decomposition(monkeypatch):
             numba.set_num_threads(1)
     assert not served
     assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+@pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random", "up", "down", "zero",
+                                  "farthest"])
+@pytest.mark.parametrize("fn", [F.hardswish, F.hardsigmoid])
+def test_compiled_backward_matches_the_decomposition(monkeypatch, mode, fn):
+    """The backward ops (hardswish_backward, hardsigmoid_backward), each input's gradient
+    twice from a weighted sum (NaN, infinities and a subnormal among the weights) and
+    twice from a sum (a stride-0 gradient; the first call of each signature records the
+    decomposition); every x of _inputs (the branches' corners ±3, NaN, ±inf). Gradients
+    (their strides too), stream position and report equal with and without the kernel,
+    which ran for the later calls of each contiguous x (not the channels_last one)."""
+    monkeypatch.setattr(MO, "_FUSED_SEEN", {})
+    served = []
+    real_kernel = AK._hard_backward32
+    monkeypatch.setattr(AK, "_hard_backward32",
+                        lambda *a: served.append(1) or real_kernel(*a))
+    xs = _inputs()
+    gen = torch.Generator().manual_seed(9)
+
+    def weights(x):
+        w = torch.randn(x.shape, generator=gen) * 3
+        w.view(-1)[:4] = torch.tensor([float("nan"), float("inf"), -1e-40, 3e38])
+        return w
+    ws = [weights(x) for x in xs]
+
+    def run(use):
+        monkeypatch.setattr(AK, "USE_KERNEL", use)
+        grads = []
+        with fuzzy(mode=mode, granularity="flop", seed=6) as fz:
+            for x, w in zip(xs, ws):
+                for rnd in range(4):  # (a weighted sum's gradient twice, a sum's twice)
+                    xx = x.detach().clone().requires_grad_()
+                    y = fn(xx)
+                    (y * w).sum().backward() if rnd < 2 else y.sum().backward()
+                    grads.append(xx.grad)
+            return grads, fz.stream.counter, fz.report().to_dict()
+
+    fast = run(True)
+    contiguous = sum(x.is_contiguous() for x in xs)
+    assert len(served) == 2 * contiguous
+    ref = run(False)
+    assert len(served) == 2 * contiguous
+    for a, b in zip(fast[0], ref[0]):
+        assert a.shape == b.shape and a.stride() == b.stride()
+        assert torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+    assert fast[1:] == ref[1:]

@@ -259,7 +259,9 @@ _FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d,
                 torch.ops.aten._softmax.default: NK.softmax,
                 torch.ops.aten._safe_softmax.default: NK.safe_softmax,
                 torch.ops.aten.hardswish.default: AK.hardswish,
-                torch.ops.aten.hardsigmoid.default: AK.hardsigmoid}
+                torch.ops.aten.hardsigmoid.default: AK.hardsigmoid,
+                torch.ops.aten.hardswish_backward.default: AK.hardswish_backward,
+                torch.ops.aten.hardsigmoid_backward.default: AK.hardsigmoid_backward}
 #: signature -> (keys the decomposition drew, [(count category, op name, count, how)])
 _FUSED_SEEN: dict = {}
 #: recurrent-layer signature -> (keys, counts) as _FUSED_SEEN, or None: op by op
