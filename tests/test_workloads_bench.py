@@ -312,6 +312,16 @@ def test_bench_block_times_blocks_and_ops_against_the_legacy_set_up(monkeypatch,
         mod.main(["--repeats", "5"])
 
 
+def _check_toggled_line(out: str, name: str) -> None:
+    """A bench_forward.py --flag line: the entry, flop ms off and on and native ms (all
+    positive), the saving in units of native (consistent with them), same bits."""
+    got, off, on, native, saved, *same = out.split()
+    assert got == name and " ".join(same) == "same bits"
+    off, on, native, saved = float(off), float(on), float(native), float(saved)
+    assert off > 0 and on > 0 and native > 0
+    assert abs(saved - (off - on) / native) < 0.02  # (the printed values are rounded)
+
+
 def test_bench_forward_times_a_flag_off_and_on_with_the_same_bits(monkeypatch, capsys):
     """bench_forward.py --flag: one line per entry with the flop times off and on, native,
     the saving in units of native and the bits check; the flag is restored; a flag that
@@ -323,11 +333,7 @@ def test_bench_forward_times_a_flag_off_and_on_with_the_same_bits(monkeypatch, c
                                      "numvar.instrument.flop.LEAN_BMM", "multihead_attention",
                                      "--repeats", "1"])
     mod.main()
-    name, off, on, native, saved, *same = capsys.readouterr().out.split()
-    assert name == "multihead_attention" and " ".join(same) == "same bits"
-    off, on, native, saved = float(off), float(on), float(native), float(saved)
-    assert off > 0 and on > 0 and native > 0
-    assert abs(saved - (off - on) / native) < 0.02  # (the printed values are rounded)
+    _check_toggled_line(capsys.readouterr().out, "multihead_attention")
     assert FL.LEAN_BMM is True
     for bad in ("numvar.instrument.flop.FLOP_BACKEND_ENV", "numvar.no_such_module.X"):
         monkeypatch.setattr("sys.argv", ["bench_forward.py", "--flag", bad, "linear_solve"])
@@ -349,11 +355,7 @@ def test_bench_forward_times_training_steps_with_a_flag(monkeypatch, capsys):
                                      "numvar.instrument.norm_kernels.BATCH_NORM_BACKWARD",
                                      "norms", "--repeats", "1"])
     mod.main()
-    name, off, on, native, saved, *same = capsys.readouterr().out.split()
-    assert name == "norms" and " ".join(same) == "same bits"
-    off, on, native, saved = float(off), float(on), float(native), float(saved)
-    assert off > 0 and on > 0 and native > 0
-    assert abs(saved - (off - on) / native) < 0.02  # (the printed values are rounded)
+    _check_toggled_line(capsys.readouterr().out, "norms")
     assert NK.BATCH_NORM_TRAIN is True and NK.BATCH_NORM_BACKWARD is True
     monkeypatch.setattr("sys.argv", ["bench_forward.py", "--train", "norms", "--repeats", "1"])
     mod.main()

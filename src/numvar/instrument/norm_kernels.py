@@ -85,7 +85,7 @@ BATCH_NORM_TRAIN = True
 BATCH_NORM_BACKWARD = True
 #: inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more to the kernels too, on one
 #: numba thread, or on several where the kernel splits its work over them
-#: (:func:`_input_ok`; False: the decomposition, as for every input that size before)
+#: (:func:`_size_ok`; False: the decomposition, as for every input that size before)
 LARGE_INPUTS = True
 #: the same for eval batch norm (running statistics)
 BATCH_NORM_EVAL64 = True
@@ -821,16 +821,25 @@ def _train_keys(weight, bias, rmean, rvar) -> int:
             + (bias is not None))
 
 
+def _training_shape(ctx, x, eps):
+    """(N, C, S) of an input that :func:`batch_norm_train` and :func:`batch_norm_backward`
+    take (:data:`BATCH_NORM_TRAIN64` for binary64; serial: :func:`_size_ok`), or None."""
+    if (not (_input_ok(ctx, x, BATCH_NORM_TRAIN64) and _eps_ok(ctx, x, eps)) or x.dim() < 2
+            or not _size_ok(x, False)):
+        return None
+    N, C = x.shape[0], x.shape[1]
+    return N, C, x.numel() // (N * C)
+
+
 def _batch_norm_train(ctx, x, weight, bias, rmean, rvar, momentum, eps, nkeys):
     """``native_batch_norm`` in training as (out, save_mean (C,), save_invstd (C,)), the
     running statistics (where given) updated in place; None where the kernel does not
     serve the call. Without :data:`BATCH_NORM_TRAIN`, one sample without running
     statistics only (InstanceNorm's call, whose input arrives as (1, N·C, *S))."""
-    if (not (_input_ok(ctx, x, BATCH_NORM_TRAIN64) and _eps_ok(ctx, x, eps)) or x.dim() < 2
-            or not _size_ok(x, False)):
+    shape = _training_shape(ctx, x, eps)
+    if shape is None:
         return None
-    N, C = x.shape[0], x.shape[1]
-    S = x.numel() // (N * C)
+    N, C, S = shape
     dt = x.dtype
     running = rmean is not None or rvar is not None
     if (N * S < 2 or not BATCH_NORM_TRAIN and (N != 1 or running)
@@ -873,11 +882,10 @@ def batch_norm_backward_op(ctx, args, kwargs, nkeys: int):
     if a is None or not BATCH_NORM_BACKWARD:
         return None
     g, x, weight, rmean, rvar, smean, sinv, train, eps, mask = a
-    if (not (_input_ok(ctx, x, BATCH_NORM_TRAIN64) and _eps_ok(ctx, x, eps)) or x.dim() < 2
-            or not _size_ok(x, False)):
+    shape = _training_shape(ctx, x, eps)
+    if shape is None:
         return None
-    N, C = x.shape[0], x.shape[1]
-    S = x.numel() // (N * C)
+    N, C, S = shape
     dt = x.dtype
     mean, inv = (smean, sinv) if train else (rmean, rvar)
     if not (isinstance(g, torch.Tensor) and g.shape == x.shape and g.dtype is dt and g.is_cpu
