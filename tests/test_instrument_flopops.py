@@ -428,3 +428,58 @@ def test_avg_pool2d_window_rows_equal_the_im2col_scan():
                     div = flop.im2col(ones, ks, st, pd, (1, 1))[0].sum(1).reshape(1, -1)
                 want = ctx.div(sums, div).reshape(*inp.shape[:-2], *ls)
                 assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (mode, kw)
+
+
+@pytest.mark.parametrize("mode", ["sr", "ud", "random", "ieee", "down"])
+def test_overlapping_max_pool_backward_accumulates_window_after_window(mode):
+    """max_pool2d/3d backward with overlapping windows (a ResNet stem's 3×3/2, padded; a
+    2×2/1 3-D pooling; ties, a NaN, infinities in the gradient): each input gets the
+    gradients of the windows it is the maximum of, added window after window in C order
+    within its plane, every add rounded, a single window's gradient copied: the bits and
+    stream position of scatter_reduce("sum", include_self=False) of the gradient into
+    zeros at the pooling's indices; in ieee mode, native PyTorch's own bits. Reported as
+    instrumented, not escaped; channels_last in, channels_last out."""
+    g = torch.Generator().manual_seed(31)
+    cases = [(F.max_pool2d, torch.randn(2, 3, 9, 9, generator=g),
+              {"kernel_size": 3, "stride": 2, "padding": 1}),
+             (F.max_pool3d, torch.randn(1, 2, 4, 5, 5, generator=g),
+              {"kernel_size": 2, "stride": 1})]
+    cases[0][1][0, 0, :3, :3] = 5.0  # ties: one window's maximum is its first
+    cases.append((F.max_pool2d, cases[0][1].to(memory_format=torch.channels_last),
+                  cases[0][2]))
+    for pool, x, kw in cases:
+        y, idx = pool(x, return_indices=True, **kw)
+        gy = torch.randn(y.shape, generator=g) * 3
+        gy.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -1e-40])
+        xx = x.clone().requires_grad_()
+        with fuzzy(mode=mode, granularity="flop", seed=5) as fz:
+            pool(xx, **kw).backward(gy)
+            pos = fz.stream.counter
+        rep = fz.report()
+        assert not rep.escaped, rep.escaped
+        planes = idx.shape[0] * idx.shape[1]
+        flat = idx.reshape(planes, -1)
+        with torch.no_grad(), fuzzy(mode=mode, granularity="flop", seed=5) as fz2:
+            want = torch.zeros(planes, x[0, 0].numel()).scatter_reduce(
+                1, flat, gy.reshape(planes, -1), "sum", include_self=False)
+            pos2 = fz2.stream.counter
+        assert xx.grad.stride() == x.stride()
+        got = xx.grad.contiguous().reshape(planes, -1)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (mode, pool)
+        assert pos == pos2
+        if mode == "ieee":
+            xn = x.clone().requires_grad_()
+            pool(xn, **kw).backward(gy)
+            assert torch.equal(xx.grad.view(torch.int32), xn.grad.view(torch.int32))
+
+
+def test_overlapping_max_pool_backward_without_its_accumulation_escapes(monkeypatch):
+    """With ``handlers.MAXPOOL_BACKWARD_ADDS`` off, the path before: rounded once, and
+    reported loudly as an escape at flop granularity."""
+    from numvar.instrument import handlers as H
+
+    monkeypatch.setattr(H, "MAXPOOL_BACKWARD_ADDS", False)
+    x = torch.randn(1, 2, 7, 7, requires_grad=True)
+    with fuzzy(mode="sr", granularity="flop", seed=5) as fz:
+        F.max_pool2d(x, 3, 2, 1).sum().backward()
+    assert "aten.max_pool2d_with_indices_backward.default" in fz.report().escaped

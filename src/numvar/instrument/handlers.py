@@ -9,6 +9,7 @@ formulas).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import reduce as _reduce
 from functools import wraps
@@ -1166,11 +1167,21 @@ def _safe_softmax_op(ctx, func, args, kwargs):
     return out
 
 
+#: overlapping max-pooling windows' backward accumulated at flop granularity (False:
+#: rounded once, reported as an escape, as before)
+MAXPOOL_BACKWARD_ADDS = True
+
+
 @register("aten.max_pool2d_with_indices_backward", "aten.max_pool3d_with_indices_backward",
-          how="exact or op")
+          how="exact (windows apart) or accumulated")
 def _maxpool_backward(ctx, func, args, kwargs):
-    """Exact (a scatter) when windows do not overlap; else one rounding per element."""
-    ks, stride, dilation = args[2], args[3], args[5]
+    """Exact (a scatter) when windows do not overlap. Overlapping windows (a ResNet stem's
+    3×3/2 pooling) send several windows' gradients to an input that is the maximum of
+    each: they are accumulated as torch's CPU kernel adds them, window after window in
+    C order within each plane, every add rounded (``scatter.scatter_accumulate`` on a
+    zero input, the first gradient copied: a single window's stays exact, as when
+    windows do not overlap); the result in x's memory format."""
+    gout, x, ks, stride, dilation, indices = args[0], args[1], args[2], args[3], args[5], args[7]
     nd = len(ks)
     stride = list(stride) if len(stride) else list(ks)
     stride = stride * nd if len(stride) == 1 else stride
@@ -1178,7 +1189,15 @@ def _maxpool_backward(ctx, func, args, kwargs):
     dilation = list(dilation) * nd if len(dilation) == 1 else list(dilation)
     if all(d * (k - 1) + 1 <= s for k, s, d in zip(ks, stride, dilation)):
         return EXACT
-    return rounded_once(ctx, func, args, kwargs, "overlapping windows")
+    if not (MAXPOOL_BACKWARD_ADDS and gout.dtype in FLOATS and gout.dtype == x.dtype):
+        return rounded_once(ctx, func, args, kwargs, "overlapping windows")
+    plane = math.prod(x.shape[x.dim() - nd:])
+    planes = x.numel() // plane if plane else 0
+    idx = indices.detach().cpu().reshape(planes, -1).to(torch.int64)
+    pos = idx + torch.arange(planes).unsqueeze(1) * plane
+    zeros = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    out = SC.scatter_accumulate(ctx, zeros, pos, gout.reshape(planes, -1), include_self=False)
+    return torch.empty_like(x).copy_(out)
 
 
 def _foreach(ctx, func, args, kwargs, mode=None):
