@@ -473,6 +473,14 @@ def test_overlapping_max_pool_backward_accumulates_window_after_window(mode):
             assert torch.equal(xx.grad.view(torch.int32), xn.grad.view(torch.int32))
 
 
+def test_overlapping_max_pool_backward_of_an_empty_batch():
+    """An empty batch: an empty gradient, as natively."""
+    x = torch.randn(0, 3, 9, 9, requires_grad=True)
+    with fuzzy(mode="sr", granularity="flop", seed=5) as fz:
+        F.max_pool2d(x, 3, 2, 1).sum().backward()
+    assert x.grad.shape == x.shape and not fz.report().escaped
+
+
 def test_overlapping_max_pool_backward_without_its_accumulation_escapes(monkeypatch):
     """With ``handlers.MAXPOOL_BACKWARD_ADDS`` off, the path before: rounded once, and
     reported loudly as an escape at flop granularity."""

@@ -1187,7 +1187,8 @@ def _maxpool_backward(ctx, func, args, kwargs):
     stride = stride * nd if len(stride) == 1 else stride
     ks = list(ks) * nd if len(ks) == 1 else list(ks)
     dilation = list(dilation) * nd if len(dilation) == 1 else list(dilation)
-    if all(d * (k - 1) + 1 <= s for k, s, d in zip(ks, stride, dilation)):
+    if (all(d * (k - 1) + 1 <= s for k, s, d in zip(ks, stride, dilation))
+            or not x.numel() or not gout.numel()):
         return EXACT
     if not (MAXPOOL_BACKWARD_ADDS and gout.dtype in FLOATS and gout.dtype == x.dtype):
         return rounded_once(ctx, func, args, kwargs, "overlapping windows")
