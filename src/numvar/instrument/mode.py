@@ -264,10 +264,27 @@ _FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d,
                 torch.ops.aten.hardsigmoid_backward.default: AK.hardsigmoid_backward}
 #: signature -> (keys the decomposition drew, [(count category, op name, count, how)])
 _FUSED_SEEN: dict = {}
+#: fused op -> positions of float arguments its kernel reads at run time and its
+#: decomposition's ops and counts do not depend on: left out of the signature under which
+#: the kernel is taken (BatchNorm's momentum, which ``momentum=None`` makes 1/k at step k:
+#: every step a new signature, the decomposition recorded again each time)
+_FUSED_FREE_ARGS: dict = {torch.ops.aten.native_batch_norm.default: (6,)}
 #: recurrent-layer signature -> (keys, counts) as _FUSED_SEEN, or None: op by op
 _RECURRENT_SEEN: dict = {}
 #: categories a fused path may stand for (nothing escaped, excluded or run natively)
 _FUSABLE = ("instrumented", "decomposed", "exact")
+
+
+def _fused_key(func, key, args, kwargs):
+    """The signature a fused op's kernel is taken under: ``key``, or, for the float
+    arguments of :data:`_FUSED_FREE_ARGS` passed by position, the signature with them set
+    to 0.0 (calls that differ only there draw the same keys and count the same sub-ops)."""
+    free = _FUSED_FREE_ARGS.get(func)
+    if free is None or kwargs or not all(p < len(args) and type(args[p]) is float
+                                         for p in free):
+        return key
+    return RP.signature(func, tuple(0.0 if p in free else a for p, a in enumerate(args)),
+                        kwargs)
 
 
 def _classified(func, granularity: str) -> _OpInfo:
@@ -548,17 +565,21 @@ class FuzzyMode(TorchDispatchMode):
         fused = _FUSED.get(func)
         fz = self.fz
         if fused is not None and fz._include is None and not fz._exclude:
-            return self._fused(fused, key, info, args, kwargs)  # (every sub-op rounded)
+            # (every sub-op rounded)
+            return self._fused(fused, key, _fused_key(func, key, args, kwargs), info, args,
+                               kwargs)
         return self._decompose_reference(key, info, args, kwargs)
 
-    def _fused(self, fused, key, info: _OpInfo, args, kwargs):
+    def _fused(self, fused, key, fkey, info: _OpInfo, args, kwargs):
         """A decomposed op through its compiled kernel: the first call with a signature runs
         the decomposition (recorded as usual) and notes the stream keys it drew and the
         counts of its sub-ops; later calls run ``fused(ctx, args, kwargs, nkeys)``, which
         draws as many keys and computes the same bits (or returns None: the
-        decomposition runs), and add those counts, so the report is the same."""
+        decomposition runs under its own signature ``key``), and add those counts, so the
+        report is the same. ``fkey``: the signature the kernel is taken under
+        (:func:`_fused_key`)."""
         fz = self.fz
-        seen = _FUSED_SEEN.get(key)
+        seen = _FUSED_SEEN.get(fkey)
         if seen is not None:
             nkeys, delta = seen
             out = fused(fz._ctx, args, kwargs, nkeys)
@@ -572,7 +593,7 @@ class FuzzyMode(TorchDispatchMode):
         out = self._decompose_reference(key, info, args, kwargs)
         delta = self._delta(before)
         if all(cat in _FUSABLE for cat, *_ in delta):
-            _FUSED_SEEN[key] = (stream.counter - c0, delta)
+            _FUSED_SEEN[fkey] = (stream.counter - c0, delta)
         return out
 
     def _counted(self, delta) -> None:
