@@ -18,10 +18,10 @@ timed by the thread's CPU time.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
+from bench_declines import _best  # (thread CPU time per call, best of repeats)
 
 from numvar.instrument import kernels as KN
 from numvar.instrument import pointwise as PW
@@ -30,17 +30,6 @@ from numvar.rounding import kernels as RK
 #: (rows, row length): long rows (group norm, the variance of a few long rows), a layer
 #: norm's rows, short rows, odd sizes (8 × 8 tiles with edges)
 SHAPES = [(16, 4096), (64, 8192), (96, 2048), (512, 768), (256, 128), (512, 64), (40, 100)]
-
-
-def _best(fn, repeats: int, inner: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.thread_time()
-        for _ in range(inner):
-            fn()
-        best = min(best, (time.thread_time() - t) / inner)
-    return best
 
 
 def measure(M: int, K: int, repeats: int) -> tuple[float, float, float, bool]:

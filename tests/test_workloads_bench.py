@@ -367,6 +367,7 @@ def test_bench_forward_times_training_steps_with_a_flag(monkeypatch, capsys):
 def test_bench_rowsums_prints_every_shape_with_the_same_bits(monkeypatch, capsys):
     """benchmarks/bench_rowsums.py: one row per shape, positive times, the row kernel's
     ratio to native consistent with its columns, and the same bits as the scan."""
+    _load_script(monkeypatch, "bench_declines")  # (its timing helper, which bench_rowsums uses)
     mod = _load_script(monkeypatch, "bench_rowsums")
     monkeypatch.setattr(mod, "SHAPES", [(40, 100), (64, 300)])
     mod.main(["--repeats", "1"])

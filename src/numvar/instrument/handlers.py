@@ -1198,7 +1198,7 @@ def _maxpool_backward(ctx, func, args, kwargs):
     pos = idx + torch.arange(planes).unsqueeze(1) * plane
     zeros = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
     out = SC.scatter_accumulate(ctx, zeros, pos, gout.reshape(planes, -1), include_self=False)
-    return torch.empty_like(x).copy_(out)
+    return out if x.is_contiguous() else torch.empty_like(x).copy_(out)
 
 
 def _foreach(ctx, func, args, kwargs, mode=None):

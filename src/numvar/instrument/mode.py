@@ -277,14 +277,13 @@ _FUSABLE = ("instrumented", "decomposed", "exact")
 
 def _fused_key(func, key, args, kwargs):
     """The signature a fused op's kernel is taken under: ``key``, or, for the float
-    arguments of :data:`_FUSED_FREE_ARGS` passed by position, the signature with them set
-    to 0.0 (calls that differ only there draw the same keys and count the same sub-ops)."""
+    arguments of :data:`_FUSED_FREE_ARGS` passed by position, ``key`` without them (calls
+    that differ only there draw the same keys and count the same sub-ops)."""
     free = _FUSED_FREE_ARGS.get(func)
     if free is None or kwargs or not all(p < len(args) and type(args[p]) is float
                                          for p in free):
         return key
-    return RP.signature(func, tuple(0.0 if p in free else a for p, a in enumerate(args)),
-                        kwargs)
+    return RP.without_args(key, free)
 
 
 def _classified(func, granularity: str) -> _OpInfo:

@@ -79,6 +79,13 @@ def signature(func, args, kwargs):
     return key
 
 
+def without_args(key, positions):
+    """:func:`signature`'s ``key`` with the positional arguments at ``positions`` left
+    out (the same key for calls that differ only there)."""
+    args = tuple(None if p in positions else k for p, k in enumerate(key[1]))
+    return (key[0], args, *key[2:])
+
+
 class Program:
     """A recorded decomposition: ops with argument templates over numbered slots (the
     inputs first, then each op's tensor outputs), and the template of the result."""
