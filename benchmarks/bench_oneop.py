@@ -6,13 +6,14 @@ windows, the flop handlers of ``affine_grid``'s sub-ops, the decomposition of th
 activations, a row-major copy of a column-major result, binary64's scalar quotients,
 roots, scan steps, materialised broadcasts, variances in six tensor steps, layer, group
 and instance norms and softmaxes decomposed, training batch norm and batch norm's backward
-decomposed, the hard activations' backward decomposed, the norms of inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more
+decomposed, the hard activations', sigmoid's and tanh's backward decomposed, the norms of inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more
 decomposed) and on, and natively; best of
 ``--repeats`` interleaved rounds of ``--calls`` calls after a warm-up, each round timed
 by the thread's CPU time; ratios to native in the same run, and whether both settings
 give the same bits (the tests check that too: this measures the time).
 
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_oneop.py [--repeats 15]
+        [--only TEXT]
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ def _activation_grad(fn):
     return step
 
 
+_GATES = torch.rand(2, 256, generator=g)
+_GATE_G = torch.randn(2, 64, generator=g)
 #: inputs of kernels.PARALLEL_MIN_WORK elements or more (norm_kernels.LARGE_INPUTS)
 _L = torch.randn(512, 768, generator=g)
 _LW = (torch.randn(768, generator=g), torch.randn(768, generator=g))
@@ -119,6 +122,13 @@ CASES = {
     "hardsigmoid, forward and backward (2, 16, 16, 16)": (
         "flop", ((activation_kernels, "USE_BACKWARD_KERNEL"),),
         _activation_grad(F.hardsigmoid)),
+    "sigmoid, forward and backward (2, 16, 16, 16)": (
+        "flop", ((activation_kernels, "USE_BACKWARD_KERNEL"),), _activation_grad(torch.sigmoid)),
+    "tanh, forward and backward (2, 16, 16, 16)": (
+        "flop", ((activation_kernels, "USE_BACKWARD_KERNEL"),), _activation_grad(torch.tanh)),
+    "sigmoid_backward of an LSTM gate, (2, 64) of (2, 256)": (
+        "flop", ((activation_kernels, "USE_BACKWARD_KERNEL"),),
+        lambda: torch.ops.aten.sigmoid_backward(_GATE_G, _GATES[:, 64:128])),
     "linalg.solve 64×64, 64 right-hand sides": (
         "op", ((_core, "ROUND_COLUMNS_IN_PLACE"),), lambda: torch.linalg.solve(_SPD, _RHS)),
     "float64 x / y (256, 128)": ("flop", _DIV64, lambda: _D / _E),
@@ -186,12 +196,16 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--calls", type=int, default=20, help="calls per timed round")
+    ap.add_argument("--only", default="", metavar="TEXT",
+                    help="only the cases whose name contains TEXT")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     print("| op | granularity | native µs | before µs | now µs | before ÷ native | "
           "now ÷ native | same bits |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for name, (gran, switches, op) in CASES.items():
+        if args.only not in name:
+            continue
         n, off, on, same = measure(gran, switches, op, args.repeats, args.calls)
         print(f"| {name} | {gran} | {n * 1e6:.1f} | {off * 1e6:.1f} | {on * 1e6:.1f} | "
               f"{off / n:.1f}× | {on / n:.1f}× | {'yes' if same else 'NO'} |")

@@ -138,3 +138,67 @@ def test_compiled_backward_matches_the_decomposition(monkeypatch, mode, fn):
         assert a.shape == b.shape and a.stride() == b.stride()
         assert torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
     assert fast[1:] == ref[1:]
+
+
+@pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random", "up", "down", "zero",
+                                  "farthest"])
+@pytest.mark.parametrize("op", ["sigmoid", "tanh"])
+def test_sigmoid_tanh_backward_matches_the_decomposition(monkeypatch, mode, op):
+    """aten.sigmoid_backward and aten.tanh_backward: called directly (y anywhere: outside
+    the forward's range, NaN, ±inf, subnormal, ±1, 0; gradients with NaN, inf, a
+    subnormal; more than one chunk; y, g or both slices of wider tensors; a transposed
+    y or g, declined) and through autograd (a weighted sum's and a sum's
+    gradient, stride 0), three calls per signature (the first records the
+    decomposition). Results (strides too), stream position and report equal with and
+    without the kernel, which ran for every later call of a row-major y and g."""
+    monkeypatch.setattr(MO, "_FUSED_SEEN", {})
+    served = []
+    real_kernel = AK._sigmoid_tanh_backward32
+    monkeypatch.setattr(AK, "_sigmoid_tanh_backward32",
+                        lambda *a: served.append(1) or real_kernel(*a))
+    aten = getattr(torch.ops.aten, f"{op}_backward").default
+    forward = getattr(torch, op)
+    gen = torch.Generator().manual_seed(11)
+    ys, gs = [], []
+    for shape in [(AK.CHUNK + 7,), (3, 5), (2, 4, 9)]:
+        y = torch.rand(shape, generator=gen) * 3 - 1
+        y.view(-1)[:10] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e-40,
+                                        -1e-40, 1.0, -1.0, 0.0, 0.99999994, 4097.0])
+        g = torch.randn(shape, generator=gen) * 5
+        g.view(-1)[10:13] = torch.tensor([float("nan"), -float("inf"), 1e-42])
+        ys.append(y)
+        gs.append(g)
+    # slices of a wider tensor (an LSTM's gate chunks): y, g or both row-major strided
+    wide = [torch.rand(5, 24, generator=gen) * 2 - 0.5 for _ in range(2)]
+    ys += [wide[0][:, 6:12], wide[0][:, 6:12].contiguous(), wide[1][:, :6]]
+    gs += [wide[1][:, 12:18].contiguous(), wide[1][:, 18:], wide[0][:, 18:]]
+    declined = [(wide[1][:, :6].t().contiguous().t(), gs[-1]),  # (a transposed y
+                (ys[-1], wide[0][:, :6].t().contiguous().t())]  # and g: declined)
+    xs = [torch.randn(2, 3, 7, generator=gen) * 4,
+          torch.randn(4, 6, generator=gen).t()]  # (y then transposed: declined)
+
+    def run(use):
+        monkeypatch.setattr(AK, "USE_KERNEL", use)
+        outs = []
+        with fuzzy(mode=mode, granularity="flop", seed=4) as fz:
+            for g, y in zip(gs, ys):
+                outs += [aten(g, y) for _ in range(3)]
+            for g, y in declined:
+                outs += [aten(g, y) for _ in range(3)]
+            for x in xs:
+                w = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
+                for rnd in range(6):
+                    xx = x.detach().clone().requires_grad_()
+                    out = forward(xx)
+                    (out * w).sum().backward() if rnd < 3 else out.sum().backward()
+                    outs.append(xx.grad)
+            return outs, fz.stream.counter, fz.report().to_dict()
+
+    fast = run(True)
+    assert len(served) == 2 * len(ys) + 4
+    ref = run(False)
+    assert len(served) == 2 * len(ys) + 4
+    for a, b in zip(fast[0], ref[0]):
+        assert a.shape == b.shape and a.stride() == b.stride()
+        assert torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+    assert fast[1:] == ref[1:]

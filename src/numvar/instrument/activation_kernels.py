@@ -1,5 +1,5 @@
-"""``hardswish`` and ``hardsigmoid`` and their backward at flop granularity in one
-compiled call each (binary32).
+"""``hardswish`` and ``hardsigmoid`` and their backward, and the backward of ``sigmoid``
+and ``tanh``, at flop granularity in one compiled call each (binary32).
 
 Both are decomposed at flop granularity (torch's decompositions, replayed after the
 first call): ``x * clamp(clamp(x + 3, min=0), max=6) / 6`` and ``clamp(clamp(x + 3,
@@ -27,6 +27,15 @@ RND(RND(x / 3) + 0.5), g))`` (three keys) and ``where(−3 < x < 3, RND(g · 1/6
 (one), round every element whatever branch keeps it, and so does the kernel. In a
 training step of MobileNetV3 at flop SR they took 3.1 and 0.9 ms of 58 (17 and 8 calls,
 one thread), nine and five dispatched sub-ops each.
+
+``sigmoid_backward`` and ``tanh_backward`` (:func:`sigmoid_backward`,
+:func:`tanh_backward`; :func:`_sigmoid_tanh_backward32`) likewise: their decompositions
+``g · (y · (1 − y))`` and ``g · (1 − y · y)`` round three times (three keys), the kernel
+in the same order at the same indices. A recurrent layer's training step calls them on
+slices of its gates (an LSTM at the zoo's bench size: 120 and 80 calls of 128 elements
+per step, four and five dispatched sub-ops each), so they take operands whose strides
+are row-major (:func:`_row_major`), not only contiguous ones: the decomposition's
+result is contiguous for those too.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ HARDSWISH_KEYS = 3
 HARDSIGMOID_KEYS = 2
 HARDSWISH_BACKWARD_KEYS = 3
 HARDSIGMOID_BACKWARD_KEYS = 1
+SIGMOID_TANH_BACKWARD_KEYS = 3
 
 
 @njit(cache=True, error_model="numpy")
@@ -128,6 +138,31 @@ def _hard_backward32(g, x, out, keys, swish, mode):  # pragma: no cover - compil
                 o[j] = p[j] if v > -3.0 and v < 3.0 else np.float32(0.0)
 
 
+@njit(cache=True, error_model="numpy")
+def _sigmoid_tanh_backward32(g, y, out, keys, tanh, mode):  # pragma: no cover - compiled
+    """The backward of sigmoid or of tanh (``tanh``) from the binary32 arrays ``g`` (the
+    output's gradient), ``y`` (the forward's output) and ``out`` (1-D, same size), as
+    the decompositions: sigmoid ``RND(g · RND(y · RND(1 − y)))``, tanh ``RND(g · RND(1 −
+    RND(y · y)))``, the inner rounding with ``keys[0]``, the next with ``keys[1]``, the
+    product by g with ``keys[2]``, each at the element's index."""
+    n = y.size
+    for c in range((n + CHUNK - 1) // CHUNK):
+        c0 = c * CHUNK
+        c1 = min(n, c0 + CHUNK)
+        m = c1 - c0
+        ys = y[c0:c1]
+        one = np.full(m, np.float32(1.0))
+        p = np.empty(m, np.float32)
+        q = np.empty(m, np.float32)
+        if tanh:
+            round_into(K.OP_MUL, ys, ys, p, keys[0], c0, mode)
+            round_into(K.OP_SUB, one, p, q, keys[1], c0, mode)
+        else:
+            round_into(K.OP_SUB, one, ys, p, keys[0], c0, mode)
+            round_into(K.OP_MUL, ys, p, q, keys[1], c0, mode)
+        round_into(K.OP_MUL, g[c0:c1], q, out[c0:c1], keys[2], c0, mode)
+
+
 def _served(ctx, x) -> bool:
     """A binary32 CPU tensor the serial kernels take (module docstring)."""
     return (USE_KERNEL and isinstance(x, torch.Tensor) and x.dtype is torch.float32
@@ -135,24 +170,55 @@ def _served(ctx, x) -> bool:
             and not (x.numel() >= KN.PARALLEL_MIN_WORK and numba.get_num_threads() > 1))
 
 
-def _run_backward(ctx, args, kwargs, nkeys: int, swish: bool):
+def _row_major(t: torch.Tensor) -> bool:
+    """``t``'s strides, over its dimensions of more than one element, are positive and
+    do not grow from the first dimension to the last (a contiguous tensor, or a slice of
+    one such as a chunk of an LSTM's gates): an elementwise op of such operands writes a
+    contiguous result, as TensorIterator orders dimensions by their strides."""
+    last = 0
+    for n, s in zip(reversed(t.shape), reversed(t.stride())):
+        if n > 1:
+            if s <= 0 or s < last:
+                return False
+            last = s
+    return True
+
+
+def _backward_operands(ctx, args, kwargs, nkeys: int, want: int):
+    """(g, x, out, keys) for a backward kernel of ``aten.<op>_backward(g, x)`` (x the
+    forward's input or output) that draws ``want`` keys, or None where it declines: x
+    row-major (:func:`_row_major`), g of x's shape, row-major or one value broadcast (a
+    sum's gradient), so that the decomposition's result is contiguous, as the kernel's."""
     if kwargs or len(args) != 2:
         return None
     g, x = args
-    want = HARDSWISH_BACKWARD_KEYS if swish else HARDSIGMOID_BACKWARD_KEYS
-    # (x contiguous, g contiguous or one value broadcast, a sum's gradient: the
-    # decomposition's result is then contiguous too, as the kernel's)
     if (not USE_BACKWARD_KERNEL or nkeys != want or not _served(ctx, x)
-            or not x.is_contiguous() or not isinstance(g, torch.Tensor)
+            or not _row_major(x) or not isinstance(g, torch.Tensor)
             or g.dtype is not torch.float32 or g.shape != x.shape or not g.is_cpu
-            or not (g.is_contiguous() or not any(g.stride()))):
+            or not (_row_major(g) or not any(g.stride()))):
         return None
     out = torch.empty(x.shape, dtype=torch.float32)
     keys = np.zeros(3, np.uint64)
     keys[:want] = ctx.stream_keys(want)
-    _hard_backward32(g.detach().contiguous().view(-1).numpy(),
-                     x.detach().contiguous().view(-1).numpy(), out.view(-1).numpy(), keys,
-                     swish, ctx.code)
+    return LK.flat32(g), LK.flat32(x), out, keys
+
+
+def _run_backward(ctx, args, kwargs, nkeys: int, swish: bool):
+    ops = _backward_operands(ctx, args, kwargs, nkeys,
+                             HARDSWISH_BACKWARD_KEYS if swish else HARDSIGMOID_BACKWARD_KEYS)
+    if ops is None:
+        return None
+    g, x, out, keys = ops
+    _hard_backward32(g, x, out.view(-1).numpy(), keys, swish, ctx.code)
+    return out
+
+
+def _run_sigmoid_tanh_backward(ctx, args, kwargs, nkeys: int, tanh: bool):
+    ops = _backward_operands(ctx, args, kwargs, nkeys, SIGMOID_TANH_BACKWARD_KEYS)
+    if ops is None:
+        return None
+    g, y, out, keys = ops
+    _sigmoid_tanh_backward32(g, y, out.view(-1).numpy(), keys, tanh, ctx.code)
     return out
 
 
@@ -193,3 +259,15 @@ def hardsigmoid_backward(ctx, args, kwargs, nkeys: int):
     """``aten.hardsigmoid_backward`` of binary32 CPU tensors as its decomposition computes
     it at flop granularity (one key), or None (the decomposition runs)."""
     return _run_backward(ctx, args, kwargs, nkeys, False)
+
+
+def sigmoid_backward(ctx, args, kwargs, nkeys: int):
+    """``aten.sigmoid_backward`` of binary32 CPU tensors as its decomposition computes it
+    at flop granularity (three keys), or None (the decomposition runs)."""
+    return _run_sigmoid_tanh_backward(ctx, args, kwargs, nkeys, False)
+
+
+def tanh_backward(ctx, args, kwargs, nkeys: int):
+    """``aten.tanh_backward`` of binary32 CPU tensors as its decomposition computes it at
+    flop granularity (three keys), or None (the decomposition runs)."""
+    return _run_sigmoid_tanh_backward(ctx, args, kwargs, nkeys, True)

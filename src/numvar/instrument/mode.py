@@ -261,7 +261,9 @@ _FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d,
                 torch.ops.aten.hardswish.default: AK.hardswish,
                 torch.ops.aten.hardsigmoid.default: AK.hardsigmoid,
                 torch.ops.aten.hardswish_backward.default: AK.hardswish_backward,
-                torch.ops.aten.hardsigmoid_backward.default: AK.hardsigmoid_backward}
+                torch.ops.aten.hardsigmoid_backward.default: AK.hardsigmoid_backward,
+                torch.ops.aten.sigmoid_backward.default: AK.sigmoid_backward,
+                torch.ops.aten.tanh_backward.default: AK.tanh_backward}
 #: signature -> (keys the decomposition drew, [(count category, op name, count, how)])
 _FUSED_SEEN: dict = {}
 #: fused op -> positions of float arguments its kernel reads at run time and its
