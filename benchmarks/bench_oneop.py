@@ -6,7 +6,7 @@ windows, the flop handlers of ``affine_grid``'s sub-ops, the decomposition of th
 activations, a row-major copy of a column-major result, binary64's scalar quotients,
 roots, scan steps, materialised broadcasts, variances in six tensor steps, layer, group
 and instance norms and softmaxes decomposed, training batch norm and batch norm's backward
-decomposed, the hard activations', sigmoid's and tanh's backward decomposed, the norms of inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more
+decomposed, the hard activations', sigmoid's, tanh's and layer norm's backward decomposed, the norms of inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more
 decomposed) and on, and natively; best of
 ``--repeats`` interleaved rounds of ``--calls`` calls after a warm-up, each round timed
 by the thread's CPU time; ratios to native in the same run, and whether both settings
@@ -88,6 +88,20 @@ def _activation_grad(fn):
 
 _GATES = torch.rand(2, 256, generator=g)
 _GATE_G = torch.randn(2, 64, generator=g)
+_LN_X = torch.randn(256, 128, generator=g).requires_grad_()
+_LN_W = (torch.randn(128, generator=g).requires_grad_(),
+         torch.randn(128, generator=g).requires_grad_())
+_LN_GY = torch.randn(256, 128, generator=g)
+
+
+def _layer_norm_grad():
+    """The gradients of a layer norm's input, weight and bias (a transformer's)."""
+    with torch.enable_grad():
+        y = F.layer_norm(_LN_X, [128], *_LN_W)
+        return torch.cat([t.reshape(-1) for t in torch.autograd.grad(y, (_LN_X, *_LN_W),
+                                                                      _LN_GY)])
+
+
 #: inputs of kernels.PARALLEL_MIN_WORK elements or more (norm_kernels.LARGE_INPUTS)
 _L = torch.randn(512, 768, generator=g)
 _LW = (torch.randn(768, generator=g), torch.randn(768, generator=g))
@@ -153,6 +167,8 @@ CASES = {
         "flop", _TRAIN, _train_batch_norm(torch.float32, True)),
     "float64 batch_norm, training, forward and backward (8, 16, 8, 8)": (
         "flop", _TRAIN, _train_batch_norm(torch.float64, True)),
+    "layer_norm, forward and backward (256, 128)": (
+        "flop", ((norm_kernels, "LAYER_NORM_BACKWARD"),), _layer_norm_grad),
     "layer_norm (512, 768)": ("flop", ((norm_kernels, "LARGE_INPUTS"),),
                               lambda: F.layer_norm(_L, [768], *_LW)),
     "group_norm (8, 64, 32, 32), 8 groups": ("flop", ((norm_kernels, "LARGE_INPUTS"),),

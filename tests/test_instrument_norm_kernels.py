@@ -9,9 +9,11 @@ rsqrt(eps)) and values whose squares overflow the format. Softmax (``_softmax``,
 NaN and a dominant value, with autograd. Group norm (with a weight; with and without bias;
 2- and 4-D; a constant group, inf, NaN). Batch norm: 2-, 3- and 4-D inputs, a zero running
 variance, non-finite inputs and statistics, under no_grad and with autograd (another aten
-op reaches the mode)."""
+op reaches the mode). Layer norm's backward: every output mask, with and without weight
+and bias, few and many rows and columns, a transposed gradient."""
 
 import copy
+import math
 
 import numba
 import numpy as np
@@ -160,6 +162,133 @@ def test_declines_and_autograd(monkeypatch):
     assert calls
     for a, b in zip(fast, grads(False)):
         _same(a, b)
+
+
+LNB = torch.ops.aten.native_layer_norm_backward.default
+#: a negative and a positive quiet NaN (where two meet in a sum, the scan keeps the first)
+_NAN_SIGNS = torch.tensor([-0x400000, 0x7FC00000], dtype=torch.int32).view(torch.float32)
+
+
+def _ln_backward_cases(dtype):
+    """(g, x, normalized_shape, mean, rstd, weight, bias, output_mask) of
+    native_layer_norm_backward: many rows (row blocks) and few (row scans), at least
+    COLUMN_SUMS_MIN columns and fewer (the transposed column sums), one and two normalised
+    dims, weight and bias or neither, every output or some, a transposed gradient; x
+    with _data's inf, NaN, constant and overflowing rows, g with inf and a subnormal; mean
+    and rstd from the forward (in float64: only their values matter)."""
+    gen = torch.Generator().manual_seed(12)
+    out = []
+    for shape, nd, affine, mask in [((3, 8, 16), 1, True, [True, True, True]),
+                                    ((5, 7), 1, False, [True, False, False]),
+                                    ((20, 5), 1, True, [True, True, True]),
+                                    ((4, 3, 2, 6), 2, True, [False, True, True]),
+                                    ((17, 40), 1, True, [True, True, False])]:
+        x = _data(shape, dtype=dtype)
+        ns = list(shape[len(shape) - nd:])
+        x64 = x.double().flatten(len(shape) - nd)
+        mean = x64.mean(-1).to(dtype).view(*shape[:len(shape) - nd], *[1] * nd)
+        rstd = (x64.var(-1, unbiased=False) + 1e-5).rsqrt().to(dtype).view(mean.shape)
+        w, b = ((torch.randn(ns, generator=gen, dtype=dtype),
+                 torch.randn(ns, generator=gen, dtype=dtype)) if affine else (None, None))
+        g = torch.randn(shape, generator=gen, dtype=dtype) * 2
+        g.view(-1)[4:6] = torch.tensor([float("inf"), 1e-42])
+        # NaNs of both signs in one column: the scan's sums keep the first (see below)
+        g.view(-1, math.prod(ns))[:2, -1] = _NAN_SIGNS.to(dtype)
+        out.append((g, x, ns, mean, rstd, w, b, mask))
+    g, x, *rest = out[4]
+    out.append((g.t().contiguous().t(), x, *rest))  # (a column-major gradient)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random", "down", "up"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_layer_norm_backward_matches_decomposition(monkeypatch, mode, dtype):
+    """native_layer_norm_backward (_ln_backward_cases), each case three times (the first
+    records the decomposition), then a training step of F.layer_norm twice: every
+    gradient (strides too), stream position and report equal with the kernel and with
+    the decomposition (LAYER_NORM_BACKWARD off); the kernel ran for every later call."""
+    monkeypatch.setattr(MD, "_FUSED_SEEN", {})
+    calls = count_calls(monkeypatch, NK, "layer_norm_backward")
+    cases = _ln_backward_cases(dtype)
+
+    def run(use):
+        monkeypatch.setattr(NK, "LAYER_NORM_BACKWARD", use)
+        outs = []
+        with fuzzy(mode=mode, granularity="flop", seed=7) as fz:
+            for case in cases:
+                for _ in range(3):
+                    outs += [t for t in LNB(*case) if t is not None]
+            for _ in range(2):
+                x = _data((6, 12), dtype=dtype).requires_grad_()
+                w = torch.linspace(-1, 2, 12, dtype=dtype, requires_grad=True)
+                b = torch.zeros(12, dtype=dtype, requires_grad=True)
+                (F.layer_norm(x, [12], w, b) * torch.arange(12.0, dtype=dtype)).sum().backward()
+                outs += [x.grad, w.grad, b.grad]
+            return outs, fz.stream.counter, fz.report().to_dict()
+
+    fast = run(True)
+    assert len(calls) == 2 * len(cases) + 1
+    ref = run(False)
+    assert len(calls) == 2 * len(cases) + 1
+    assert len(fast[0]) == len(ref[0]) == 3 * 13 + 6
+    for a, b in zip(fast[0], ref[0]):
+        _same(a, b)
+    assert fast[1:] == ref[1:]
+
+
+@pytest.mark.parametrize("channels", [3, 16])
+def test_batch_norm_backward_keeps_the_scans_nan_signs(monkeypatch, channels):
+    """A channel whose gradients hold NaNs of both signs, in each order: the compiled
+    backward's channel sums (by rows below COLUMN_SUMS_MIN channels, by columns from it)
+    give the NaN the decomposition's scan gives (the accumulated one), bit for bit."""
+    monkeypatch.setattr(MD, "_FUSED_SEEN", {})
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(4, channels, 5, generator=gen)
+    g = torch.randn(4, channels, 5, generator=gen)
+    g[:2, 0, 0] = _NAN_SIGNS
+    g[:2, 1, 0] = _NAN_SIGNS.flip(0)
+    mean = x.mean((0, 2))
+    inv = x.var((0, 2), unbiased=False).add(1e-5).rsqrt()
+    w = torch.randn(channels, generator=gen)
+    calls = count_calls(monkeypatch, NK, "batch_norm_backward")
+
+    def run(use):
+        monkeypatch.setattr(NK, "BATCH_NORM_BACKWARD", use)
+        with fuzzy(mode="sr", granularity="flop", seed=1):
+            return [torch.ops.aten.native_batch_norm_backward(
+                g, x, w, None, None, mean, inv, True, 1e-5, [True, True, True])
+                for _ in range(2)][1]
+
+    fast = run(True)
+    assert len(calls) == 1
+    for a, b in zip(fast, run(False)):
+        _same(a, b)
+    assert torch.equal(fast[2][:2].view(torch.int32), _NAN_SIGNS.view(torch.int32))
+
+
+@pytest.mark.parametrize("case", ["one row", "every dim normalised", "mean's shape",
+                                  "LAYER_NORM64", "precision"])
+def test_layer_norm_backward_declines(monkeypatch, case):
+    """A single row, a normalised shape covering every dim, mean and rstd of another
+    shape (as rows), float64 with LAYER_NORM64 off and a virtual precision run the
+    decomposition (no kernel call), with its bits."""
+    calls = count_calls(monkeypatch, NK, "layer_norm_backward")
+    dtype = torch.float64 if case in ("LAYER_NORM64", "precision") else torch.float32
+    g, x, ns, mean, rstd, w, b, mask = _ln_backward_cases(dtype)[0]
+    if case == "one row":
+        g, x, mean, rstd = g[:1, :1], x[:1, :1], mean[:1, :1], rstd[:1, :1]
+    elif case == "every dim normalised":
+        g, x, ns = g[0], x[0], [8, 16]
+        mean, rstd = mean[:1, :1], rstd[:1, :1]
+    elif case == "mean's shape":
+        mean, rstd = mean.view(-1), rstd.view(-1)
+    elif case == "LAYER_NORM64":
+        monkeypatch.setattr(NK, "LAYER_NORM64", False)
+    kw = {"precision": 40} if case == "precision" else {}
+    with fuzzy(mode="sr", granularity="flop", seed=0, **kw):
+        for _ in range(2):
+            LNB(g, x, ns, mean, rstd, w, b, mask)
+    assert not calls
 
 
 def _bn(c, affine, seed=4, dtype=torch.float32):

@@ -255,6 +255,8 @@ _FUSED: dict = {torch.ops.aten.grid_sampler_2d.default: GK.grid_sampler_2d,
                 torch.ops.aten._native_batch_norm_legit_no_training.default:
                     NK.batch_norm_no_training,
                 torch.ops.aten.native_batch_norm_backward.default: NK.batch_norm_backward_op,
+                torch.ops.aten.native_layer_norm_backward.default:
+                    NK.native_layer_norm_backward,
                 torch.ops.aten.native_group_norm.default: NK.native_group_norm,
                 torch.ops.aten._softmax.default: NK.softmax,
                 torch.ops.aten._safe_softmax.default: NK.safe_softmax,

@@ -4,7 +4,8 @@
 ``_native_batch_norm_legit_no_training`` (eval: running statistics; and
 ``native_batch_norm`` in training: batch statistics, the running ones updated, and
 InstanceNorm's one-sample call), ``_softmax`` /
-``_safe_softmax`` (last dim). The layer norm is described here; the
+``_safe_softmax`` (last dim), and the backward ops ``native_batch_norm_backward`` and
+``native_layer_norm_backward``. The layer norm is described here; the
 others follow the same rules (their functions say their steps and keys).
 
 At flop granularity LayerNorm runs torch's decomposition with the mode re-entered:
@@ -83,6 +84,9 @@ BATCH_NORM_TRAIN = True
 #: batch norm's backward (training and eval) in one compiled call (False: its
 #: decomposition)
 BATCH_NORM_BACKWARD = True
+#: layer norm's backward in one compiled call (:func:`layer_norm_backward`; False: its
+#: decomposition; binary64 inputs under :data:`LAYER_NORM64` too)
+LAYER_NORM_BACKWARD = True
 #: inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more to the kernels too, on one
 #: numba thread, or on several where the kernel splits its work over them
 #: (:func:`_size_ok`; False: the decomposition, as for every input that size before)
@@ -101,11 +105,13 @@ SOFTMAX_WORK = 17
 #: element of 2 × 64 × 32 × 32 with weight and bias)
 BATCH_NORM_WORK = 9
 #: training batch norm's channel sums by columns (a tile of every channel per step,
-#: ``pointwise._colsums``) from this many channels, by rows below (their chains stepped
+#: :func:`_column_sums`) from this many channels, by rows below (their chains stepped
 #: together, ``scan_kernels._rows``). One thread, sr, Zen 4, ns per element, rows /
-#: columns: 3 channels 3.9 / 10.6, 4: 3.6 / 6.6, 8: 3.5 / 3.3, 12: 4.1 / 2.3, 16: 3.8 /
-#: 1.8, 96: 3.6 / 0.9 (``_rows`` on (C, K) rows from 16 on transposes blocks itself)
-COLUMN_SUMS_MIN = 12
+#: columns: 3 channels 3.9 / 7.8, 4: 3.6 / 4.5, 8: 3.5 / 2.4, 12: 4.1 / 1.8, 16: 3.8 /
+#: 1.3, 96: 3.6 / 0.8 (``_rows`` on (C, K) rows from 16 on transposes blocks itself;
+#: the columns by the scan's steps since 2026-12-06, by ``pointwise._colsums`` before:
+#: 10.6, 6.6, 3.3, 2.3, 1.8, 0.9, and 12 channels then)
+COLUMN_SUMS_MIN = 8
 
 
 @njit(inline="always")
@@ -371,17 +377,45 @@ def _channel_layout(x, t, N, C, S):
     return rows
 
 
+@njit(cache=True, error_model="numpy")
+def _column_sums(rows, out, key, mode):  # pragma: no cover - compiled
+    """The column sums of ``rows`` (M, K) into ``out`` (K,) by the scan's own steps
+    (``kernels._scan_step`` in sr, ieee, ud and random, ``kernels._scan_full`` for the
+    elements it declines and for every element in the other modes): the order and bits of
+    ``kernels.scan``, which :func:`flop.reduce` runs over leading dims (element (m, k):
+    m·K + k), NaN signs included: where NaNs of both signs meet in a sum, the scan keeps
+    the accumulated one and ``pointwise._colsums``' tiles (the row sums') the other."""
+    M, Kd = rows.shape
+    PW.copy_into(out, rows[0])
+    bad = np.empty(Kd, np.bool_)
+    ukey = np.uint64(key)
+    fast = mode <= K.MODE_RANDOM
+    mul = np.bool_(M < 0)  # (False, as a runtime value, as the scan's callers pass it)
+    for m in range(1, M):
+        q0 = np.uint64(m) * np.uint64(Kd)
+        x = rows[m]
+        if fast:
+            nbad = KN._scan_step(out, x, ukey, q0, mode, mul, bad)
+        else:
+            bad[:] = True
+            nbad = Kd
+        if nbad != 0:
+            for j in range(Kd):
+                if bad[j]:
+                    out[j] = KN._scan_full(out[j], x[j], mode, mul,
+                                           _bits(ukey, q0 + np.uint64(j)))
+
+
 @njit(inline="always")
 def _channel_sums(t, out, key, mode):
     """The channels' sums of ``t`` (:func:`_channel_layout`'s array) into ``out`` (C,),
     in :func:`flop.reduce`'s order and bits over dims (0, 2, …) (element (k, c):
     ``bits64(key, k·C + c)``): with at least :data:`COLUMN_SUMS_MIN` channels
-    ``pointwise._colsums`` over the whole, each step one tile of the C channels; with
+    :func:`_column_sums` over the whole, each step one tile of the C channels; with
     fewer, ``scan_kernels._rows`` on the channels' rows (their chains stepped together)."""
     C = out.size
     if C >= COLUMN_SUMS_MIN:
-        K.wide_vectors()
-        PW._colsums(t, out, 0, C, np.uint64(key), K.OP_ADD, mode, C, 0)
+        _column_sums(t, out, key, mode)
     else:
         SK._rows(t.reshape(C, t.size // C), out, np.uint64(key), mode, np.int64(C),
                  np.int64(0))
@@ -553,6 +587,68 @@ def batch_norm_backward(g, x, w, has_w, mean, inv, rv, train, eps, norm, keys, m
     if want_w:
         _rounded(mul, dot, inv, gw, keys[k], mode)
     PW.copy_into(gb, gos)
+
+
+@njit(cache=True, error_model="numpy")
+def layer_norm_backward(g, x, w, has_w, mean, rstd, nk, keys, mode, gi, want_i, gw, want_w,
+                        gb, want_b, M, Kd):  # pragma: no cover - compiled
+    """``native_layer_norm_backward`` of x and the output gradient g (M·K,) in C order (the
+    rows of K normalised elements), binary32 at 24 bits for float32 arrays, binary64 at 53
+    for float64 ones (every array and ``nk``, the decomposition's K, of x's dtype), as
+    torch's decomposition, each step with the next key (element m·K + k of the rows, m of
+    ``mean`` and ``rstd`` (M,)): ``x̂ = RND(RND(x − mean) · rstd)``, ``ĝ = RND(g · w)``
+    (where ``has_w``; else g), ``a = RND(ĝ · K)``, ``b = Σ_k ĝ``, ``c1 = RND(ĝ · x̂)``,
+    ``c2 = Σ_k c1`` (the rows' sums, ``scan_kernels._rows``), ``c3 = RND(x̂ · c2)``,
+    ``inner = RND(RND(a − b) − c3)``; then where ``want_i`` ``gi = RND(RND(rstd / K) ·
+    inner)``, where ``want_w`` ``gw = Σ_m RND(g · x̂)`` and where ``want_b`` ``gb = Σ_m
+    g`` (the columns' sums, :func:`_column_sums`)."""
+    dt = x.dtype
+    sub, mul, div = np.int64(K.OP_SUB), np.int64(K.OP_MUL), np.int64(K.OP_DIV)
+    z, o = np.int64(0), np.int64(1)
+    n = M * Kd
+    full = np.empty(n, dt)  # (no step writes over its own operands: a tile may be redone)
+    _spread(full, mean, M, o, Kd, o, z, z)
+    xm = np.empty(n, dt)
+    _rounded(sub, x, full, xm, keys[0], mode)
+    _spread(full, rstd, M, o, Kd, o, z, z)
+    xh = np.empty(n, dt)
+    _rounded(mul, xm, full, xh, keys[1], mode)
+    k = 2
+    gh = g
+    if has_w:
+        _spread(full, w, M, o, Kd, z, z, o)
+        gh = np.empty(n, dt)
+        _rounded(mul, g, full, gh, keys[2], mode)
+        k = 3
+    full[:] = nk
+    a = np.empty(n, dt)
+    _rounded(mul, gh, full, a, keys[k], mode)
+    b = np.empty(M, dt)
+    SK._rows(gh.reshape(M, Kd), b, np.uint64(keys[k + 1]), mode, M, z)
+    _rounded(mul, gh, xh, xm, keys[k + 2], mode)  # c1 (x − mean is no longer needed)
+    c2 = np.empty(M, dt)
+    SK._rows(xm.reshape(M, Kd), c2, np.uint64(keys[k + 3]), mode, M, z)
+    _spread(full, c2, M, o, Kd, o, z, z)
+    c3 = np.empty(n, dt)
+    _rounded(mul, xh, full, c3, keys[k + 4], mode)
+    _spread(full, b, M, o, Kd, o, z, z)
+    _rounded(sub, a, full, xm, keys[k + 5], mode)  # a − b
+    _rounded(sub, xm, c3, a, keys[k + 6], mode)  # inner
+    k += 7
+    if want_i:
+        col = np.empty(M, dt)
+        col[:] = nk
+        r = np.empty(M, dt)
+        _rounded(div, rstd, col, r, keys[k], mode)
+        _spread(full, r, M, o, Kd, o, z, z)
+        _rounded(mul, full, a, gi, keys[k + 1], mode)
+        k += 2
+    if want_w:
+        _rounded(mul, g, xh, xm, keys[k], mode)
+        _column_sums(xm.reshape(M, Kd), gw, keys[k + 1], mode)
+        k += 2
+    if want_b:
+        _column_sums(g.reshape(M, Kd), gb, keys[k], mode)
 
 
 @njit(cache=True, error_model="numpy")
@@ -742,6 +838,57 @@ def native_layer_norm(ctx, args, kwargs, nkeys: int):
     else:
         layer_norm_rows(*args, m, 0)
     return out, mean, rstd
+
+
+def native_layer_norm_backward(ctx, args, kwargs, nkeys: int):
+    """``aten.native_layer_norm_backward`` as (grad_input, grad_weight, grad_bias), each
+    None where ``output_mask`` (or a missing weight or bias) leaves it out, by
+    :func:`layer_norm_backward`; None where the kernel does not serve the call (another
+    dtype, a normalised shape covering every dim, a single row, mean and rstd not of the
+    rows' count, ...) or the decomposition drew another number of keys."""
+    a = _arguments(args, kwargs, ("grad_out", "input", "normalized_shape", "mean", "rstd",
+                                  "weight", "bias", "output_mask"))
+    if a is None or not LAYER_NORM_BACKWARD:
+        return None
+    g, x, normalized_shape, mean, rstd, weight, bias, mask = a
+    if not (_input_ok(ctx, x, LAYER_NORM64) and _size_ok(x, False)):
+        return None
+    nd = len(normalized_shape)
+    if not 0 < nd < x.dim() or tuple(x.shape[x.dim() - nd:]) != tuple(normalized_shape):
+        return None
+    dt = x.dtype
+    k = math.prod(normalized_shape)
+    m = x.numel() // k
+    stat = (*x.shape[:x.dim() - nd], *([1] * nd))
+    want = [bool(mask[0]), bool(mask[1]) and weight is not None,
+            bool(mask[2]) and bias is not None] if len(mask) == 3 else None
+    # (K read in x's dtype by the scalar path: exact for binary32 up to 2^24; the rows'
+    # sums as flop.reduce takes them, by rows, not by the scan of a transposed copy; the
+    # columns' sums by the scan's tiles, as kernels.scan takes them)
+    if (want is None or k < 2 or m < 2 or not (dt is torch.float64 or k <= 1 << 24)
+            or (m >= PW.ROW_M_MIN and k > PW.ROW_K_MAX)
+            or (dt is torch.float64 and not (KN.SCAN64_FAST and k >= KN.SCAN64_MIN_COLUMNS))
+            or not (isinstance(g, torch.Tensor) and g.shape == x.shape and g.dtype is dt
+                    and g.is_cpu)
+            or not all(isinstance(v, torch.Tensor) and v.shape == stat and v.dtype is dt
+                       and v.is_cpu for v in (mean, rstd))
+            or not (_affine_ok(weight, k, dt) and _affine_ok(bias, k, dt))
+            or 9 + (weight is not None) + 2 * want[0] + 2 * want[1] + want[2] != nkeys):
+        return None
+    npt = _NP[dt]
+    gi = torch.empty(x.shape, dtype=dt) if want[0] else None
+    gw = torch.empty(weight.shape, dtype=dt) if want[1] else None
+    gb = torch.empty(bias.shape, dtype=dt) if want[2] else None
+    keys = ctx.stream_keys(nkeys)
+    empty = np.empty(0, npt)
+
+    def arr(t):
+        return empty if t is None else t.detach().contiguous().numpy().reshape(-1)
+
+    layer_norm_backward(arr(g), arr(x), arr(weight), weight is not None, arr(mean), arr(rstd),
+                        npt(k), keys, ctx.code, arr(gi), want[0], arr(gw), want[1], arr(gb),
+                        want[2], m, k)
+    return gi, gw, gb
 
 
 def row_parts(rows: int, elems: int, work: int) -> int:
