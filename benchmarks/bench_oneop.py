@@ -6,7 +6,7 @@ windows, the flop handlers of ``affine_grid``'s sub-ops, the decomposition of th
 activations, a row-major copy of a column-major result, binary64's scalar quotients,
 roots, scan steps, materialised broadcasts, variances in six tensor steps, layer, group
 and instance norms and softmaxes decomposed, training batch norm and batch norm's backward
-decomposed, the hard activations', sigmoid's, tanh's and layer norm's backward decomposed, the norms of inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more
+decomposed, the hard activations', sigmoid's, tanh's, layer norm's and softmax's backward decomposed, the norms of inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more
 decomposed) and on, and natively; best of
 ``--repeats`` interleaved rounds of ``--calls`` calls after a warm-up, each round timed
 by the thread's CPU time; ratios to native in the same run, and whether both settings
@@ -78,16 +78,24 @@ _AG = _A.clone().requires_grad_()
 _GY = torch.randn(2, 16, 16, 16, generator=g)
 
 
-def _activation_grad(fn):
-    """The input's gradient of ``fn`` at _A for the gradient _GY (forward and backward)."""
+def _activation_grad_of(fn, x, gy):
+    """The input's gradient of ``fn`` at ``x`` (requiring grad) for the gradient ``gy``
+    (forward and backward)."""
     def step():
         with torch.enable_grad():
-            return torch.autograd.grad(fn(_AG), _AG, _GY)[0]
+            return torch.autograd.grad(fn(x), x, gy)[0]
     return step
+
+
+def _activation_grad(fn):
+    """The input's gradient of ``fn`` at _A for the gradient _GY."""
+    return _activation_grad_of(fn, _AG, _GY)
 
 
 _GATES = torch.rand(2, 256, generator=g)
 _GATE_G = torch.randn(2, 64, generator=g)
+_SM_X = (torch.randn(2, 2, 64, 64, generator=g) * 3).requires_grad_()
+_SM_GY = torch.randn(2, 2, 64, 64, generator=g)
 _LN_X = torch.randn(256, 128, generator=g).requires_grad_()
 _LN_W = (torch.randn(128, generator=g).requires_grad_(),
          torch.randn(128, generator=g).requires_grad_())
@@ -169,6 +177,9 @@ CASES = {
         "flop", _TRAIN, _train_batch_norm(torch.float64, True)),
     "layer_norm, forward and backward (256, 128)": (
         "flop", ((norm_kernels, "LAYER_NORM_BACKWARD"),), _layer_norm_grad),
+    "softmax, forward and backward (2, 2, 64, 64)": (
+        "flop", ((norm_kernels, "SOFTMAX_BACKWARD"),), _activation_grad_of(
+            lambda t: torch.softmax(t, -1), _SM_X, _SM_GY)),
     "layer_norm (512, 768)": ("flop", ((norm_kernels, "LARGE_INPUTS"),),
                               lambda: F.layer_norm(_L, [768], *_LW)),
     "group_norm (8, 64, 32, 32), 8 groups": ("flop", ((norm_kernels, "LARGE_INPUTS"),),

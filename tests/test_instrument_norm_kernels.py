@@ -9,8 +9,9 @@ rsqrt(eps)) and values whose squares overflow the format. Softmax (``_softmax``,
 NaN and a dominant value, with autograd. Group norm (with a weight; with and without bias;
 2- and 4-D; a constant group, inf, NaN). Batch norm: 2-, 3- and 4-D inputs, a zero running
 variance, non-finite inputs and statistics, under no_grad and with autograd (another aten
-op reaches the mode). Layer norm's backward: every output mask, with and without weight
-and bias, few and many rows and columns, a transposed gradient."""
+op reaches the mode). Layer norm's and softmax's backward: every output mask, with and
+without weight and bias, few and many rows and columns, slices and a transposed
+gradient."""
 
 import copy
 import math
@@ -630,6 +631,82 @@ def test_softmax_matches_decomposition(monkeypatch, mode, which, parts, dtype):
     for a, b in zip(fast, ref):
         _same(a, b)
     assert pos == pos_ref and rep == rep_ref
+
+
+SMB = torch.ops.aten._softmax_backward_data.default
+
+
+def _softmax_backward_cases(dtype):
+    """(grad_output, output, dim, input_dtype) of _softmax_backward_data over the last
+    dim: few rows (the row scans) and many (the row blocks), a gradient and an output
+    that are slices of wider tensors (strides in C order, not contiguous), a
+    column-major gradient (declined); outputs with NaN, 0, 1, gradients with inf, a
+    subnormal and NaNs of both signs in one row."""
+    gen = torch.Generator().manual_seed(21)
+    out = []
+    for shape in [(3, 5, 7), (40, 24), (2, 3, 20, 20)]:
+        y = torch.softmax(torch.randn(shape, generator=gen, dtype=dtype) * 3, -1)
+        g = torch.randn(shape, generator=gen, dtype=dtype)
+        y.view(-1)[:3] = torch.tensor([float("nan"), 0.0, 1.0], dtype=dtype)
+        g.view(-1)[4:6] = torch.tensor([float("inf"), 1e-42], dtype=dtype)
+        g.view(-1)[7:9] = _NAN_SIGNS.to(dtype)
+        out.append((g, y, -1, dtype))
+    wide = torch.softmax(torch.randn(20, 32, generator=gen, dtype=dtype), -1)
+    out.append((torch.randn(20, 32, generator=gen, dtype=dtype)[:, 8:24], wide[:, :16], 1,
+                dtype))
+    g, y, *rest = out[2]
+    out.append((g.transpose(-1, -2).contiguous().transpose(-1, -2), y, *rest))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random", "down", "up"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_backward_matches_decomposition(monkeypatch, mode, dtype):
+    """_softmax_backward_data (_softmax_backward_cases), each three times (the first
+    records the decomposition), then F.softmax's gradient twice: results (strides too),
+    stream position and report equal with the kernel and with the decomposition
+    (SOFTMAX_BACKWARD off); the kernel ran for the later calls of every case but the
+    column-major gradient."""
+    monkeypatch.setattr(MD, "_FUSED_SEEN", {})
+    calls = count_calls(monkeypatch, NK, "softmax_backward")
+    cases = _softmax_backward_cases(dtype)
+
+    def run(use):
+        monkeypatch.setattr(NK, "SOFTMAX_BACKWARD", use)
+        outs = []
+        with fuzzy(mode=mode, granularity="flop", seed=8) as fz:
+            for case in cases:
+                outs += [SMB(*case) for _ in range(3)]
+            for _ in range(2):
+                x = torch.randn(6, 9, generator=torch.Generator().manual_seed(4),
+                                dtype=dtype, requires_grad=True)
+                (F.softmax(x, -1) * torch.arange(9.0, dtype=dtype)).sum().backward()
+                outs.append(x.grad)
+            return outs, fz.stream.counter, fz.report().to_dict()
+
+    fast = run(True)
+    assert len(calls) == 2 * (len(cases) - 1) + 1
+    ref = run(False)
+    assert len(calls) == 2 * (len(cases) - 1) + 1
+    for a, b in zip(fast[0], ref[0]):
+        _same(a, b)
+    assert fast[1:] == ref[1:]
+
+
+def test_softmax_backward_declines(monkeypatch):
+    """Another dim, an input dtype other than the gradient's (a bfloat16 softmax computed
+    in float32), rows longer than ROW_K_MAX in a whole of ROW_M_MIN rows or more and a
+    virtual precision run the decomposition (no kernel call)."""
+    calls = count_calls(monkeypatch, NK, "softmax_backward")
+    g, y, _, dtype = _softmax_backward_cases(torch.float32)[0]
+    long = torch.softmax(torch.randn(PW.ROW_M_MIN, PW.ROW_K_MAX + 1), -1)
+    for kw, args in [({}, (g, y, 1, dtype)), ({}, (g, y, -1, torch.bfloat16)),
+                     ({}, (torch.ones_like(long), long, -1, dtype)),
+                     ({"precision": 20}, (g, y, -1, dtype))]:
+        with fuzzy(mode="sr", granularity="flop", seed=0, **kw):
+            for _ in range(2):
+                SMB(*args)
+    assert not calls
 
 
 def test_softmax_over_another_dim_takes_the_decomposition(monkeypatch):

@@ -34,8 +34,8 @@ one thread), nine and five dispatched sub-ops each.
 in the same order at the same indices. A recurrent layer's training step calls them on
 slices of its gates (an LSTM at the zoo's bench size: 120 and 80 calls of 128 elements
 per step, four and five dispatched sub-ops each), so they take operands whose strides
-are row-major (:func:`_row_major`), not only contiguous ones: the decomposition's
-result is contiguous for those too.
+are in C order (``linalg_kernels.c_ordered``), not only contiguous ones: the
+decomposition's result is contiguous for those too.
 """
 
 from __future__ import annotations
@@ -170,32 +170,19 @@ def _served(ctx, x) -> bool:
             and not (x.numel() >= KN.PARALLEL_MIN_WORK and numba.get_num_threads() > 1))
 
 
-def _row_major(t: torch.Tensor) -> bool:
-    """``t``'s strides, over its dimensions of more than one element, are positive and
-    do not grow from the first dimension to the last (a contiguous tensor, or a slice of
-    one such as a chunk of an LSTM's gates): an elementwise op of such operands writes a
-    contiguous result, as TensorIterator orders dimensions by their strides."""
-    last = 0
-    for n, s in zip(reversed(t.shape), reversed(t.stride())):
-        if n > 1:
-            if s <= 0 or s < last:
-                return False
-            last = s
-    return True
-
-
 def _backward_operands(ctx, args, kwargs, nkeys: int, want: int):
     """(g, x, out, keys) for a backward kernel of ``aten.<op>_backward(g, x)`` (x the
     forward's input or output) that draws ``want`` keys, or None where it declines: x
-    row-major (:func:`_row_major`), g of x's shape, row-major or one value broadcast (a
-    sum's gradient), so that the decomposition's result is contiguous, as the kernel's."""
+    with strides in C order (``linalg_kernels.c_ordered``), g of x's shape, the same or
+    one value broadcast (a sum's gradient), so that the decomposition's result is
+    contiguous, as the kernel's."""
     if kwargs or len(args) != 2:
         return None
     g, x = args
     if (not USE_BACKWARD_KERNEL or nkeys != want or not _served(ctx, x)
-            or not _row_major(x) or not isinstance(g, torch.Tensor)
+            or not LK.c_ordered(x) or not isinstance(g, torch.Tensor)
             or g.dtype is not torch.float32 or g.shape != x.shape or not g.is_cpu
-            or not (_row_major(g) or not any(g.stride()))):
+            or not (LK.c_ordered(g) or not any(g.stride()))):
         return None
     out = torch.empty(x.shape, dtype=torch.float32)
     keys = np.zeros(3, np.uint64)

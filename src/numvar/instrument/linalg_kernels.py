@@ -209,6 +209,20 @@ def serves(ctx, *ts: torch.Tensor) -> bool:
             and all(t.dtype is torch.float32 and t.is_cpu and t.numel() for t in ts))
 
 
+def c_ordered(t: torch.Tensor) -> bool:
+    """``t``'s strides, over its dimensions of more than one element, are positive and do
+    not grow from the first dimension to the last (a contiguous tensor, or a slice of one
+    such as a chunk of an LSTM's gates): an elementwise op of such operands writes a
+    contiguous result, as TensorIterator orders dimensions by their strides."""
+    last = 0
+    for n, s in zip(reversed(t.shape), reversed(t.stride())):
+        if n > 1:
+            if s <= 0 or s < last:
+                return False
+            last = s
+    return True
+
+
 def flat32(t: torch.Tensor) -> np.ndarray:
     """The C-order values of a binary32 CPU tensor as a 1-D array (a view when contiguous)."""
     return t.detach().contiguous().view(-1).numpy()

@@ -61,6 +61,7 @@ from numba.extending import overload
 from numvar.rounding import kernels as K
 
 from . import kernels as KN
+from . import linalg_kernels as LK
 from . import pointwise as PW
 from . import scan_kernels as SK
 from .flop import flop_backend
@@ -87,6 +88,9 @@ BATCH_NORM_BACKWARD = True
 #: layer norm's backward in one compiled call (:func:`layer_norm_backward`; False: its
 #: decomposition; binary64 inputs under :data:`LAYER_NORM64` too)
 LAYER_NORM_BACKWARD = True
+#: softmax's backward over the last dim in one compiled call (:func:`softmax_backward`;
+#: False: its decomposition; binary64 inputs under :data:`SOFTMAX64` too)
+SOFTMAX_BACKWARD = True
 #: inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more to the kernels too, on one
 #: numba thread, or on several where the kernel splits its work over them
 #: (:func:`_size_ok`; False: the decomposition, as for every input that size before)
@@ -652,6 +656,28 @@ def layer_norm_backward(g, x, w, has_w, mean, rstd, nk, keys, mode, gi, want_i, 
 
 
 @njit(cache=True, error_model="numpy")
+def softmax_backward(g, y, keys, mode, out, M, Kd):  # pragma: no cover - compiled
+    """``_softmax_backward_data`` over the last dim of the output gradient g and the
+    softmax y (M·K,) in C order (the rows of K elements), binary32 at 24 bits for float32
+    arrays, binary64 at 53 for float64 ones, as torch's decomposition: ``ĝ = RND(g · y)``
+    (key 0), ``s = Σ_k ĝ`` (key 1, the rows' sums, ``scan_kernels._rows``), ``out =
+    RND(ĝ − RND(y · s))`` (keys 2, 3); element m·K + k, s's m."""
+    dt = y.dtype
+    mul, sub = np.int64(K.OP_MUL), np.int64(K.OP_SUB)
+    z, o = np.int64(0), np.int64(1)
+    n = M * Kd
+    gy = np.empty(n, dt)
+    _rounded(mul, g, y, gy, keys[0], mode)
+    s = np.empty(M, dt)
+    SK._rows(gy.reshape(M, Kd), s, np.uint64(keys[1]), mode, M, z)
+    full = np.empty(n, dt)
+    _spread(full, s, M, o, Kd, o, z, z)
+    p = np.empty(n, dt)
+    _rounded(mul, y, full, p, keys[2], mode)
+    _rounded(sub, gy, p, out, keys[3], mode)
+
+
+@njit(cache=True, error_model="numpy")
 def group_norm(x, w, b, has_b, N, C, HW, G, eps, keys, mode, out, mean,
                rstd):  # pragma: no cover - compiled
     """GroupNorm with a weight of x (N·C·HW,) in C order (binary32 at 24 bits for float32
@@ -1114,6 +1140,34 @@ def safe_softmax(ctx, args, kwargs, nkeys: int):
     dead = (mx == float("-inf")).reshape(*x.shape[:-1], 1)
     if bool(dead.any()):
         out = torch.where(dead, torch.zeros((), dtype=out.dtype), out)
+    return out
+
+
+def softmax_backward_op(ctx, args, kwargs, nkeys: int):
+    """``aten._softmax_backward_data`` over the last dim (:func:`softmax_backward`, four
+    keys), its result contiguous as the decomposition's; None where not served: another
+    dim, an input dtype other than the gradient's, operands whose strides are not in C order (the
+    decomposition's product, whose rows it sums, would not be contiguous), rows longer
+    than ``pointwise.ROW_K_MAX`` in a whole of ``ROW_M_MIN`` rows or more (summed by
+    ``flop.reduce`` as a transposed copy)."""
+    a = _arguments(args, kwargs, ("grad_output", "output", "dim", "input_dtype"))
+    if a is None or not SOFTMAX_BACKWARD or nkeys != 4:
+        return None
+    g, y, dim, input_dtype = a
+    if (not isinstance(dim, int) or not isinstance(y, torch.Tensor)
+            or not _input_ok(ctx, y.contiguous(), SOFTMAX64)
+            or not _size_ok(y, False) or dim % y.dim() != y.dim() - 1
+            or not (isinstance(g, torch.Tensor) and g.shape == y.shape and g.is_cpu
+                    and g.dtype is y.dtype is input_dtype)
+            or not (LK.c_ordered(g) and LK.c_ordered(y))):
+        return None
+    L = y.shape[-1]
+    R = y.numel() // L
+    if L < 2 or (R >= PW.ROW_M_MIN and L > PW.ROW_K_MAX):
+        return None
+    out = torch.empty(y.shape, dtype=y.dtype)
+    softmax_backward(LK.flat32(g), LK.flat32(y), ctx.stream_keys(4), ctx.code,
+                     out.numpy().reshape(-1), R, L)
     return out
 
 
