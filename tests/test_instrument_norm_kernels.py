@@ -695,18 +695,61 @@ def test_softmax_backward_matches_decomposition(monkeypatch, mode, dtype):
 
 def test_softmax_backward_declines(monkeypatch):
     """Another dim, an input dtype other than the gradient's (a bfloat16 softmax computed
-    in float32), rows longer than ROW_K_MAX in a whole of ROW_M_MIN rows or more and a
-    virtual precision run the decomposition (no kernel call)."""
+    in float32) and a virtual precision run the decomposition (no kernel call)."""
     calls = count_calls(monkeypatch, NK, "softmax_backward")
     g, y, _, dtype = _softmax_backward_cases(torch.float32)[0]
-    long = torch.softmax(torch.randn(PW.ROW_M_MIN, PW.ROW_K_MAX + 1), -1)
     for kw, args in [({}, (g, y, 1, dtype)), ({}, (g, y, -1, torch.bfloat16)),
-                     ({}, (torch.ones_like(long), long, -1, dtype)),
                      ({"precision": 20}, (g, y, -1, dtype))]:
         with fuzzy(mode="sr", granularity="flop", seed=0, **kw):
             for _ in range(2):
                 SMB(*args)
     assert not calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_long_rows_keep_the_scans_nan_signs(monkeypatch, dtype):
+    """Rows longer than ROW_K_MAX in a whole of ROW_M_MIN rows or more, which flop.reduce
+    sums as the scan of a transposed copy (``scan_kernels._long_rows``), with NaNs of both
+    signs in a row: layer norm and softmax forward and backward and a group norm whose
+    groups are that long give the decomposition's bits (NaN signs included) with the
+    kernels (USE_KERNEL) and without; the kernels ran."""
+    monkeypatch.setattr(MD, "_FUSED_SEEN", {})
+    calls = {k: count_calls(monkeypatch, NK, k) for k in (
+        "layer_norm_rows", "layer_norm_par", "softmax_sub", "softmax_par",
+        "layer_norm_backward", "softmax_backward", "group_norm")}
+    gen = torch.Generator().manual_seed(13)
+    rows, k = PW.ROW_M_MIN + 1, PW.ROW_K_MAX + 4
+    x = torch.randn(rows, k, generator=gen, dtype=dtype)
+    x[3, 10:12] = _NAN_SIGNS.to(dtype)
+    x[4, 20:22] = _NAN_SIGNS.flip(0).to(dtype)
+    gy = torch.randn(rows, k, generator=gen, dtype=dtype)
+    gy[5, 1:3] = _NAN_SIGNS.to(dtype)
+    w = torch.randn(k, generator=gen, dtype=dtype)
+    xg = torch.randn(2, 16, 32, 32, generator=gen, dtype=dtype)  # 2 groups of 8 192
+    xg[0, 0, 0, :2] = _NAN_SIGNS.to(dtype)
+    wg = torch.randn(16, generator=gen, dtype=dtype)
+
+    def run(use):
+        monkeypatch.setattr(NK, "USE_KERNEL", use)
+        outs = []
+        with fuzzy(mode="sr", granularity="flop", seed=2):
+            for _ in range(2):
+                xx = x.clone().requires_grad_()
+                ww = w.clone().requires_grad_()
+                y = F.layer_norm(xx, [k], ww, None)
+                sm = torch.softmax(xx, -1)
+                torch.autograd.backward([y, sm], [gy, gy])
+                outs += [y.detach(), sm.detach(), xx.grad, ww.grad,
+                         F.group_norm(xg, 2, wg, None)]
+        return outs
+
+    fast = run(True)
+    # (the forward kernels in one call or in runs of rows, as the threads allow)
+    assert all(calls[a] or calls[b] for a, b in [("layer_norm_rows", "layer_norm_par"),
+                                                 ("softmax_sub", "softmax_par")])
+    assert all(calls[k] for k in ("layer_norm_backward", "softmax_backward", "group_norm"))
+    for a, b in zip(fast, run(False)):
+        _same(a, b)
 
 
 def test_softmax_over_another_dim_takes_the_decomposition(monkeypatch):

@@ -109,7 +109,7 @@ SOFTMAX_WORK = 17
 #: element of 2 × 64 × 32 × 32 with weight and bias)
 BATCH_NORM_WORK = 9
 #: training batch norm's channel sums by columns (a tile of every channel per step,
-#: :func:`_column_sums`) from this many channels, by rows below (their chains stepped
+#: ``scan_kernels.scan_columns``) from this many channels, by rows below (their chains stepped
 #: together, ``scan_kernels._rows``). One thread, sr, Zen 4, ns per element, rows /
 #: columns: 3 channels 3.9 / 7.8, 4: 3.6 / 4.5, 8: 3.5 / 2.4, 12: 4.1 / 1.8, 16: 3.8 /
 #: 1.3, 96: 3.6 / 0.8 (``_rows`` on (C, K) rows from 16 on transposes blocks itself;
@@ -381,45 +381,17 @@ def _channel_layout(x, t, N, C, S):
     return rows
 
 
-@njit(cache=True, error_model="numpy")
-def _column_sums(rows, out, key, mode):  # pragma: no cover - compiled
-    """The column sums of ``rows`` (M, K) into ``out`` (K,) by the scan's own steps
-    (``kernels._scan_step`` in sr, ieee, ud and random, ``kernels._scan_full`` for the
-    elements it declines and for every element in the other modes): the order and bits of
-    ``kernels.scan``, which :func:`flop.reduce` runs over leading dims (element (m, k):
-    m·K + k), NaN signs included: where NaNs of both signs meet in a sum, the scan keeps
-    the accumulated one and ``pointwise._colsums``' tiles (the row sums') the other."""
-    M, Kd = rows.shape
-    PW.copy_into(out, rows[0])
-    bad = np.empty(Kd, np.bool_)
-    ukey = np.uint64(key)
-    fast = mode <= K.MODE_RANDOM
-    mul = np.bool_(M < 0)  # (False, as a runtime value, as the scan's callers pass it)
-    for m in range(1, M):
-        q0 = np.uint64(m) * np.uint64(Kd)
-        x = rows[m]
-        if fast:
-            nbad = KN._scan_step(out, x, ukey, q0, mode, mul, bad)
-        else:
-            bad[:] = True
-            nbad = Kd
-        if nbad != 0:
-            for j in range(Kd):
-                if bad[j]:
-                    out[j] = KN._scan_full(out[j], x[j], mode, mul,
-                                           _bits(ukey, q0 + np.uint64(j)))
-
-
 @njit(inline="always")
 def _channel_sums(t, out, key, mode):
     """The channels' sums of ``t`` (:func:`_channel_layout`'s array) into ``out`` (C,),
     in :func:`flop.reduce`'s order and bits over dims (0, 2, …) (element (k, c):
     ``bits64(key, k·C + c)``): with at least :data:`COLUMN_SUMS_MIN` channels
-    :func:`_column_sums` over the whole, each step one tile of the C channels; with
+    ``scan_kernels.scan_columns`` over the whole (the scan's own steps), each step one
+    tile of the C channels; with
     fewer, ``scan_kernels._rows`` on the channels' rows (their chains stepped together)."""
     C = out.size
     if C >= COLUMN_SUMS_MIN:
-        _column_sums(t, out, key, mode)
+        SK.scan_columns(t, out, key, mode, np.int64(C), np.int64(0))
     else:
         SK._rows(t.reshape(C, t.size // C), out, np.uint64(key), mode, np.int64(C),
                  np.int64(0))
@@ -605,7 +577,8 @@ def layer_norm_backward(g, x, w, has_w, mean, rstd, nk, keys, mode, gi, want_i, 
     ``c2 = Σ_k c1`` (the rows' sums, ``scan_kernels._rows``), ``c3 = RND(x̂ · c2)``,
     ``inner = RND(RND(a − b) − c3)``; then where ``want_i`` ``gi = RND(RND(rstd / K) ·
     inner)``, where ``want_w`` ``gw = Σ_m RND(g · x̂)`` and where ``want_b`` ``gb = Σ_m
-    g`` (the columns' sums, :func:`_column_sums`)."""
+    g`` (the columns' sums, ``scan_kernels.scan_columns``: the scan's, as
+    :func:`flop.reduce` sums leading dims)."""
     dt = x.dtype
     sub, mul, div = np.int64(K.OP_SUB), np.int64(K.OP_MUL), np.int64(K.OP_DIV)
     z, o = np.int64(0), np.int64(1)
@@ -649,10 +622,10 @@ def layer_norm_backward(g, x, w, has_w, mean, rstd, nk, keys, mode, gi, want_i, 
         k += 2
     if want_w:
         _rounded(mul, g, xh, xm, keys[k], mode)
-        _column_sums(xm.reshape(M, Kd), gw, keys[k + 1], mode)
+        SK.scan_columns(xm.reshape(M, Kd), gw, keys[k + 1], mode, Kd, z)
         k += 2
     if want_b:
-        _column_sums(g.reshape(M, Kd), gb, keys[k], mode)
+        SK.scan_columns(g.reshape(M, Kd), gb, keys[k], mode, Kd, z)
 
 
 @njit(cache=True, error_model="numpy")
@@ -888,11 +861,10 @@ def native_layer_norm_backward(ctx, args, kwargs, nkeys: int):
     stat = (*x.shape[:x.dim() - nd], *([1] * nd))
     want = [bool(mask[0]), bool(mask[1]) and weight is not None,
             bool(mask[2]) and bias is not None] if len(mask) == 3 else None
-    # (K read in x's dtype by the scalar path: exact for binary32 up to 2^24; the rows'
-    # sums as flop.reduce takes them, by rows, not by the scan of a transposed copy; the
-    # columns' sums by the scan's tiles, as kernels.scan takes them)
+    # (K read in x's dtype by the scalar path: exact for binary32 up to 2^24; the
+    # columns' sums by the scan's tiles, which kernels.scan takes for binary64 from
+    # SCAN64_MIN_COLUMNS columns)
     if (want is None or k < 2 or m < 2 or not (dt is torch.float64 or k <= 1 << 24)
-            or (m >= PW.ROW_M_MIN and k > PW.ROW_K_MAX)
             or (dt is torch.float64 and not (KN.SCAN64_FAST and k >= KN.SCAN64_MIN_COLUMNS))
             or not (isinstance(g, torch.Tensor) and g.shape == x.shape and g.dtype is dt
                     and g.is_cpu)
@@ -1147,9 +1119,7 @@ def softmax_backward_op(ctx, args, kwargs, nkeys: int):
     """``aten._softmax_backward_data`` over the last dim (:func:`softmax_backward`, four
     keys), its result contiguous as the decomposition's; None where not served: another
     dim, an input dtype other than the gradient's, operands whose strides are not in C order (the
-    decomposition's product, whose rows it sums, would not be contiguous), rows longer
-    than ``pointwise.ROW_K_MAX`` in a whole of ``ROW_M_MIN`` rows or more (summed by
-    ``flop.reduce`` as a transposed copy)."""
+    decomposition's product, whose rows it sums, would not be contiguous)."""
     a = _arguments(args, kwargs, ("grad_output", "output", "dim", "input_dtype"))
     if a is None or not SOFTMAX_BACKWARD or nkeys != 4:
         return None
@@ -1163,7 +1133,7 @@ def softmax_backward_op(ctx, args, kwargs, nkeys: int):
         return None
     L = y.shape[-1]
     R = y.numel() // L
-    if L < 2 or (R >= PW.ROW_M_MIN and L > PW.ROW_K_MAX):
+    if L < 2:
         return None
     out = torch.empty(y.shape, dtype=y.dtype)
     softmax_backward(LK.flat32(g), LK.flat32(y), ctx.stream_keys(4), ctx.code,

@@ -18,6 +18,13 @@ fallback). Tested bit for bit against ``kernels.scan``.
 keys, element indices and kernels (tested bit for bit against the tensor steps,
 ``flop.USE_ROWVAR = False``), binary32 or binary64 (a float64 array: the rows' chains
 or blocks and the binary64 tiles of ``pointwise``; ``flop.USE_ROWVAR64``).
+
+:func:`scan_columns` sums down the columns of a (K, M) array by ``kernels.scan``'s own
+steps: the compiled norms' sums over leading dims (batch norm's channels, layer norm's
+weight and bias gradients) and, after a transposition in cache, rows longer than
+``pointwise.ROW_K_MAX`` (:func:`_long_rows`), which ``flop.reduce`` scans as a
+transposed copy. It keeps the scan's NaN where NaNs of both signs meet (the accumulated
+one), which ``pointwise``'s row blocks do not.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from numba.extending import overload
 from numvar.rounding import kernels as K
 
 from . import pointwise as PW
-from .kernels import _bits, _fast32, chain_add64
+from .kernels import _bits, _fast32, _scan_full, _scan_step, chain_add64
 
 
 @njit(inline="always", error_model="numpy")
@@ -82,7 +89,8 @@ def _rows(x, out, key, mode, Mg, mg0):  # pragma: no cover - replaced by its ove
     blocks for many (the same bits; a row's value does not depend on its block, so a part
     of the rows is computed as in the whole). binary64 (float64 arrays, 53 bits): the row
     blocks (their binary64 tiles, ``pointwise._tile64``) for many rows, the rows' chains
-    (:func:`_row_chains64`) for few."""
+    (:func:`_row_chains64`) for few. Rows longer than ``pointwise.ROW_K_MAX`` in a whole
+    of many: :func:`_long_rows` (``flop.reduce`` scans those as a transposed copy)."""
 
 
 @overload(_rows)
@@ -91,6 +99,8 @@ def _rows_impl(x, out, key, mode, Mg, mg0):
         def wide(x, out, key, mode, Mg, mg0):
             if Mg < PW.ROW_M_MIN:
                 _row_chains64(x, out, key, mode, Mg, mg0)
+            elif x.shape[1] > PW.ROW_K_MAX:
+                _long_rows(x, out, key, mode, Mg, mg0)
             else:
                 _row_blocks(x, out, key, mode, Mg, mg0)
         return wide
@@ -100,9 +110,52 @@ def _rows_impl(x, out, key, mode, Mg, mg0):
         if Mg < PW.ROW_M_MIN:
             # runtime bools, as flop.reduce passes them (constants would compile a copy)
             rowscan32(x, out.reshape(M, 1), key, mode, np.bool_(False), np.bool_(False))
+        elif x.shape[1] > PW.ROW_K_MAX:
+            _long_rows(x, out, key, mode, Mg, mg0)
         else:
             _row_blocks(x, out, key, mode, Mg, mg0)
     return narrow
+
+
+@njit(inline="always")
+def _long_rows(x, out, key, mode, Mg, mg0):
+    """:func:`_rows` of rows longer than ``pointwise.ROW_K_MAX`` (in a whole of
+    ``ROW_M_MIN`` rows or more), which ``flop.reduce`` sums as ``kernels.scan`` of a
+    transposed copy: the same, by :func:`scan_columns` on x transposed in cache."""
+    M, Kd = x.shape
+    t = np.empty((Kd, M), x.dtype)
+    PW._transpose_rows(x, t, 0, M)
+    scan_columns(t, out, key, mode, Mg, mg0)
+
+
+@njit(cache=True, error_model="numpy")
+def scan_columns(t, out, key, mode, Mg, mg0):  # pragma: no cover - compiled
+    """Sums down the columns of t (K, M) into ``out`` (M,), t the columns mg0 .. mg0 + M
+    of a (K, Mg) whole (int64s), by the scan's own steps: ``kernels._scan_step`` in sr,
+    ieee, ud and random, ``kernels._scan_full`` for the elements it declines and for
+    every element in the other modes: ``kernels.scan``'s order and bits on the whole
+    (element (k, j): ``bits64(key, k·Mg + mg0 + j)``; binary32 at 24 bits or binary64 at
+    53), NaN signs included: where NaNs of both signs meet in a sum, the scan keeps the
+    accumulated one, ``pointwise._colsums``' tiles (the row blocks') the other."""
+    Kd, M = t.shape
+    PW.copy_into(out, t[0])
+    bad = np.empty(M, np.bool_)
+    ukey = np.uint64(key)
+    fast = mode <= K.MODE_RANDOM
+    mul = np.bool_(Kd < 0)  # (False, as a runtime value, as the scan's callers pass it)
+    for k in range(1, Kd):
+        q0 = np.uint64(k) * np.uint64(Mg) + np.uint64(mg0)
+        x = t[k]
+        if fast:
+            nbad = _scan_step(out, x, ukey, q0, mode, mul, bad)
+        else:
+            bad[:] = True
+            nbad = M
+        if nbad != 0:
+            for j in range(M):
+                if bad[j]:
+                    out[j] = _scan_full(out[j], x[j], mode, mul,
+                                        _bits(ukey, q0 + np.uint64(j)))
 
 
 @njit(inline="always")
