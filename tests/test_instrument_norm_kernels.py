@@ -714,8 +714,21 @@ def test_long_rows_keep_the_scans_nan_signs(monkeypatch, dtype):
     groups are that long give the decomposition's bits (NaN signs included) with the
     kernels (USE_KERNEL) and without; the kernels ran."""
     monkeypatch.setattr(MD, "_FUSED_SEEN", {})
+    # (the forward kernels call each other from compiled code, where a counting wrapper
+    # must not stand: their fused entries are counted where they serve a call)
+    served = []
+
+    def counted(op, real):
+        def fused(*args):
+            out = real(*args)
+            if out is not None:
+                served.append(op)
+            return out
+        return fused
+
+    for op in (LN, torch.ops.aten._softmax.default):
+        monkeypatch.setitem(MD._FUSED, op, counted(op, MD._FUSED[op]))
     calls = {k: count_calls(monkeypatch, NK, k) for k in (
-        "layer_norm_rows", "layer_norm_par", "softmax_sub", "softmax_par",
         "layer_norm_backward", "softmax_backward", "group_norm")}
     gen = torch.Generator().manual_seed(13)
     rows, k = PW.ROW_M_MIN + 1, PW.ROW_K_MAX + 4
@@ -744,10 +757,8 @@ def test_long_rows_keep_the_scans_nan_signs(monkeypatch, dtype):
         return outs
 
     fast = run(True)
-    # (the forward kernels in one call or in runs of rows, as the threads allow)
-    assert all(calls[a] or calls[b] for a, b in [("layer_norm_rows", "layer_norm_par"),
-                                                 ("softmax_sub", "softmax_par")])
-    assert all(calls[k] for k in ("layer_norm_backward", "softmax_backward", "group_norm"))
+    assert set(served) == {LN, torch.ops.aten._softmax.default}
+    assert all(calls.values())
     for a, b in zip(fast, run(False)):
         _same(a, b)
 

@@ -1118,26 +1118,25 @@ def safe_softmax(ctx, args, kwargs, nkeys: int):
 def softmax_backward_op(ctx, args, kwargs, nkeys: int):
     """``aten._softmax_backward_data`` over the last dim (:func:`softmax_backward`, four
     keys), its result contiguous as the decomposition's; None where not served: another
-    dim, an input dtype other than the gradient's, operands whose strides are not in C order (the
-    decomposition's product, whose rows it sums, would not be contiguous)."""
+    dim, an input dtype other than the gradient's, operands whose strides are not in C
+    order (the decomposition's product, whose rows it sums, would not be contiguous)."""
     a = _arguments(args, kwargs, ("grad_output", "output", "dim", "input_dtype"))
     if a is None or not SOFTMAX_BACKWARD or nkeys != 4:
         return None
     g, y, dim, input_dtype = a
-    if (not isinstance(dim, int) or not isinstance(y, torch.Tensor)
-            or not _input_ok(ctx, y.contiguous(), SOFTMAX64)
-            or not _size_ok(y, False) or dim % y.dim() != y.dim() - 1
+    if not (isinstance(dim, int) and isinstance(y, torch.Tensor) and y.dim() > 0
+            and y.shape[-1] >= 2 and LK.c_ordered(y)):
+        return None
+    yc = y.detach().contiguous()
+    if (not _input_ok(ctx, yc, SOFTMAX64) or not _size_ok(yc, False)
+            or dim % y.dim() != y.dim() - 1
             or not (isinstance(g, torch.Tensor) and g.shape == y.shape and g.is_cpu
-                    and g.dtype is y.dtype is input_dtype)
-            or not (LK.c_ordered(g) and LK.c_ordered(y))):
+                    and g.dtype is y.dtype is input_dtype and LK.c_ordered(g))):
         return None
     L = y.shape[-1]
-    R = y.numel() // L
-    if L < 2:
-        return None
     out = torch.empty(y.shape, dtype=y.dtype)
-    softmax_backward(LK.flat32(g), LK.flat32(y), ctx.stream_keys(4), ctx.code,
-                     out.numpy().reshape(-1), R, L)
+    softmax_backward(LK.flat32(g), yc.view(-1).numpy(), ctx.stream_keys(4), ctx.code,
+                     out.numpy().reshape(-1), y.numel() // L, L)
     return out
 
 
