@@ -201,6 +201,28 @@ def _ln_backward_cases(dtype):
     return out
 
 
+def _kernel_and_decomposition(monkeypatch, kernel: str, flag: str, mode: str, body,
+                              calls: int) -> list:
+    """``body()`` (a list of tensors) in a flop block of ``mode`` with ``NK.<flag>`` on and
+    off (the first call of each signature records the decomposition): the outputs (their
+    strides too), stream position and report equal; ``NK.<kernel>`` ran ``calls`` times,
+    all with the flag on. Returns the outputs."""
+    monkeypatch.setattr(MD, "_FUSED_SEEN", {})
+    counted = count_calls(monkeypatch, NK, kernel)
+    runs = []
+    for use in (True, False):
+        monkeypatch.setattr(NK, flag, use)
+        with fuzzy(mode=mode, granularity="flop", seed=7) as fz:
+            outs = body()
+            runs.append((outs, fz.stream.counter, fz.report().to_dict()))
+        assert len(counted) == calls
+    (fast, *rest), (ref, *rest_ref) = runs
+    assert len(fast) == len(ref) and rest == rest_ref
+    for a, b in zip(fast, ref):
+        _same(a, b)
+    return fast
+
+
 @pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random", "down", "up"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_layer_norm_backward_matches_decomposition(monkeypatch, mode, dtype):
@@ -208,33 +230,24 @@ def test_layer_norm_backward_matches_decomposition(monkeypatch, mode, dtype):
     records the decomposition), then a training step of F.layer_norm twice: every
     gradient (strides too), stream position and report equal with the kernel and with
     the decomposition (LAYER_NORM_BACKWARD off); the kernel ran for every later call."""
-    monkeypatch.setattr(MD, "_FUSED_SEEN", {})
-    calls = count_calls(monkeypatch, NK, "layer_norm_backward")
     cases = _ln_backward_cases(dtype)
 
-    def run(use):
-        monkeypatch.setattr(NK, "LAYER_NORM_BACKWARD", use)
+    def body():
         outs = []
-        with fuzzy(mode=mode, granularity="flop", seed=7) as fz:
-            for case in cases:
-                for _ in range(3):
-                    outs += [t for t in LNB(*case) if t is not None]
-            for _ in range(2):
-                x = _data((6, 12), dtype=dtype).requires_grad_()
-                w = torch.linspace(-1, 2, 12, dtype=dtype, requires_grad=True)
-                b = torch.zeros(12, dtype=dtype, requires_grad=True)
-                (F.layer_norm(x, [12], w, b) * torch.arange(12.0, dtype=dtype)).sum().backward()
-                outs += [x.grad, w.grad, b.grad]
-            return outs, fz.stream.counter, fz.report().to_dict()
+        for case in cases:
+            for _ in range(3):
+                outs += [t for t in LNB(*case) if t is not None]
+        for _ in range(2):
+            x = _data((6, 12), dtype=dtype).requires_grad_()
+            w = torch.linspace(-1, 2, 12, dtype=dtype, requires_grad=True)
+            b = torch.zeros(12, dtype=dtype, requires_grad=True)
+            (F.layer_norm(x, [12], w, b) * torch.arange(12.0, dtype=dtype)).sum().backward()
+            outs += [x.grad, w.grad, b.grad]
+        return outs
 
-    fast = run(True)
-    assert len(calls) == 2 * len(cases) + 1
-    ref = run(False)
-    assert len(calls) == 2 * len(cases) + 1
-    assert len(fast[0]) == len(ref[0]) == 3 * 13 + 6
-    for a, b in zip(fast[0], ref[0]):
-        _same(a, b)
-    assert fast[1:] == ref[1:]
+    outs = _kernel_and_decomposition(monkeypatch, "layer_norm_backward",
+                                     "LAYER_NORM_BACKWARD", mode, body, 2 * len(cases) + 1)
+    assert len(outs) == 3 * 13 + 6
 
 
 @pytest.mark.parametrize("channels", [3, 16])
@@ -667,30 +680,19 @@ def test_softmax_backward_matches_decomposition(monkeypatch, mode, dtype):
     stream position and report equal with the kernel and with the decomposition
     (SOFTMAX_BACKWARD off); the kernel ran for the later calls of every case but the
     column-major gradient."""
-    monkeypatch.setattr(MD, "_FUSED_SEEN", {})
-    calls = count_calls(monkeypatch, NK, "softmax_backward")
     cases = _softmax_backward_cases(dtype)
 
-    def run(use):
-        monkeypatch.setattr(NK, "SOFTMAX_BACKWARD", use)
-        outs = []
-        with fuzzy(mode=mode, granularity="flop", seed=8) as fz:
-            for case in cases:
-                outs += [SMB(*case) for _ in range(3)]
-            for _ in range(2):
-                x = torch.randn(6, 9, generator=torch.Generator().manual_seed(4),
-                                dtype=dtype, requires_grad=True)
-                (F.softmax(x, -1) * torch.arange(9.0, dtype=dtype)).sum().backward()
-                outs.append(x.grad)
-            return outs, fz.stream.counter, fz.report().to_dict()
+    def body():
+        outs = [SMB(*case) for case in cases for _ in range(3)]
+        for _ in range(2):
+            x = torch.randn(6, 9, generator=torch.Generator().manual_seed(4), dtype=dtype,
+                            requires_grad=True)
+            (F.softmax(x, -1) * torch.arange(9.0, dtype=dtype)).sum().backward()
+            outs.append(x.grad)
+        return outs
 
-    fast = run(True)
-    assert len(calls) == 2 * (len(cases) - 1) + 1
-    ref = run(False)
-    assert len(calls) == 2 * (len(cases) - 1) + 1
-    for a, b in zip(fast[0], ref[0]):
-        _same(a, b)
-    assert fast[1:] == ref[1:]
+    _kernel_and_decomposition(monkeypatch, "softmax_backward", "SOFTMAX_BACKWARD", mode,
+                              body, 2 * (len(cases) - 1) + 1)
 
 
 def test_softmax_backward_declines(monkeypatch):

@@ -190,22 +190,14 @@ def _backward_operands(ctx, args, kwargs, nkeys: int, want: int):
     return LK.flat32(g), LK.flat32(x), out, keys
 
 
-def _run_backward(ctx, args, kwargs, nkeys: int, swish: bool):
-    ops = _backward_operands(ctx, args, kwargs, nkeys,
-                             HARDSWISH_BACKWARD_KEYS if swish else HARDSIGMOID_BACKWARD_KEYS)
+def _run_backward(ctx, args, kwargs, nkeys: int, want: int, kernel, which: bool):
+    """``kernel(g, x, out, keys, which, mode)`` on :func:`_backward_operands`' arrays, or
+    None where those decline."""
+    ops = _backward_operands(ctx, args, kwargs, nkeys, want)
     if ops is None:
         return None
     g, x, out, keys = ops
-    _hard_backward32(g, x, out.view(-1).numpy(), keys, swish, ctx.code)
-    return out
-
-
-def _run_sigmoid_tanh_backward(ctx, args, kwargs, nkeys: int, tanh: bool):
-    ops = _backward_operands(ctx, args, kwargs, nkeys, SIGMOID_TANH_BACKWARD_KEYS)
-    if ops is None:
-        return None
-    g, y, out, keys = ops
-    _sigmoid_tanh_backward32(g, y, out.view(-1).numpy(), keys, tanh, ctx.code)
+    kernel(g, x, out.view(-1).numpy(), keys, which, ctx.code)
     return out
 
 
@@ -239,22 +231,26 @@ def hardsigmoid(ctx, args, kwargs, nkeys: int):
 def hardswish_backward(ctx, args, kwargs, nkeys: int):
     """``aten.hardswish_backward`` of binary32 CPU tensors as its decomposition computes it
     at flop granularity (three keys), or None (the decomposition runs)."""
-    return _run_backward(ctx, args, kwargs, nkeys, True)
+    return _run_backward(ctx, args, kwargs, nkeys, HARDSWISH_BACKWARD_KEYS, _hard_backward32,
+                         True)
 
 
 def hardsigmoid_backward(ctx, args, kwargs, nkeys: int):
     """``aten.hardsigmoid_backward`` of binary32 CPU tensors as its decomposition computes
     it at flop granularity (one key), or None (the decomposition runs)."""
-    return _run_backward(ctx, args, kwargs, nkeys, False)
+    return _run_backward(ctx, args, kwargs, nkeys, HARDSIGMOID_BACKWARD_KEYS,
+                         _hard_backward32, False)
 
 
 def sigmoid_backward(ctx, args, kwargs, nkeys: int):
     """``aten.sigmoid_backward`` of binary32 CPU tensors as its decomposition computes it
     at flop granularity (three keys), or None (the decomposition runs)."""
-    return _run_sigmoid_tanh_backward(ctx, args, kwargs, nkeys, False)
+    return _run_backward(ctx, args, kwargs, nkeys, SIGMOID_TANH_BACKWARD_KEYS,
+                         _sigmoid_tanh_backward32, False)
 
 
 def tanh_backward(ctx, args, kwargs, nkeys: int):
     """``aten.tanh_backward`` of binary32 CPU tensors as its decomposition computes it at
     flop granularity (three keys), or None (the decomposition runs)."""
-    return _run_sigmoid_tanh_backward(ctx, args, kwargs, nkeys, True)
+    return _run_backward(ctx, args, kwargs, nkeys, SIGMOID_TANH_BACKWARD_KEYS,
+                         _sigmoid_tanh_backward32, True)
