@@ -172,9 +172,9 @@ _NAN_SIGNS = torch.tensor([-0x400000, 0x7FC00000], dtype=torch.int32).view(torch
 
 def _ln_backward_cases(dtype):
     """(g, x, normalized_shape, mean, rstd, weight, bias, output_mask) of
-    native_layer_norm_backward: many rows (row blocks) and few (row scans), at least
-    COLUMN_SUMS_MIN columns and fewer (the transposed column sums), one and two normalised
-    dims, weight and bias or neither, every output or some, a transposed gradient; x
+    native_layer_norm_backward: many rows (row blocks) and few (row scans), few and many
+    columns (the scan's column tiles), one and two normalised dims, weight and bias or
+    neither, every output or some, a transposed gradient; x
     with _data's inf, NaN, constant and overflowing rows, g with inf and a subnormal; mean
     and rstd from the forward (in float64: only their values matter)."""
     gen = torch.Generator().manual_seed(12)
@@ -740,8 +740,9 @@ def test_long_rows_keep_the_scans_nan_signs(monkeypatch, dtype):
     gy = torch.randn(rows, k, generator=gen, dtype=dtype)
     gy[5, 1:3] = _NAN_SIGNS.to(dtype)
     w = torch.randn(k, generator=gen, dtype=dtype)
-    xg = torch.randn(2, 16, 32, 32, generator=gen, dtype=dtype)  # 2 groups of 8 192
+    xg = torch.randn(8, 16, 32, 32, generator=gen, dtype=dtype)  # 16 groups of 8 192
     xg[0, 0, 0, :2] = _NAN_SIGNS.to(dtype)
+    xg[5, 9, 3, 4:6] = _NAN_SIGNS.flip(0).to(dtype)
     wg = torch.randn(16, generator=gen, dtype=dtype)
 
     def run(use):
