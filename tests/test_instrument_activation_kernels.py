@@ -202,3 +202,39 @@ def test_sigmoid_tanh_backward_matches_the_decomposition(monkeypatch, mode, op):
         assert a.shape == b.shape and a.stride() == b.stride()
         assert torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
     assert fast[1:] == ref[1:]
+
+
+@pytest.mark.parametrize("mode", ["sr", "down"])
+def test_hard_backward_of_slices_matches_the_decomposition(monkeypatch, mode):
+    """hardswish_backward and hardsigmoid_backward called directly on slices of wider
+    tensors (strides in C order, not contiguous: the kernel takes them) and on a
+    transposed x (declined): results (strides too), stream position and report equal
+    with and without the kernel."""
+    monkeypatch.setattr(MO, "_FUSED_SEEN", {})
+    served = []
+    real_kernel = AK._hard_backward32
+    monkeypatch.setattr(AK, "_hard_backward32",
+                        lambda *a: served.append(1) or real_kernel(*a))
+    gen = torch.Generator().manual_seed(17)
+    wide = torch.randn(6, 40, generator=gen) * 4
+    wide[0, 10:13] = torch.tensor([-3.0, 3.0, float("nan")])
+    gw = torch.randn(6, 40, generator=gen)
+    pairs = [(gw[:, 20:30], wide[:, 10:20]), (gw[:, :10].contiguous(), wide[:, 10:20]),
+             (gw[:, :10], wide[:, :10].t().contiguous().t())]  # (the last: declined)
+    ops = (torch.ops.aten.hardswish_backward.default,
+           torch.ops.aten.hardsigmoid_backward.default)
+
+    def run(use):
+        monkeypatch.setattr(AK, "USE_KERNEL", use)
+        with fuzzy(mode=mode, granularity="flop", seed=3) as fz:
+            outs = [op(g, x) for op in ops for g, x in pairs for _ in range(3)]
+            return outs, fz.stream.counter, fz.report().to_dict()
+
+    fast = run(True)
+    assert len(served) == 2 * 2 * 2
+    ref = run(False)
+    assert len(served) == 2 * 2 * 2
+    for a, b in zip(fast[0], ref[0]):
+        assert a.shape == b.shape and a.stride() == b.stride()
+        assert torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+    assert fast[1:] == ref[1:]
