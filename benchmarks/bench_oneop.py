@@ -7,7 +7,7 @@ activations, a row-major copy of a column-major result, binary64's scalar quotie
 roots, scan steps, materialised broadcasts, variances in six tensor steps, layer, group
 and instance norms and softmaxes decomposed, training batch norm and batch norm's backward
 decomposed, the hard activations', sigmoid's, tanh's, layer norm's and softmax's backward decomposed, the norms of inputs of ``kernels.PARALLEL_MIN_WORK`` elements or more
-decomposed) and on, and natively; best of
+decomposed, sums over leading dims through the general reduction path) and on, and natively; best of
 ``--repeats`` interleaved rounds of ``--calls`` calls after a warm-up, each round timed
 by the thread's CPU time; ratios to native in the same run, and whether both settings
 give the same bits (the tests check that too: this measures the time).
@@ -94,6 +94,7 @@ def _activation_grad(fn):
 
 _GATES = torch.rand(2, 256, generator=g)
 _GATE_G = torch.randn(2, 64, generator=g)
+_SUM0 = torch.randn(32, 64, generator=g)
 _SM_X = (torch.randn(2, 2, 64, 64, generator=g) * 3).requires_grad_()
 _SM_GY = torch.randn(2, 2, 64, 64, generator=g)
 _LN_X = torch.randn(256, 128, generator=g).requires_grad_()
@@ -180,6 +181,8 @@ CASES = {
     "softmax, forward and backward (2, 2, 64, 64)": (
         "flop", ((norm_kernels, "SOFTMAX_BACKWARD"),), _activation_grad_of(
             lambda t: torch.softmax(t, -1), _SM_X, _SM_GY)),
+    "sum over dim 0 (a bias's gradient), (32, 64)": (
+        "flop", ((flop, "LEAN_SUMS"),), lambda: _SUM0.sum(0)),
     "layer_norm (512, 768)": ("flop", ((norm_kernels, "LARGE_INPUTS"),),
                               lambda: F.layer_norm(_L, [768], *_LW)),
     "group_norm (8, 64, 32, 32), 8 groups": ("flop", ((norm_kernels, "LARGE_INPUTS"),),

@@ -305,3 +305,61 @@ def test_lean_bmm_equals_the_general_contraction_path(mode, contraction, monkeyp
     lean = model()
     monkeypatch.setattr(FL, "LEAN_BMM", False)
     assert all(_same(x, y) for x, y in zip(lean, model()))
+
+
+@pytest.mark.parametrize("mode", MODES + ("up", "down"))
+def test_lean_sums_equal_the_general_reduction_path(mode, monkeypatch):
+    """flop.reduce's short path for binary32 sums and products over the leading dims of a
+    contiguous CPU tensor (LEAN_SUMS) against its general path, bit for bit and key for
+    key: one and two leading dims, keepdim, a product, inf, NaN and NaNs of both signs in
+    a column (their bits compared), strided tensors and a virtual precision (the general
+    path both),
+    the trailing dims (their own path) in between; and a linear layer's gradients
+    (its bias's sum over the batch) through a fuzzy block."""
+    from numvar.instrument import flop as FL
+
+    x = _gen(6, 5, 7, seed=40)
+    x[0, 1, 2], x[3, 1, 2] = float("inf"), float("nan")
+    x[1, 0, 0], x[2, 0, 0] = torch.tensor([-0x400000, 0x7FC00000],
+                                          dtype=torch.int32).view(torch.float32)
+    calls = [(x, [0], False, False), (x, [0, 1], True, False), (x, [0], False, True),
+             (x[:, :, :4], [0], False, False), (x.mT, [0], False, False),
+             (x, [2], False, False), (x, [1, 0], False, False)]
+
+    general_calls = []
+    real_scan = FL._policy_scan
+    monkeypatch.setattr(FL, "_policy_scan",
+                        lambda *a, **k: general_calls.append(1) or real_scan(*a, **k))
+
+    def run(lean, precision=None):
+        monkeypatch.setattr(FL, "LEAN_SUMS", lean)
+        general_calls.clear()
+        ctx = Ctx(mode, "flop", precision, R.Stream(12))
+        outs = [FL.reduce(t, d, ctx, keepdim=kd, mul=mu) for t, d, kd, mu in calls]
+        return outs, ctx.stream.counter, len(general_calls)
+
+    for precision in (None, 12):
+        (lean, n1, g1), (general, n2, g2) = run(True, precision), run(False, precision)
+        assert n1 == n2 == len(calls)
+        assert all(a.shape == b.shape and a.stride() == b.stride()
+                   and torch.equal(a.view(torch.int32), b.view(torch.int32))
+                   for a, b in zip(lean, general))
+        # (the short path: the four calls over leading dims of a contiguous tensor; the
+        # strided ones take the general path either way, the trailing dims their own;
+        # at a virtual precision every call takes the general path)
+        assert (g1, g2) == ((2, 6) if precision is None else (7, 7))
+
+    import numvar
+
+    lin = torch.nn.Linear(7, 3)
+
+    def grads():
+        lin.zero_grad()
+        with numvar.fuzzy(mode=mode, granularity="flop", seed=3):
+            lin(_gen(4, 6, 7, seed=41)).square().sum().backward()
+        return [lin.weight.grad.clone(), lin.bias.grad.clone()]
+
+    monkeypatch.setattr(FL, "LEAN_SUMS", True)
+    lean = grads()
+    monkeypatch.setattr(FL, "LEAN_SUMS", False)
+    assert all(_same(a, b) for a, b in zip(lean, grads()))

@@ -449,6 +449,14 @@ def _trailing(x: torch.Tensor, dims: list[int]) -> bool:
     return all(d > last_kept for d in dims if shape[d] != 1)
 
 
+#: binary32 sums and products over the leading dims of a contiguous CPU tensor at 24 bits
+#: on the numba backend (a bias's gradient, a column sum) straight to the scan on the
+#: tensor's own (K, M) array, without the general path's steps that are identities there
+#: (the accumulation policy, the backend choice, the casts): the same key, kernel call
+#: and bits; False: the general path, which the tests compare it with. A (32, 64) sum
+#: over dim 0 at flop SR took 47 µs a call through the general path, 5.5 in the scan
+LEAN_SUMS = True
+
 #: float64 sums and products over the trailing dims of a contiguous tensor with many
 #: rows by the row kernels (``pointwise.rowsum32`` on float64 rows), without the
 #: transposed copy the scan reads; False: the scan, which the tests compare it with
@@ -484,6 +492,12 @@ def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool =
             SK.rowscan32(rows, arr, np.uint64(key), ctx.code, mul, False)
         else:
             arr = PW.rowsum32(rows, key, ctx.code, mul=mul)
+        res = torch.from_numpy(arr).reshape(out_shape)
+    elif (LEAN_SUMS and dtype is torch.float32 and ctx._t32 and x.is_cpu
+          and x.is_contiguous() and dims[-1] == len(dims) - 1
+          and not _environ.get(FLOP_BACKEND_ENV)):
+        # leading dims of a contiguous tensor: x viewed as (k, m) is the scan's operand
+        arr = KN.scan(PW.array(x).reshape(k, m), ctx.stream.next_key(), ctx.code, 24, mul=mul)
         res = torch.from_numpy(arr).reshape(out_shape)
     elif (ROW_SUMS64 and dtype is torch.float64 and ctx.bits(dtype) == 53 and ctx._numba
           and ctx.target(dtype) is None and x.is_cpu and _trailing(x, dims)
