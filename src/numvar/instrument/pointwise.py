@@ -952,6 +952,10 @@ RBLOCK_ELEMS = 1 << 15
 #: arithmetic (one thread, sr, Zen 4, ns per element of 64 rows of 8192, the rows per
 #: block of 4 / 16 / 32 / 64: 7.7 / 3.5 / 3.0 / 2.8 before the tiled transposition below)
 RBLOCK_MIN = 64
+#: the longest reduction, and the fewest rows, :func:`rowsum32` is used for (the (K, M)
+#: scan serves the rest)
+ROW_K_MAX = 4096
+ROW_M_MIN = 16
 
 
 @njit(inline="always")
@@ -960,10 +964,6 @@ def block_rows(M, Kd):
     ``RBLOCK_ELEMS`` elements hold, at most ``RBLOCK``, at least ``RBLOCK_MIN`` (or M).
     The sums do not depend on it."""
     return max(1, min(RBLOCK, M, max(RBLOCK_ELEMS // Kd, RBLOCK_MIN)))
-#: the longest reduction, and the fewest rows, :func:`rowsum32` is used for (the (K, M)
-#: scan serves the rest)
-ROW_K_MAX = 4096
-ROW_M_MIN = 16
 
 
 @njit(inline="always", error_model="numpy")
