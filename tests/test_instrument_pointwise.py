@@ -508,6 +508,87 @@ def test_lo32_is_round_core_where_it_accepts():
         assert (on_grid_below & inside & ~lowest & ok).sum() > 1000, mode  # taken, not declined
 
 
+@njit(error_model="numpy")
+def _moot_all(h, lo, key, mode, out, ok):
+    """The fast path's value of each (h, lo) pair and whether the residual loop of
+    :func:`pointwise._tile_lo` accepts it (sr, ieee, ud: :func:`kernels.residual_moot`)."""
+    for j in range(h.size):
+        r = RK.bits64(np.uint64(key), np.uint64(j))
+        v, good = KN._fast32(h[j], r, mode)
+        out[j] = v
+        ok[j] = good & ((lo[j] == 0.0) | (not (abs(h[j]) < np.inf))
+                        | KN.residual_moot(h[j], r, mode))
+
+
+def test_inexact_sums_on_the_fast_path():
+    """:func:`kernels.residual_moot`: where it accepts an inexact float64 sum ``h`` (its
+    residual ``lo`` ≠ 0), the fast path's value of ``h`` alone equals the core's rounding
+    of ``h + lo`` (``round_f32(h, lo)``). Pairs built around each element's random bits:
+    for sr, the low 29 bits of h at ``q + d`` (``q = r >> 35``, d = −2 … 2: d = −1 and 2
+    are the closest accepted decisions, 0 and 1 the declined ones), and at 0 (on the
+    binary32 grid, with the exact value just above or just below it, below a power of
+    two too); residuals of both signs from 2**-40 to 0.49 of a float64 ulp; magnitudes
+    across binary32's range and its edges (the lowest binade: declined). For ieee and ud
+    the half-way low bits (the tie: declined) and their neighbours. Also the whole
+    residual loop against the core on sums of binary32 values with tiny terms."""
+    rng = np.random.default_rng(3)
+    n = 40000
+    key = 0x5151_7A7A_0101_FEFE
+    q = np.array([int(RK.bits64(np.uint64(key), np.uint64(j))) >> 35 for j in range(n)],
+                 dtype=np.int64)
+    e = rng.integers(-126, 128, n)
+    e[:200] = -126  # the lowest binade
+    e[200:400] = 127
+    frac_hi = rng.integers(0, 1 << 23, n, dtype=np.int64)  # the binary32 part of h
+    d = rng.integers(-2, 3, n)
+    low = (q + d) % (1 << 29)
+    kind = rng.random(n)
+    low[kind < 0.2] = 0  # on the grid
+    frac_hi[kind < 0.05] = 0  # a power of two
+    low[(kind >= 0.2) & (kind < 0.3)] = 1 << 28  # half-way
+    low[(kind >= 0.3) & (kind < 0.35)] = (1 << 28) + rng.choice([-1, 1], 1)[0]
+    bits = ((e + 1023).astype(np.uint64) << np.uint64(52)) | (
+        frac_hi.astype(np.uint64) << np.uint64(29)) | low.astype(np.uint64)
+    h = bits.view(np.float64) * np.where(rng.random(n) < 0.5, -1.0, 1.0)
+    ulp = np.spacing(np.abs(h))
+    lo = rng.choice([0.49, 0.25, 2.0 ** -20, 2.0 ** -40], n) * rng.choice([-1.0, 1.0], n) * ulp
+    for mode in MODES:
+        m = RK.mode_code(mode)
+        got = np.empty(n, np.float32)
+        ok = np.empty(n, np.bool_)
+        want = np.empty(n, np.float32)
+        _moot_all(h, lo, key, m, got, ok)
+        _core_all(h, lo, key, m, want)
+        assert _same(torch.from_numpy(got[ok]), torch.from_numpy(want[ok])), mode
+        lowb = (h.view(np.uint64) & np.uint64((1 << 29) - 1)).astype(np.int64)
+        lowest = e == -126
+        if mode == "sr":
+            declined = ((lowb - q) % (1 << 29) <= 1) | lowest
+        elif mode == "random":
+            declined = lowb == 0
+        else:
+            declined = lowb == 1 << 28
+            if mode == "ud":
+                declined |= lowest  # (the fast path's own range for ud)
+        assert not ok[declined].any(), mode  # declined exactly where documented
+        assert ok[~declined].all(), mode
+        assert ok.sum() > n // 2, mode
+    # the residual loop itself, against the core, on sums of binary32 values: tiny terms
+    # (2**-30 .. 2**-70 of the other) of both signs, on and off the grid, powers of two
+    x = rng.standard_normal(n).astype(np.float32)
+    x[rng.random(n) < 0.2] = np.float32(2.0) ** rng.integers(-20, 20)
+    tiny = rng.standard_normal(n) * np.exp2(-rng.integers(30, 70, n))
+    y = (np.abs(x).astype(np.float64) * tiny).astype(np.float32)
+    for mode in MODES:
+        m = RK.mode_code(mode)
+        for opc in (RK.OP_ADD, RK.OP_SUB):
+            want = np.empty_like(x)
+            _core_binary_all(opc, x, y, key, m, want)
+            got = np.full(n, np.nan, np.float32)
+            _round_into_op(opc, x, y, key, m, got, True)
+            assert _same(torch.from_numpy(got), torch.from_numpy(want)), (mode, opc)
+
+
 def test_serial_and_parallel_kernels_agree(monkeypatch):
     rng = np.random.default_rng(6)
     a, b = _t(rng, (300, 70)), _t(rng, (70,))

@@ -337,6 +337,50 @@ def _fast32(x, r, mode):
     return v, ok
 
 
+_HALF29 = np.uint64(1 << 28)  # half a binary32 ulp in the low bits of a float64 pattern
+
+
+@njit(inline="always")
+def residual_moot(x, r, mode):
+    """Whether :func:`_fast32`'s value of the float64 ``x`` with the bits ``r`` (sr, ieee,
+    ud, random) is also the rounding core's value of the exact ``x + e`` for every
+    residual ``0 < |e| <= ulp64(x)/2``: the TwoSum residual of an inexact float64 sum
+    ``x`` of two binary32 values, which the core rounds with ``lo32_fast(x, e)``. So an
+    inexact sum need not be declined where this holds (sums of values of very different
+    magnitudes: an FFT's products by cos(π/2) added to O(1) parts).
+
+    Proof, for ``H = |x|`` in binary32's normal range, the low 29 bits ``low`` of its
+    pattern (the part below a binary32 ulp ``u``: ``H = A + low·u·2**-29``) and ``L`` the
+    residual with x's sign taken off (``|L| <= u·2**-30``):
+
+    * sr: ``_fast32`` adds ``w = 2**29 − 1 − q`` (``q = r >> 35``) to the pattern and
+      clears the low bits, so it rounds up iff ``low > q``. The core (``lo32_fast``)
+      rounds up iff ``(r >> 11) + 1 <= (D + L)/u·2**53`` with ``D = low·u·2**-29``, the
+      right side within ``2**23`` of ``low·2**24``: the same decision for ``q <= low − 2``
+      and ``q >= low + 1``. For ``low = 0`` and ``L < 0`` the core starts from the
+      binary32 predecessor ``A'`` (spacing ``u' = u`` or ``u/2``) with ``(D + L)/u'`` within
+      ``2**-29`` of 1: it rounds up (to A, ``_fast32``'s value) unless ``q = 2**29 − 1``.
+      So declined: ``q ≡ low`` or ``q ≡ low − 1`` (mod 2**29), i.e. the low 29 bits of
+      ``pattern + w`` are 0 or all ones; and, to leave the grid below ``2**-126`` to the
+      core, the lowest binade.
+    * random (up by the top bit unless exact): the same decision unless ``low = 0``.
+    * ieee and ud (round to nearest, ud then one step by the top bit): ``D + L`` is below
+      ``u/2`` for ``low < 2**28`` and above it for ``low > 2**28`` (``|L|`` is below half
+      a float64 ulp of H), and for ``low = 0`` rounds to A from either side; declined: the
+      tie ``low = 2**28``.
+
+    ``tests/test_instrument_pointwise.py::test_inexact_sums_on_the_fast_path`` compares
+    the values with the core's at and around every declined case."""
+    b = _f64_bits(x)
+    low = b & _LOW29
+    if mode == _SR:
+        m = (b + ((~r) >> _U35)) & _LOW29
+        return (m != np.uint64(0)) & (m != _LOW29) & (((b >> _U52) & _EXPMASK) != _EMIN32)
+    if mode == _RANDOM:
+        return low != np.uint64(0)
+    return low != _HALF29
+
+
 @njit(inline="always")
 def _loop32(o, bb, aik, hk, jb, first, mode, bad):
     nbad = 0
