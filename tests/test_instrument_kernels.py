@@ -64,6 +64,11 @@ def _clean32_row(acc, jg, arow, b64, ukey, base, n, mode):
 
 
 @njit
+def _cleanm32_row(acc, jg, arow, b64, ukey, base, n):
+    KN._cleanm32(acc, jg, arow, b64, ukey, base, 0, n)
+
+
+@njit
 def _cleant32_row(acc, jg, arow, b64, ukey, base, n, mode, t):
     KN._cleant32(acc, jg, arow, b64, ukey, base, 0, n, mode, t)
 
@@ -577,6 +582,73 @@ def test_clean_rows_give_up_on_inexact_sums():
         assert bad.any() and not bad.all(), m
         assert _same(acc[~bad].astype(np.float32), ref[0][~bad]), m
         assert _same(KN.contract(a, b, 77, code, 24), ref), m
+
+
+def test_rows_that_give_up_run_again_taking_moot_residuals():
+    """A tiny element of ``a`` (a term far below the sum so far: the product of an
+    activation's tiny tail) makes the lanes of its row give up in the clean loops; such a
+    row tile runs again (sr) on ``_cleanm32``, which takes the inexact sums whose residual
+    cannot change the rounding (``kernels._moot``), before the lanes left go to the full
+    path. ``_cleanm32`` gives the reference's bits and gives up on no lane here;
+    ``contract`` equals the reference in every mode through the column kernel (3 × 17)
+    and the narrow kernel (64 × 8), rows where every lane gives up and rows where one
+    does."""
+    rng = np.random.default_rng(8)
+    for M, Kd, N in ((3, 33, 17), (64, 40, 8)):
+        a = rng.standard_normal((1, M, Kd)).astype(np.float32)
+        b = (rng.standard_normal((1, Kd, N)) * 0.05).astype(np.float32)
+        a[0, ::2, 5] = np.float32(1e-12)  # every lane of those rows gives up
+        a[0, 1, 0] = np.float32(2.0 ** -50)  # at k = 0: the first sum is inexact
+        b[0, 9, 3] = np.float32(3e-13)  # one lane of every row
+        assert KN.clean_rows(a, b, 1, 24).all()
+        b64 = b[0].astype(np.float64)
+        jg = np.arange(N, dtype=np.uint64) * np.uint64(RK.GAMMA)
+        for m in MODES:
+            code = RK.mode_code(m)
+            ref = KN.contract_reference(a, b, 31, code, 24)
+            # (nearly) every lane of those rows gave up: more than RERUN_SHARE allows
+            assert np.isnan(_clean32_direct(a, b, 31, code)[::2]).mean() > 0.9, m
+            if m == "sr":
+                moot = np.empty((M, N))
+                for i in range(M):
+                    _cleanm32_row(moot[i], jg, a[0, i], b64, np.uint64(31),
+                                  np.uint64(i * Kd), N)
+                assert _same(moot.astype(np.float32), ref[0]), m  # (no NaN left)
+            assert _same(KN.contract(a, b, 31, code, 24), ref), (m, M, N)
+
+
+def test_contraction_sums_at_their_declined_bits_take_the_full_path():
+    """sr: a sum whose float64 value is inexact and whose low 29 bits are ``q`` or ``q + 1``
+    (``q = (r >> 6) & (2**29 − 1)``, the sum's random bits from its term's ``r``) can round
+    either way, so ``_cleanm32`` must leave it to the full path. Built row by row: a row
+    ``(1, p)`` times ``b = (1, 1)`` sums ``c = 1`` and ``p = (4·(q + d) ± 1)·2**-54``, whose
+    float64 sum ``1 + (q + d)·2**-52`` has low bits ``q + d`` and a residual of ±2**-54: d
+    = 0 and 1 (declined), −1 and 2 (the nearest taken), both signs; the product equals
+    the reference. The test checks that it can fail: in some of the declined rows the
+    value of the sum without its residual (what taking it would give) is not the
+    reference's. (Random data almost never meets these two values in 2**29.)"""
+    key, M = 97, 16384
+    a = np.tile(np.float32([0.5, 0.25]), (1, M, 1))
+    picked = []
+    for i in range(M):
+        r = KN.term_bits(key, 2 * i + 1, 0)
+        q = (r >> 6) & ((1 << 29) - 1)
+        if 4 < q < (1 << 22) - 4:
+            d, sign = ((0, 1), (1, -1), (-1, 1), (2, -1), (0, -1), (1, 1))[len(picked) % 6]
+            a[0, i] = (1.0, (4 * (q + d) + sign) * 2.0 ** -54)
+            picked.append((i, d, q))
+    assert len(picked) >= 80
+    b = np.ones((1, 2, 1), np.float32)
+    sr = RK.mode_code("sr")
+    ref = KN.contract_reference(a, b, key, sr, 24)
+    assert _same(KN.contract(a, b, key, sr, 24), ref)
+    taken = 0  # declined rows whose sum without its residual rounds otherwise
+    for i, d, q in picked:
+        s = np.float64(1.0) + np.float64(a[0, i, 1])
+        w = (1 << 29) - 1 - q  # sr's added integer (kernels._round_term)
+        fast = np.uint64((int(s.view(np.uint64)) + w) & ~((1 << 29) - 1)).view(np.float64)
+        taken += d in (0, 1) and np.float32(fast) != ref[0, i, 0]
+    assert taken > 0
 
 
 def _narrow_direct(a, b, key, code):

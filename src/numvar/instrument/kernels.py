@@ -371,10 +371,18 @@ def residual_moot(x, r, mode):
 
     ``tests/test_instrument_pointwise.py::test_inexact_sums_on_the_fast_path`` compares
     the values with the core's at and around every declined case."""
+    return _moot(x, (~r) >> _U35, mode)
+
+
+@njit(inline="always")
+def _moot(x, w, mode):
+    """:func:`residual_moot` with sr's added 29-bit integer ``w`` (``(~r) >> 35`` for the
+    bits ``r`` of :func:`_fast32`; a contraction's sum draws it from other bits of its
+    term's, :func:`_round_term`)."""
     b = _f64_bits(x)
     low = b & _LOW29
     if mode == _SR:
-        m = (b + ((~r) >> _U35)) & _LOW29
+        m = (b + w) & _LOW29
         return (m != np.uint64(0)) & (m != _LOW29) & (((b >> _U52) & _EXPMASK) != _EMIN32)
     if mode == _RANDOM:
         return low != np.uint64(0)
@@ -531,7 +539,7 @@ def _clean_first(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, exact=False):
 
 
 @njit(inline="always")
-def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, exact=False):
+def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, exact=False, moot=False):
     """Every k-step of one clean row tile into ``acc`` (float64, binary32 values at ``t``
     bits). A lane whose float64 sum is inexact (or, for ud, below its fast step's range
     and nonzero) becomes NaN and stays NaN (the inputs are finite, so NaN marks exactly
@@ -551,7 +559,7 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, exact=False):
         _term_bits_row(rb, hk, jg, n, mode)
         for jj in range(n):
             acc[jj] = _clean_step(acc[jj], ak * np.float64(bk[jj]), _term_r(rb, hk, jg, jj),
-                                  mode, t, exact, ud_min)
+                                  mode, t, exact, ud_min, moot)
 
 
 @njit(inline="always")
@@ -584,15 +592,19 @@ def _term_r(rb, hk, jg, jj):
 
 
 @njit(inline="always")
-def _clean_step(c, p, r, mode, t, exact, ud_min):
+def _clean_step(c, p, r, mode, t, exact, ud_min, moot=False):
     """One k >= 1 step of a clean lane: ``RND(c + RND(p))`` for the accumulator ``c`` and
     the exact product ``p`` with the term's bits ``r`` (``exact``: ``p`` is on the grid,
     its rounding skipped), or NaN where the float64 sum is inexact (for ud: also below
-    ``ud_min`` and nonzero). A NaN accumulator stays NaN."""
+    ``ud_min`` and nonzero). A NaN accumulator stays NaN. With ``moot`` (24 bits): an
+    inexact sum whose residual cannot change its rounding (:func:`_moot`, with the sum's
+    bits of :func:`_round_term`) is taken too (:func:`_cleanm32`)."""
     if not exact:
         p = _round_term(p, r, mode, t, False)
     s = c + p
     ok = (s - c == p) & (s - p == c)
+    if moot:
+        ok = ok | _moot(s, ((~r) >> _U6) & _LOW29, mode)
     if mode == _UD:
         ok = ok & ((abs(s) >= ud_min) | (s == 0.0))
     v = _round_term(s, r, mode, t, True)
@@ -763,6 +775,25 @@ def _clean32(acc, jg, arow, bmat, ukey, base, j0, n, mode):  # pragma: no cover 
     else:
         _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _RANDOM, 24)
 
+
+@njit(cache=True)
+def _cleanm32(acc, jg, arow, bmat, ukey, base, j0, n):  # pragma: no cover - compiled
+    """:func:`_clean32` in sr taking the inexact float64 sums whose residual cannot change
+    the rounding (``moot``): run again on a row tile where many lanes of :func:`_clean32`
+    gave up (:func:`_settle_row32`). sr only: each mode's copy of the clean loops costs
+    about 14 s of cold compile (four: 55 s more in ``tests/_warmup.py``, AMD Zen 4), and
+    sr is the mode of the realizations; the others keep the full path for those lanes."""
+    _wide_vectors()
+    _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, _SR, 24, False, True)
+
+
+#: a clean row tile of binary32 in sr at 24 bits (``"separate"``) in which more than one
+#: lane in RERUN_SHARE gave up (an inexact float64 sum: a term below 2**-29 of the sum so
+#: far, such as the product of an activation's tiny tail, and then every column of that
+#: row) is run again on :func:`_cleanm32` before the lanes left go to the full path
+#: (:func:`_column32`, about 12 times a vectorised term's cost per term). A compile-time
+#: constant of the kernels; 0: never.
+RERUN_SHARE = 10
 
 _UD_MIN_T = 2.0 ** -126
 
@@ -1135,6 +1166,22 @@ def _clean_row32(o, acc, jg, arow, bk, bmat, ukey, base, j0, n, mode, t, fma, ex
         _clean32(acc, jg, arow, bk, ukey, base, 0, n, mode)
     else:
         _cleant32(acc, jg, arow, bk, ukey, base, 0, n, mode, t)
+    _settle_row32(o, acc, jg, arow, bk, bmat, ukey, base, j0, n, mode, t, fma)
+
+
+@njit(inline="always")
+def _settle_row32(o, acc, jg, arow, bk, bmat, ukey, base, j0, n, mode, t, fma):
+    """Columns ``j0 .. j0+n−1`` of ``o`` from the clean loops' lanes ``acc``: a NaN lane
+    (the loops gave up) from the full path (:func:`_column32`), after the tile is run
+    again on :func:`_cleanm32` where more than one lane in :data:`RERUN_SHARE` gave up
+    (binary32 in sr at 24 bits, ``"separate"``). Each lane's value depends only on its
+    terms, so the same bits."""
+    if RERUN_SHARE and not fma and t == 24 and mode == _SR:
+        nan = 0
+        for jj in range(n):
+            nan += 0 if acc[jj] == acc[jj] else 1
+        if nan * RERUN_SHARE > n:
+            _cleanm32(acc, jg, arow, bk, ukey, base, 0, n)
     for jj in range(n):
         v = acc[jj]
         if v == v:
@@ -1451,6 +1498,10 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
         bb = bo % BB
         bw = b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N)  # b widened
         acc = _narrow_block(arows, bw, ukey, bo * M, i0, i1, mode, False)
+        racc = np.empty(N)
+        jg = np.empty(N if RERUN_SHARE else 0, dtype=np.uint64)
+        for j in range(jg.size):
+            jg[j] = np.uint64(j) * _G
         for lane in range(i1 - i0):
             i = i0 + lane
             row = bo * M + i
@@ -1458,12 +1509,10 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
             o = out[bo, i]
             if clean[row]:
                 for j in range(N):
-                    v = acc[j, lane]
-                    if v == v:
-                        o[j] = np.float32(v)
-                    else:
-                        o[j] = _column32(arows[i], b[bb], ukey, base, j, mode,
-                                         np.int64(24), np.bool_(False))
+                    racc[j] = acc[j, lane]
+                # (the row's lanes as one row tile: _clean_row32's NaN lanes)
+                _settle_row32(o, racc, jg, arows[i], bw, b[bb], ukey, base, 0, N, mode,
+                              np.int64(24), np.bool_(False))
             else:
                 bad = np.empty(N, dtype=np.bool_)
                 # j0 as int64, not the literal 0: the signature _contract_fast32 compiles
