@@ -7,8 +7,8 @@ parts of its twiddles. The fast paths decline such sums, and what declines takes
 path: the residual loop of the elementwise tiles, or, in a contraction, the full path for
 each output element whose sum gave up. Each case is timed under
 ``numvar.fuzzy(mode="sr", granularity="flop", seed=0)`` and natively, best of
-``--repeats`` rounds, by the thread's CPU time (one thread); ratios to native in the
-same run. Run it on two trees (``PYTHONPATH=TREE/src``) to compare them.
+``--repeats`` rounds of ``--calls`` calls, by the thread's CPU time (one thread); ratios
+to native in the same run. Run it on two trees (``PYTHONPATH=TREE/src``) to compare them.
 
     OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 python benchmarks/bench_inexact.py [--repeats 9]
 """
@@ -16,10 +16,10 @@ same run. Run it on two trees (``PYTHONPATH=TREE/src``) to compare them.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
+from bench_declines import _best  # (thread CPU time per call, best of repeats)
 
 from numvar.instrument import fuzzy
 
@@ -48,25 +48,11 @@ CASES = {
 
 def measure(op, repeats: int, calls: int) -> tuple[float, float]:
     """(native, flop SR) seconds per call."""
-    best = {"native": float("inf"), "flop": float("inf")}
-    for rnd in range(repeats + 1):
-        for k in ("native", "flop"):
-            with torch.no_grad():
-                if k == "native":
-                    t = time.thread_time()
-                    for _ in range(calls):
-                        op()
-                    dt = time.thread_time() - t
-                else:
-                    with fuzzy(mode="sr", granularity="flop", seed=0):
-                        op()
-                        t = time.thread_time()
-                        for _ in range(calls):
-                            op()
-                        dt = time.thread_time() - t
-            if rnd:
-                best[k] = min(best[k], dt / calls)
-    return best["native"], best["flop"]
+    with torch.no_grad():
+        native = _best(op, repeats, calls)
+        with fuzzy(mode="sr", granularity="flop", seed=0):
+            flop = _best(op, repeats, calls)
+    return native, flop
 
 
 def main(argv=None) -> None:
