@@ -817,3 +817,19 @@ def test_bench_heap_runs_each_side_in_its_own_processes(monkeypatch, capsys):
     for r in rows:
         assert float(r[2]) > 0 and float(r[3]) > 0 and float(r[4]) > 0
         assert float(r[5]) >= 0 and float(r[6].rstrip(" |")) >= 0
+
+
+def test_bench_inexact_prints_every_case(monkeypatch, capsys):
+    """benchmarks/bench_inexact.py: one row per case, positive times, the ratio consistent
+    with its columns."""
+    _load_script(monkeypatch, "bench_declines")  # (its timing helper)
+    mod = _load_script(monkeypatch, "bench_inexact")
+    mod.main(["--repeats", "1", "--calls", "1"])
+    lines = capsys.readouterr().out.strip().splitlines()[2:]
+    assert [ln.split("|")[1].strip() for ln in lines] == list(mod.CASES)
+    for ln in lines:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        native, flop = float(cells[1]), float(cells[2])
+        assert native > 0 and flop > 0
+        ratio = float(cells[3].rstrip("×"))
+        assert abs(ratio - flop / native) <= 0.06 * ratio + 0.1  # (values printed rounded)
