@@ -615,6 +615,15 @@ def test_rows_that_give_up_run_again_taking_moot_residuals():
                                   np.uint64(i * Kd), N)
                 assert _same(moot.astype(np.float32), ref[0]), m  # (no NaN left)
             assert _same(KN.contract(a, b, 31, code, 24), ref), (m, M, N)
+    # bfloat16 values (every product exact: the clean loops skip the product roundings,
+    # _cleanm32 rounds them, which leaves exact values unchanged): the same bits
+    a = torch.randn(1, 3, 33).bfloat16().float().numpy()
+    b = (torch.randn(1, 33, 17) * 0.05).bfloat16().float().numpy()
+    a[0, ::2, 5] = 2.0 ** -60
+    assert KN.narrow_products(a, b, 24) and KN.clean_rows(a, b, 1, 24).all()
+    sr = RK.mode_code("sr")
+    assert np.isnan(_clean32_direct(a, b, 31, sr)[::2]).mean() > 0.9
+    assert _same(KN.contract(a, b, 31, sr, 24), KN.contract_reference(a, b, 31, sr, 24))
 
 
 def test_contraction_sums_at_their_declined_bits_take_the_full_path():
