@@ -313,9 +313,8 @@ def test_lean_sums_equal_the_general_reduction_path(mode, monkeypatch):
     contiguous CPU tensor (LEAN_SUMS) against its general path, bit for bit and key for
     key: one and two leading dims, keepdim, a product, inf, NaN and NaNs of both signs in
     a column (their bits compared), strided tensors and a virtual precision (the general
-    path both),
-    the trailing dims (their own path) in between; and a linear layer's gradients
-    (its bias's sum over the batch) through a fuzzy block."""
+    path both), the trailing dims (their own path) in between; and a linear layer's
+    gradients (its bias's sum over the batch) through a fuzzy block."""
     from numvar.instrument import flop as FL
 
     x = _gen(6, 5, 7, seed=40)

@@ -86,8 +86,9 @@ def _addloop_lo(a, b, o, ukey, l0, neg, mode):
     would decline (a tiny part added to a large one), it is rounded by the residual fast
     path (``lo32_fast(s, e)``, vectorised as the division's). The extra tests cost about
     15 % per element against :func:`_addloop` (``lo32_fast`` about 85 %), so this loop
-    runs only on tiles that one declined (:func:`_redo`) or that :func:`round_into`
-    expects to (sums of twiddle products, :data:`LO_SWITCH`). Where two loops accept an
+    runs only on tiles that one declined (:func:`_redo`), on the later tiles of a call
+    once one declined :data:`LO_SWITCH` elements, and on every tile of
+    :func:`round_sum_into` (an FFT's sums of twiddle products). Where two loops accept an
     element they give the same value (each equals the core)."""
     nbad = 0
     z = _weyl(ukey, np.uint64(l0))  # element l0's Weyl value, stepped by γ (KN._weyl)
