@@ -90,6 +90,37 @@ def test_gather_table_rebuilds_the_im2col_matrix():
                 assert torch.equal(ext[torch.from_numpy(off).long()], cols[grp])
 
 
+def test_gather_tables_are_kept_per_geometry(monkeypatch):
+    """``conv_kernels._table`` (what ``grouped32`` reads): the table ``offsets`` builds for
+    the geometry, kept for a later call with the same geometry and not for another (each
+    size, kernel, stride, padding and dilation changed alone), built afresh above
+    ``TABLE_KEEP`` entries."""
+    CK._kept_table.cache_clear()
+    base = (2, 1, (9, 8), (3, 2), (1, 2), (1, 0), (1, 1))
+
+    def geometry(n, cg, sp, ks, st, pd, dl):
+        ls = tuple((sp[d] + 2 * pd[d] - dl[d] * (ks[d] - 1) - 1) // st[d] + 1
+                   for d in range(len(sp)))
+        return n, cg, sp, ks, st, pd, dl, ls
+
+    def direct(n, cg, sp, ks, st, pd, dl, ls):
+        t3 = CK._three
+        return CK.offsets(n, cg, t3(sp), t3(ks), t3(st), t3(pd, 0), t3(dl), t3(ls))
+
+    g0 = geometry(*base)
+    kept = CK._table(*g0)
+    assert np.array_equal(kept, direct(*g0)) and CK._table(*g0) is kept
+    for i, other in ((0, 3), (2, (9, 9)), (3, (2, 2)), (4, (2, 2)), (5, (0, 1)), (6, (2, 1))):
+        changed = list(base)
+        changed[i] = other
+        g = geometry(*changed)
+        t = CK._table(*g)
+        assert t is not kept and np.array_equal(t, direct(*g)), i
+    monkeypatch.setattr(CK, "TABLE_KEEP", 0)
+    fresh = CK._table(*g0)
+    assert fresh is not kept and np.array_equal(fresh, kept)
+
+
 @pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random"])
 @pytest.mark.parametrize("contraction", ["separate", "fma"])
 def test_same_bits_as_the_im2col_route(monkeypatch, mode, contraction):

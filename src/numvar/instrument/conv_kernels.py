@@ -34,6 +34,9 @@ Everything else takes the im2col route unchanged.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -192,13 +195,34 @@ def grouped32(x: np.ndarray, w: np.ndarray, ks, stride, padding, dilation, group
     n, c = x.shape[:2]
     cg = c // groups
     o = w.shape[0]
-    sp = _three(x.shape[2:])
-    off = offsets(n, cg, sp, _three(ks), _three(stride), _three(padding, 0),
-                  _three(dilation), _three(ls))
+    off = _table(n, cg, tuple(x.shape[2:]), tuple(ks), tuple(stride), tuple(padding),
+                 tuple(dilation), tuple(ls))
     K, NL = off.shape
     a = w.reshape(groups, o // groups, K)
     out = np.empty((groups, o // groups, NL), np.float32)
     work = out.size * K
-    KN.launch(work, _grouped32, x.reshape(-1), off, a, n, c, int(np.prod(sp)), out,
+    KN.launch(work, _grouped32, x.reshape(-1), off, a, n, c, math.prod(x.shape[2:]), out,
               np.uint64(key), mode, t, contraction == "fma", KN._threads(work))
     return out
+
+
+#: gather tables of at most this many entries are kept per geometry (:func:`_table`)
+TABLE_KEEP = 1 << 18
+
+
+def _table(n: int, cg: int, sp, ks, stride, padding, dilation, ls) -> np.ndarray:
+    """:func:`offsets` for a convolution's geometry (tuples of its spatial sizes), kept
+    (up to 64 geometries, tables of up to :data:`TABLE_KEEP` entries: 1 MiB) so that a
+    model's later calls skip building it: about 8 µs a call (the padded size arrays, the
+    compiled call). The kernels only read it."""
+    if cg * math.prod(ks) * n * math.prod(ls) <= TABLE_KEEP:
+        return _kept_table(n, cg, sp, ks, stride, padding, dilation, ls)
+    return _new_table(n, cg, sp, ks, stride, padding, dilation, ls)
+
+
+def _new_table(n, cg, sp, ks, stride, padding, dilation, ls) -> np.ndarray:
+    return offsets(n, cg, _three(sp), _three(ks), _three(stride), _three(padding, 0),
+                   _three(dilation), _three(ls))
+
+
+_kept_table = functools.lru_cache(maxsize=64)(_new_table)
