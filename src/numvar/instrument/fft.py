@@ -140,14 +140,15 @@ def _stage_flags(n: int) -> tuple[np.ndarray, np.ndarray]:
     return 2 ** np.arange(stages) > 1, np.ones(stages, bool)
 
 
-def _radix2_flat(ctx: Ctx, re: np.ndarray, im: np.ndarray, B: int, n: int, sign: int):
+def _radix2_flat(ctx: Ctx, re: np.ndarray, im: np.ndarray, B: int, n: int, sign: int,
+                 real: bool = False):
     """:func:`radix2_32` on B rows of (B·n,) float32 parts, with the keys the tensor
     implementation draws (products and their sums where h > 1, then the butterflies,
-    stage by stage): the transformed (re, im) arrays."""
+    stage by stage): the transformed (re, im) arrays. ``real``: ``im`` is all zeros."""
     h1, every = _stage_flags(n)
     kp, ka, kb = LK.keys(ctx, h1, h1, every)
     twr, twi = _stage_twiddles(n, sign, B)
-    return radix2_32(re, im, B, n, twr, twi, kp, ka, kb, ctx.code)
+    return radix2_32(re, im, B, n, twr, twi, kp, ka, kb, ctx.code, real)
 
 
 def _radix2(ctx: Ctx, re: torch.Tensor, im: torch.Tensor, sign: int):
@@ -301,7 +302,7 @@ def _r2c_last(ctx: Ctx, x: torch.Tensor, n: int, normalization: int,
     narrowed copy). A normalisation rounds every bin of the full transform (its element
     indices are those of the (…, n) result), and the bins are narrowed after it."""
     B = x.numel() // n
-    xr, xi = _radix2_flat(ctx, LK.flat32(x), np.zeros(B * n, np.float32), B, n, -1)
+    xr, xi = _radix2_flat(ctx, LK.flat32(x), np.zeros(B * n, np.float32), B, n, -1, True)
     half = n // 2 + 1 if onesided else n
     keep = half if normalization == NORM_NONE else n
     pairs = torch.from_numpy(interleave32(xr, xi, B, n, keep))

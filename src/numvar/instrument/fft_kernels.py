@@ -60,11 +60,14 @@ def stage_twiddles32(cw, sw, B, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode):  # pragma: no cover - compiled
+def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real):  # pragma: no cover
     """Radix-2 DIT of the rows of re, im ((B·n,) float32, C order; n a power of two ≥ 2)
     with the stages' twiddles (twr, twi) from :func:`stage_twiddles32`; stage s
     (m = 2^(s+1)) uses keys kp[s], ka[s] (h > 1) and kb[s]. Returns the transformed
-    (re, im).
+    (re, im). ``real``: the imaginary parts are all zero (an rfft's input), so from stage
+    1 on the real parts' butterflies are sums with a tiny term (``u ± t`` with t a real
+    part times the tiny cos(π/2) of the twiddles), often inexact in float64: they start on
+    the residual path (:func:`_butterflies`); same values either way.
 
     Between stages the data stays in the butterflies' element order: a stage's four
     results (``ur + tr``, ``ui + ti``, ``ur − tr``, ``ui − ti`` at e₂ = (b·n/m + blk)·h + k)
@@ -102,7 +105,7 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode):  # pragma: no cover - c
             ui[q0 + k] = im[r0 + rev[2 * k]]
             tr[q0 + k] = re[r0 + rev[2 * k + 1]]
             ti[q0 + k] = im[r0 + rev[2 * k + 1]]
-    _butterflies(ur, ui, tr, ti, o, half, np.uint64(kb[0]), mode)
+    _butterflies(ur, ui, tr, ti, o, half, np.uint64(kb[0]), mode, False)
     m = 4
     s = 1
     toff = 0
@@ -145,7 +148,7 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode):  # pragma: no cover - c
             _twiddled(vr, vi, tr, ti, nq, 16)
         else:
             _twiddled_runs(vr, vi, tr, ti, nq, h)
-        _butterflies(ur, ui, tr, ti, o2, half, np.uint64(kb[s]), mode)
+        _butterflies(ur, ui, tr, ti, o2, half, np.uint64(kb[s]), mode, real)
         o, o2 = o2, o
         m *= 2
         s += 1
@@ -247,11 +250,21 @@ def _twiddled(vr, vi, tr, ti, nq, h):
 
 
 @njit(inline="always", error_model="numpy")
-def _butterflies(ur, ui, tr, ti, o, half, kbs, mode):
-    """A stage's ``(ur + tr, ui + ti, ur − tr, ui − ti)`` into ``o`` at q·half + e₂."""
-    round_into(K.OP_ADD, ur, tr, o[0:half], kbs, 0, mode)
+def _butterflies(ur, ui, tr, ti, o, half, kbs, mode, lo):
+    """A stage's ``(ur + tr, ui + ti, ur − tr, ui − ti)`` into ``o`` at q·half + e₂; with
+    ``lo`` the real parts' sums on the residual path first (``round_sum_into``: same
+    values). Measured on an rfft's 32 rows of 256 (Zen 4, one thread, sr): 280 → 264 µs
+    with ``lo`` from stage 1 on; on complex input it cost 257 → 264 µs, so only a real
+    input takes it."""
+    if lo:
+        round_sum_into(K.OP_ADD, ur, tr, o[0:half], kbs, 0, mode)
+    else:
+        round_into(K.OP_ADD, ur, tr, o[0:half], kbs, 0, mode)
     round_into(K.OP_ADD, ui, ti, o[half:2 * half], kbs, half, mode)
-    round_into(K.OP_SUB, ur, tr, o[2 * half:3 * half], kbs, 2 * half, mode)
+    if lo:
+        round_sum_into(K.OP_SUB, ur, tr, o[2 * half:3 * half], kbs, 2 * half, mode)
+    else:
+        round_into(K.OP_SUB, ur, tr, o[2 * half:3 * half], kbs, 2 * half, mode)
     round_into(K.OP_SUB, ui, ti, o[3 * half:4 * half], kbs, 3 * half, mode)
 
 
