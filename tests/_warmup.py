@@ -155,7 +155,7 @@ def _short_paths() -> tuple[str, float]:
     LK.solve32(f32.copy(), f32.copy(), 1, 4, 4, np.zeros(4, np.int32), np.zeros(1, np.int32),
                np.ones((3, 12), np.uint64), mode)
     twr, twi = FK.stage_twiddles32(f32[:8], f32[:8], 2, 8)
-    FK.radix2_32(f32, f32, 2, 8, twr, twi, *keys[:, :3].copy(), mode, False)
+    FK.radix2_32(f32, f32, 2, 8, twr, twi, *keys[:, :3].copy(), mode, False, False)
     return "short paths", time.perf_counter() - t0
 
 

@@ -176,8 +176,9 @@ def test_radix2_through_torch_fft(mode):
     implementation on the same seed: same bits, strides and stream position. rfft with
     every normalisation, one- and two-sided (``fft`` of a real tensor), irfft with as
     many, fewer (zero padded) and more bins than it reads, imaginary parts at bins 0 and
-    n/2 (ignored), a length that is not a power of two, conjugated and non-contiguous
-    inputs, a transform along another dim (the general path), and special values."""
+    n/2 (ignored), a length that is not a power of two, lengths 2 and 4, conjugated and
+    non-contiguous inputs, a transform along another dim (the general path), and special
+    values."""
     from numvar.instrument import fft as FT
     from numvar.instrument import fuzzy
 
@@ -199,6 +200,10 @@ def test_radix2_through_torch_fft(mode):
                      for nm in ("backward", "ortho", "forward")]
             outs += [torch.fft.irfft(X.conj()), torch.fft.irfft(X[:, ::2], n=16),
                      torch.fft.ifft(X.conj()), torch.fft.irfft(Z), torch.fft.irfft(Z, n=12)]
+            # the shortest transforms: stage 0 is the last (an irfft's imaginary parts
+            # are not computed there either)
+            outs += [torch.fft.irfft(X, n=2), torch.fft.irfft(X, n=4),
+                     torch.fft.rfft(x[..., :2]), torch.fft.rfft(x[..., :4])]
             counter = fz._ctx.stream.counter
         return [torch.view_as_real(o) if o.is_complex() else o for o in outs], counter
 

@@ -141,14 +141,15 @@ def _stage_flags(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _radix2_flat(ctx: Ctx, re: np.ndarray, im: np.ndarray, B: int, n: int, sign: int,
-                 real: bool = False):
+                 real: bool = False, real_out: bool = False):
     """:func:`radix2_32` on B rows of (B·n,) float32 parts, with the keys the tensor
     implementation draws (products and their sums where h > 1, then the butterflies,
-    stage by stage): the transformed (re, im) arrays. ``real``: ``im`` is all zeros."""
+    stage by stage): the transformed (re, im) arrays. ``real``: ``im`` is all zeros;
+    ``real_out``: only the real parts are wanted (the imaginary ones come back empty)."""
     h1, every = _stage_flags(n)
     kp, ka, kb = LK.keys(ctx, h1, h1, every)
     twr, twi = _stage_twiddles(n, sign, B)
-    return radix2_32(re, im, B, n, twr, twi, kp, ka, kb, ctx.code, real)
+    return radix2_32(re, im, B, n, twr, twi, kp, ka, kb, ctx.code, real, real_out)
 
 
 def _radix2(ctx: Ctx, re: torch.Tensor, im: torch.Tensor, sign: int):
@@ -318,7 +319,7 @@ def _c2r_last(ctx: Ctx, z: torch.Tensor, n: int, normalization: int) -> torch.Te
     m = z.shape[-1]
     B = z.numel() // m
     fr, fi = hermitian32(LK.flat32(torch.view_as_real(z)), B, m, n)
-    xr, _ = _radix2_flat(ctx, fr, fi, B, n, 1)
+    xr, _ = _radix2_flat(ctx, fr, fi, B, n, 1, real_out=True)
     out = torch.from_numpy(xr).view(*z.shape[:-1], n)
     if normalization == NORM_NONE:
         return out

@@ -60,14 +60,19 @@ def stage_twiddles32(cw, sw, B, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real):  # pragma: no cover
+def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real,
+              real_out):  # pragma: no cover - compiled
     """Radix-2 DIT of the rows of re, im ((B·n,) float32, C order; n a power of two ≥ 2)
     with the stages' twiddles (twr, twi) from :func:`stage_twiddles32`; stage s
     (m = 2^(s+1)) uses keys kp[s], ka[s] (h > 1) and kb[s]. Returns the transformed
     (re, im). ``real``: the imaginary parts are all zero (an rfft's input), so from stage
     1 on the real parts' butterflies are sums with a tiny term (``u ± t`` with t a real
     part times the tiny cos(π/2) of the twiddles), often inexact in float64: they start on
-    the residual path (:func:`_butterflies`); same values either way.
+    the residual path (:func:`_butterflies`); same values either way. ``real_out``: only
+    the real parts of the result are wanted (an irfft's): the last stage computes no
+    imaginary part (its twiddle products ``vr·wi`` and ``vi·wr``, their sum, its
+    imaginary butterflies: 7 % of a 256-point transform's roundings), and the returned
+    imaginary parts are empty. The values computed keep their keys and indices.
 
     Between stages the data stays in the butterflies' element order: a stage's four
     results (``ur + tr``, ``ui + ti``, ``ur − tr``, ``ui − ti`` at e₂ = (b·n/m + blk)·h + k)
@@ -105,7 +110,7 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real):  # pragma: no cov
             ui[q0 + k] = im[r0 + rev[2 * k]]
             tr[q0 + k] = re[r0 + rev[2 * k + 1]]
             ti[q0 + k] = im[r0 + rev[2 * k + 1]]
-    _butterflies(ur, ui, tr, ti, o, half, np.uint64(kb[0]), mode, False)
+    _butterflies(ur, ui, tr, ti, o, half, np.uint64(kb[0]), mode, False, not (real_out and n == 2))
     m = 4
     s = 1
     toff = 0
@@ -130,14 +135,17 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real):  # pragma: no cov
         wr = twr[toff:toff + S]
         wi = twi[toff:toff + S]
         toff += S
+        imag = not (real_out and m == n)  # (the last stage of a real output: no im parts)
         kps = np.uint64(kp[s])
         round_into(K.OP_MUL, vr[:S], wr, p[0:S], kps, 0, mode)
         round_into(K.OP_MUL, vi[:S], wi, p[S:2 * S], kps, S, mode)
-        round_into(K.OP_MUL, vr[:S], wi, p[2 * S:3 * S], kps, 2 * S, mode)
-        round_into(K.OP_MUL, vi[:S], wr, p[3 * S:4 * S], kps, 3 * S, mode)
+        if imag:
+            round_into(K.OP_MUL, vr[:S], wi, p[2 * S:3 * S], kps, 2 * S, mode)
+            round_into(K.OP_MUL, vi[:S], wr, p[3 * S:4 * S], kps, 3 * S, mode)
         kas = np.uint64(ka[s])
         round_sum_into(K.OP_SUB, p[0:S], p[S:2 * S], vr[:S], kas, 0, mode)  # re of the product
-        round_sum_into(K.OP_ADD, p[2 * S:3 * S], p[3 * S:4 * S], vi[:S], kas, S, mode)  # im
+        if imag:
+            round_sum_into(K.OP_ADD, p[2 * S:3 * S], p[3 * S:4 * S], vi[:S], kas, S, mode)  # im
         if h == 2:
             _twiddled(vr, vi, tr, ti, nq, 2)
         elif h == 4:
@@ -148,20 +156,21 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real):  # pragma: no cov
             _twiddled(vr, vi, tr, ti, nq, 16)
         else:
             _twiddled_runs(vr, vi, tr, ti, nq, h)
-        _butterflies(ur, ui, tr, ti, o2, half, np.uint64(kb[s]), mode, real)
+        _butterflies(ur, ui, tr, ti, o2, half, np.uint64(kb[s]), mode, real, imag)
         o, o2 = o2, o
         m *= 2
         s += 1
     h = n // 2  # the last stage has one block per row: x[b, k] = sum, x[b, h + k] = difference
     xr = np.empty(B * n, np.float32)
-    xi = np.empty(B * n, np.float32)
+    xi = np.empty(0 if real_out else B * n, np.float32)
     for b in range(B):
         r0 = b * n
         q0 = b * h
         copy_into(xr[r0:r0 + h], o[q0:q0 + h])
-        copy_into(xi[r0:r0 + h], o[half + q0:half + q0 + h])
         copy_into(xr[r0 + h:r0 + n], o[2 * half + q0:2 * half + q0 + h])
-        copy_into(xi[r0 + h:r0 + n], o[3 * half + q0:3 * half + q0 + h])
+        if not real_out:
+            copy_into(xi[r0:r0 + h], o[half + q0:half + q0 + h])
+            copy_into(xi[r0 + h:r0 + n], o[3 * half + q0:3 * half + q0 + h])
     return xr, xi
 
 
@@ -250,22 +259,21 @@ def _twiddled(vr, vi, tr, ti, nq, h):
 
 
 @njit(inline="always", error_model="numpy")
-def _butterflies(ur, ui, tr, ti, o, half, kbs, mode, lo):
-    """A stage's ``(ur + tr, ui + ti, ur − tr, ui − ti)`` into ``o`` at q·half + e₂; with
-    ``lo`` the real parts' sums on the residual path first (``round_sum_into``: same
-    values). Measured on an rfft's 32 rows of 256 (Zen 4, one thread, sr): 280 → 264 µs
-    with ``lo`` from stage 1 on; on complex input it cost 257 → 264 µs, so only a real
-    input takes it."""
+def _butterflies(ur, ui, tr, ti, o, half, kbs, mode, lo, imag):
+    """A stage's ``(ur + tr, ui + ti, ur − tr, ui − ti)`` into ``o`` at q·half + e₂
+    (without ``imag``, the real parts only); with ``lo`` the real parts' sums on the
+    residual path first (``round_sum_into``: same values). Measured on an rfft's 32 rows
+    of 256 (Zen 4, one thread, sr): 280 → 264 µs with ``lo`` from stage 1 on; on complex
+    input it cost 257 → 264 µs, so only a real input takes it."""
     if lo:
         round_sum_into(K.OP_ADD, ur, tr, o[0:half], kbs, 0, mode)
-    else:
-        round_into(K.OP_ADD, ur, tr, o[0:half], kbs, 0, mode)
-    round_into(K.OP_ADD, ui, ti, o[half:2 * half], kbs, half, mode)
-    if lo:
         round_sum_into(K.OP_SUB, ur, tr, o[2 * half:3 * half], kbs, 2 * half, mode)
     else:
+        round_into(K.OP_ADD, ur, tr, o[0:half], kbs, 0, mode)
         round_into(K.OP_SUB, ur, tr, o[2 * half:3 * half], kbs, 2 * half, mode)
-    round_into(K.OP_SUB, ui, ti, o[3 * half:4 * half], kbs, 3 * half, mode)
+    if imag:
+        round_into(K.OP_ADD, ui, ti, o[half:2 * half], kbs, half, mode)
+        round_into(K.OP_SUB, ui, ti, o[3 * half:4 * half], kbs, 3 * half, mode)
 
 
 @njit(cache=True, error_model="numpy")
