@@ -141,15 +141,15 @@ def _stage_flags(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _radix2_flat(ctx: Ctx, re: np.ndarray, im: np.ndarray, B: int, n: int, sign: int,
-                 real: bool = False, real_out: bool = False):
+                 real_in: bool = False, real_out: bool = False):
     """:func:`radix2_32` on B rows of (B·n,) float32 parts, with the keys the tensor
     implementation draws (products and their sums where h > 1, then the butterflies,
-    stage by stage): the transformed (re, im) arrays. ``real``: ``im`` is all zeros;
+    stage by stage): the transformed (re, im) arrays. ``real_in``: ``im`` is all zeros;
     ``real_out``: only the real parts are wanted (the imaginary ones come back empty)."""
     h1, every = _stage_flags(n)
     kp, ka, kb = LK.keys(ctx, h1, h1, every)
     twr, twi = _stage_twiddles(n, sign, B)
-    return radix2_32(re, im, B, n, twr, twi, kp, ka, kb, ctx.code, real, real_out)
+    return radix2_32(re, im, B, n, twr, twi, kp, ka, kb, ctx.code, real_in, real_out)
 
 
 def _radix2(ctx: Ctx, re: torch.Tensor, im: torch.Tensor, sign: int):
@@ -303,7 +303,8 @@ def _r2c_last(ctx: Ctx, x: torch.Tensor, n: int, normalization: int,
     narrowed copy). A normalisation rounds every bin of the full transform (its element
     indices are those of the (…, n) result), and the bins are narrowed after it."""
     B = x.numel() // n
-    xr, xi = _radix2_flat(ctx, LK.flat32(x), np.zeros(B * n, np.float32), B, n, -1, True)
+    xr, xi = _radix2_flat(ctx, LK.flat32(x), np.zeros(B * n, np.float32), B, n, -1,
+                          real_in=True)
     half = n // 2 + 1 if onesided else n
     keep = half if normalization == NORM_NONE else n
     pairs = torch.from_numpy(interleave32(xr, xi, B, n, keep))

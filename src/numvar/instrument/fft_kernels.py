@@ -60,12 +60,12 @@ def stage_twiddles32(cw, sw, B, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, error_model="numpy")
-def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real,
+def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real_in,
               real_out):  # pragma: no cover - compiled
     """Radix-2 DIT of the rows of re, im ((B·n,) float32, C order; n a power of two ≥ 2)
     with the stages' twiddles (twr, twi) from :func:`stage_twiddles32`; stage s
     (m = 2^(s+1)) uses keys kp[s], ka[s] (h > 1) and kb[s]. Returns the transformed
-    (re, im). ``real``: the imaginary parts are all zero (an rfft's input), so from stage
+    (re, im). ``real_in``: the imaginary parts are all zero (an rfft's input), so from stage
     1 on the real parts' butterflies are sums with a tiny term (``u ± t`` with t a real
     part times the tiny cos(π/2) of the twiddles), often inexact in float64: they start on
     the residual path (:func:`_butterflies`); same values either way. ``real_out``: only
@@ -156,7 +156,7 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real,
             _twiddled(vr, vi, tr, ti, nq, 16)
         else:
             _twiddled_runs(vr, vi, tr, ti, nq, h)
-        _butterflies(ur, ui, tr, ti, o2, half, np.uint64(kb[s]), mode, real, imag)
+        _butterflies(ur, ui, tr, ti, o2, half, np.uint64(kb[s]), mode, real_in, imag)
         o, o2 = o2, o
         m *= 2
         s += 1
