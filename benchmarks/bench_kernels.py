@@ -1,6 +1,6 @@
 """Contraction kernel throughput against its port-bound ceiling (one core).
 
-    python benchmarks/bench_kernels.py [--repeats 30] [--shape M K N] [--narrow]
+    python benchmarks/bench_kernels.py [--repeats 30] [--shape M K N] [--narrow | --few]
 
 For the binary32 SR clean-row loop of :mod:`numvar.instrument.kernels` it prints
 
@@ -31,6 +31,11 @@ The same count and ceilings for the binary32 fma-sr clean loop (``_cleanfma32``)
 binary64 sr clean loop (``_clean64``, whose TwoProduct must be a hardware FMA: the script
 says whether the loop has ``vfmadd``/``vfmsub``); each clean row's fraction is of its own
 loop's ceiling, the scalar rows' of the binary32 sr ceiling.
+
+With ``--few`` it prints instead the times of binary32 products with at most
+``FEW_LANES`` outputs (rows × columns) through the few-outputs kernel
+(``_contract_few32``, ``b`` a transposed view as a linear layer's ``weight.t()``) and
+through the column kernel (``KN.FEW_KERNEL`` off, ``b`` contiguous), sr and ieee.
 
 With ``--narrow`` it prints instead the rates of products with few columns (N <= 16)
 through the narrow-product kernels (``_contract_narrow32``, ``_contract_narrow64``,
@@ -342,6 +347,34 @@ def narrow_table(repeats: int) -> None:
                   f"{best[False] / 1e9:18.2f} {best[True] / best[False]:6.2f}{used}")
 
 
+def few_table(repeats: int) -> None:
+    """µs per :func:`contract` call (the best of ``repeats`` runs of ten calls, the
+    thread's CPU time) of
+    products with few outputs through ``_contract_few32`` and with ``KN.FEW_KERNEL`` off,
+    timed alternately: fft_filter's classifier head (2 × 4096 @ 4096 × 4) and other
+    shapes of two to FEW_LANES outputs in two rows or more (one row keeps the column
+    kernel: ``KN.FEW_K``)."""
+    print(f"{'mode':>5s} {'M x K x N':>16s} {'few µs':>8s} {'columns µs':>11s} {'ratio':>6s}")
+    rng = np.random.default_rng(0)
+    for m, k, n in ((2, 4096, 4), (4, 1024, 2), (8, 512, 1), (2, 1024, 4), (2, 256, 4),
+                    (2, KN.FEW_K, 4), (2, 4096, 1)):
+        a = rng.standard_normal((1, m, k)).astype(np.float32)
+        bt = (rng.standard_normal((1, n, k)) * 0.02).astype(np.float32)
+        views = {True: bt.transpose(0, 2, 1), False: np.ascontiguousarray(bt.transpose(0, 2, 1))}
+        for mode, name in ((KN._SR, "sr"), (KN._IEEE, "ieee")):
+            best = {True: float("inf"), False: float("inf")}
+            for _ in range(repeats):
+                for flag in (True, False):
+                    KN.FEW_KERNEL = flag
+                    b = views[flag]
+                    best[flag] = min(best[flag], _cpu_timed(
+                        lambda a=a, b=b, mode=mode: [KN.contract(a, b, 1, mode, 24)
+                                                     for _ in range(10)]) / 10)
+            KN.FEW_KERNEL = True
+            print(f"{name:>5s} {f'{m} x {k} x {n}':>16s} {best[True] * 1e6:8.1f} "
+                  f"{best[False] * 1e6:11.1f} {best[False] / best[True]:6.2f}")
+
+
 def one_core() -> None:
     """numba's and torch's thread counts set to 1 (the rates are per core)."""
     import numba
@@ -363,8 +396,15 @@ def main(argv=None) -> None:
                     "_contract_narrow64, vectorised across rows) with the column-vectorised "
                     "ones on products with few columns (ResNet-18's last convolutions on a "
                     "2 x 64^2 batch: N = 8; a float64 MLP's one-column head)")
+    ap.add_argument("--few", action="store_true",
+                    help="only compare the few-outputs kernel (_contract_few32: at most "
+                    "FEW_LANES rows x columns, such as fft_filter's 2 x 4096 @ 4096 x 4 "
+                    "head) with the column kernel")
     args = ap.parse_args(argv)
     one_core()
+    if args.few:
+        few_table(args.repeats)
+        return
     if args.narrow:
         narrow_table(args.repeats)
         return

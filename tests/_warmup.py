@@ -83,20 +83,20 @@ _SHARED_CHECKED = SHARED + [("numvar.instrument.pointwise", name, _TILE)
                             for name in ("_tile", "_tile_lo", "_slow")]
 
 
-def _contract(dtype: str, t: int, mode: str = "sr", rows: int = 2) -> None:
+def _contract(dtype: str, t: int, mode: str = "sr", rows: int = 2, k: int = 3) -> None:
     import numpy as np
 
     from numvar.instrument import kernels as KN
     from numvar.rounding import kernels as K
 
-    a = np.ones((1, rows, 3), dtype)
-    KN.contract(a, np.ones((1, 3, 4), dtype), 1, K.mode_code(mode), t)
+    a = np.ones((1, rows, k), dtype)
+    KN.contract(a, np.ones((1, k, 4), dtype), 1, K.mode_code(mode), t)
 
 
 #: entry points with no cached leaf of their own (run beside the leaves, one after the
 #: other in one task): the scalar contraction kernel (directed modes, virtual precision)
-#: for binary32 and binary64
-INDEPENDENT = [("float32", 24, "up"), ("float64", 53, "up")]
+#: for binary32 and binary64, and the few-outputs kernel (2 × 4 outputs, K = FEW_K)
+INDEPENDENT = [("float32", 24, "up"), ("float64", 53, "up"), ("float32", 24, "sr", 2, 128)]
 #: entry points run once the leaves are cached, per dtype: the fast kernel and the
 #: narrow-product kernel (32 rows, 4 columns)
 ENTRIES = {"float32": [("float32", 24), ("float32", 24, "sr", 32)],

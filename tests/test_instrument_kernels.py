@@ -754,6 +754,63 @@ def test_narrow_products_match_reference(monkeypatch):
     assert calls == [(2, 70, 5)] * 4 + [(2, 49, KN.NARROW_N)] * 4 + [(1, 40, 3)] * 3
 
 
+def test_few_outputs_kernel_matches_reference(monkeypatch):
+    """Products with at most FEW_LANES outputs per batch and K >= FEW_K take
+    ``_contract_few32`` (the products vectorised along k, then eight interleaved scalar
+    sums; ``b`` read transposed): the reference's bits in every mode, over two k blocks
+    (K = FEW_KC + 44) and exactly FEW_K, with fewer lanes than eight, batches broadcast
+    either way, a row that is not clean (an infinity), lanes that give up (terms 2**±40
+    apart: inexact float64 sums, the full path) and zeros; ``b`` a transposed view (no
+    copy) and contiguous give the same bits."""
+    calls = _count_calls(monkeypatch, "_contract_few32", 3)
+    rng = np.random.default_rng(31)
+    K = KN.FEW_KC + 44
+    cases = [((1, 2, K), (1, K, 4)), ((3, 2, K), (1, K, 3)),
+             ((1, 2, KN.FEW_K), (2, KN.FEW_K, 3)), ((2, 8, K), (2, K, 1))]
+    for sa, sb in cases:
+        a = rng.standard_normal(sa)
+        a[..., ::7] *= np.exp2(40.0 * rng.choice([-1.0, 1.0], a[..., ::7].shape))
+        a[rng.random(a.shape) < 0.05] = 0.0
+        a = a.astype(np.float32)
+        if sa[1] > 1:
+            a[0, 1, 3] = np.inf
+        b = rng.standard_normal((sb[0], sb[2], sb[1])).astype(np.float32).transpose(0, 2, 1)
+        clean = KN.clean_rows(a, np.ascontiguousarray(b), max(sa[0], sb[0]), 24)
+        assert clean.any() and not clean.all()
+        for m in MODES:
+            code = RK.mode_code(m)
+            ref = KN.contract_reference(a, np.ascontiguousarray(b), 41, code, 24)
+            assert _same(KN.contract(a, b, 41, code, 24), ref), (sa, sb, m)
+            assert _same(KN.contract(a, np.ascontiguousarray(b), 41, code, 24), ref), (sa, sb, m)
+    assert calls == [(max(sa[0], sb[0]), sa[1], sb[2]) for sa, sb in cases
+                     for _ in range(2 * len(MODES))]
+    # directed modes, fma, binary64, one row and K below FEW_K keep their kernels
+    a, b = rng.standard_normal((2, 1, 2, K)).astype(np.float32)
+    b = b.reshape(1, K, 2)
+    KN.contract(a, b, 1, RK.MODE_UP, 24)
+    KN.contract(a[:, :1], b, 1, RK.mode_code("sr"), 24)
+    KN.contract(a[:, :, :KN.FEW_K - 1], b[:, :KN.FEW_K - 1], 1, RK.mode_code("sr"), 24)
+    KN.contract(a, b, 1, RK.mode_code("sr"), 24, "fma")
+    KN.contract(a.astype(np.float64), b.astype(np.float64), 1, RK.mode_code("sr"), 53)
+    assert len(calls) == 2 * len(MODES) * len(cases)
+
+
+def test_linear_head_through_few_outputs_kernel(monkeypatch):
+    """A linear layer with few outputs under flop SR passes its weight's transpose to the
+    few-outputs kernel without a copy: the bits of the column kernel (FEW_KERNEL off)."""
+    calls = _count_calls(monkeypatch, "_contract_few32", 3)
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(KN.FEW_K * 3, 4)
+    x = torch.randn(2, KN.FEW_K * 3)
+    outs = []
+    for few in (True, False):
+        monkeypatch.setattr(KN, "FEW_KERNEL", few)
+        with torch.no_grad(), fuzzy(mode="sr", granularity="flop", seed=4):
+            outs.append(lin(x))
+    assert calls == [(1, 2, 4)]
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], lin(x))
+
+
 def test_narrow64_products_match_reference(monkeypatch):
     """binary64 products with few columns (N <= NARROW_N) and enough rows take
     ``_contract_narrow64``, vectorised across rows: the reference's bits in every mode,

@@ -140,10 +140,15 @@ def _contract(a: torch.Tensor, b: torch.Tensor, key: int, ctx: Ctx, t: int,
     if (LEAN_BMM and kd is _F32 and a.dtype is _F32 and b.dtype is _F32 and a.is_cpu
             and b.is_cpu and not _environ.get(FLOP_BACKEND_ENV)):
         # binary32 CPU operands on the numba backend: the kernel on their own arrays (the
-        # casts of _np and _back below are identities)
+        # casts of _np and _back below are identities); a transposed b (a linear layer's
+        # weight.t()) as it is where the few-outputs kernel reads it transposed (a torch
+        # copy of fft_filter's 4096 × 4 head took 27 µs)
+        b = b.detach()
+        if not (KN.few_lanes(a.shape[1], b.shape[2], b.shape[1])
+                and b.transpose(1, 2).is_contiguous()):
+            b = b.contiguous()
         return torch.from_numpy(KN.contract(
-            a.detach().contiguous().numpy(), b.detach().contiguous().numpy(), key, ctx.code,
-            t, ctx.contraction))
+            a.detach().contiguous().numpy(), b.numpy(), key, ctx.code, t, ctx.contraction))
     if (flop_backend(a.device) == "triton" and ctx.code <= MODE_RANDOM
             and not (ctx.contraction == "fma" and kd == torch.float64)):
         # (binary64 fma and the directed modes have no Triton kernel: the numba one,

@@ -1521,6 +1521,161 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
             _narrow_tail32(a, b, b64, clean, out, ukey, mode, bo, i1, M)
 
 
+# ------------------------------------------------------- few lanes (few rows × few columns)
+#: most outputs per batch (rows × columns) of a binary32 product that :func:`contract`
+#: computes with :func:`_contract_few32`, one scalar chain per output, eight interleaved
+FEW_LANES = 8
+#: fewest terms per output (K) for :func:`_contract_few32`, which also needs two rows or
+#: more. Measured (AMD Zen 4, one thread, ``benchmarks/bench_kernels.py --few``: µs per
+#: call, this kernel with b a transposed view / the column kernel with b contiguous, sr
+#: and ieee): 2 × 4096 @ 4096 × 4 50 / 104 and 56 / 81, 4 × 1024 @ 1024 × 2 20 / 41 and
+#: 20 / 38, 8 × 512 @ 512 × 1 14 / 39 and 15 / 36, 2 × 128 @ 128 × 4 9.2 / 12.7 and
+#: 9.4 / 12.0. One row (1 × 4096 @ 4096 × 8 or × 1) gained 5–9 % in sr and lost 13–18 % in
+#: ieee (its sums are compiled for sr alone: :func:`_few_batch`): it keeps the column
+#: kernel. Below K = 128 the gain is a few µs, and the tests' small products keep the
+#: column kernel
+FEW_K = 128
+#: k-steps per block of :func:`_contract_few32` (its product and bit buffers, 8 lanes ×
+#: FEW_KC float64 and uint64: 32 KiB, in L1/L2)
+FEW_KC = 256
+#: products with few outputs and long rows through :func:`_contract_few32` (same bits
+#: either way; False: through :func:`_contract_fast32`, which the tests compare it with)
+FEW_KERNEL = True
+
+
+def few_lanes(M: int, N: int, K: int) -> bool:
+    """Whether a product of M rows and N columns per batch, K terms each, has the shape
+    :func:`_contract_few32` serves (the other conditions are :func:`contract`'s)."""
+    return FEW_KERNEL and M >= 2 and M * N <= FEW_LANES and K >= FEW_K
+
+
+@njit(inline="always")
+def _few_products(a, bt, P, R, H, ba, bb, M, N, Kd, row0, k0, kc, ukey, mode):
+    """:func:`_contract_few32`'s first pass over the k-steps ``k0 .. k0+kc−1``: for every
+    lane l = i·N + j (row i, column j of batch ``row0 // M``), its terms' bits
+    ``R[l·FEW_KC + kk]`` (:func:`_term` of the line hash of (row, k), drawn once per row
+    and k-step into ``H``) and its rounded products ``P[l·FEW_KC + kk]`` (the clean loops'
+    :func:`_round_term`), in loops over k that vectorise (``bt`` is ``b`` transposed: a
+    column's k-steps are contiguous)."""
+    for i in range(M):
+        base = np.uint64((row0 + i) * Kd + k0)
+        for kk in range(kc):
+            H[kk] = _bits(ukey, base + np.uint64(kk))
+        arow = a[ba, i, k0:k0 + kc]
+        for j in range(N):
+            l0 = (i * N + j) * FEW_KC
+            jg = np.uint64(j) * _G
+            bcol = bt[bb, j, k0:k0 + kc]
+            for kk in range(kc):
+                r = _mix(H[kk] + jg)
+                R[l0 + kk] = r
+                P[l0 + kk] = _round_term(np.float64(arow[kk]) * np.float64(bcol[kk]), r, mode,
+                                         24, False)
+
+
+@njit(error_model="numpy")
+def _few_step(c, p, r, mode):  # pragma: no cover - compiled
+    """:func:`_clean_step` of a lane of :func:`_few_sums` on its rounded product ``p``.
+    A function of its own, not inlined by numba: eight inlined copies in one loop took
+    numba's passes about 70 s to compile per mode; called, it is compiled once and LLVM
+    inlines the calls (7 s, the same speed)."""
+    return _clean_step(c, p, r, mode, 24, True, _UD_MIN)
+
+
+@njit(inline="always")
+def _few_sums(acc, P, R, k1, kc, mode):
+    """:func:`_contract_few32`'s second pass: the k-steps ``k1 .. kc−1`` of the block for
+    the eight lanes' accumulators ``acc`` (:func:`_few_step`, NaN where a lane gives up,
+    as in the clean loops). Eight scalar chains in one loop, so that their latencies
+    overlap (a loop over the lanes, unrolled by LLVM, was not vectorised, nor was one
+    over lanes and k-steps with the chains eight elements apart; docs/speed.md)."""
+    c0, c1, c2, c3 = acc[0], acc[1], acc[2], acc[3]
+    c4, c5, c6, c7 = acc[4], acc[5], acc[6], acc[7]
+    for kk in range(k1, kc):
+        c0 = _few_step(c0, P[kk], R[kk], mode)
+        c1 = _few_step(c1, P[FEW_KC + kk], R[FEW_KC + kk], mode)
+        c2 = _few_step(c2, P[2 * FEW_KC + kk], R[2 * FEW_KC + kk], mode)
+        c3 = _few_step(c3, P[3 * FEW_KC + kk], R[3 * FEW_KC + kk], mode)
+        c4 = _few_step(c4, P[4 * FEW_KC + kk], R[4 * FEW_KC + kk], mode)
+        c5 = _few_step(c5, P[5 * FEW_KC + kk], R[5 * FEW_KC + kk], mode)
+        c6 = _few_step(c6, P[6 * FEW_KC + kk], R[6 * FEW_KC + kk], mode)
+        c7 = _few_step(c7, P[7 * FEW_KC + kk], R[7 * FEW_KC + kk], mode)
+    acc[0], acc[1], acc[2], acc[3] = c0, c1, c2, c3
+    acc[4], acc[5], acc[6], acc[7] = c4, c5, c6, c7
+
+
+@njit(inline="always")
+def _few_batch(a, bt, acc, P, R, H, ba, bb, M, N, Kd, row0, ukey, mode):
+    """Batch ``row0 // M`` of :func:`_contract_few32` into ``acc`` (its lanes' binary32
+    values as float64, NaN where a lane gave up), block by block of :data:`FEW_KC`
+    k-steps. The products' loop is compiled per mode (it vectorises with a constant
+    mode), the sums' for sr and once for the others (the mode a runtime value: sr 41 µs
+    specialised, 52 µs not, for fft_filter's head; each copy about 6 s of compile)."""
+    for k0 in range(0, Kd, FEW_KC):
+        kc = min(FEW_KC, Kd - k0)
+        if mode == _SR:
+            _few_products(a, bt, P, R, H, ba, bb, M, N, Kd, row0, k0, kc, ukey, _SR)
+        elif mode == _IEEE:
+            _few_products(a, bt, P, R, H, ba, bb, M, N, Kd, row0, k0, kc, ukey, _IEEE)
+        elif mode == _UD:
+            _few_products(a, bt, P, R, H, ba, bb, M, N, Kd, row0, k0, kc, ukey, _UD)
+        else:
+            _few_products(a, bt, P, R, H, ba, bb, M, N, Kd, row0, k0, kc, ukey, _RANDOM)
+        if k0 == 0:  # the first products are the accumulators (_clean_first)
+            for lane in range(FEW_LANES):
+                acc[lane] = P[lane * FEW_KC]
+        if mode == _SR:
+            _few_sums(acc, P, R, 1 if k0 == 0 else 0, kc, _SR)
+        else:
+            _few_sums(acc, P, R, 1 if k0 == 0 else 0, kc, mode)
+
+
+@njit(cache=True, error_model="numpy")
+def _contract_few32(a, bt, clean, out, key, mode):  # pragma: no cover - compiled
+    """binary32 products at 24 bits (``"separate"``; sr, ieee, ud, random) with at most
+    :data:`FEW_LANES` outputs per batch, ``a`` (BA, M, K) by ``b`` given transposed,
+    ``bt`` (BB, N, K) (a classifier head's ``weight.t()`` is that already). The column
+    kernel runs each row's few columns in its vectorised loops' scalar remainder, with the
+    line hash, slices and bits loop of every k-step around them: fft_filter's 2 × 4096 @
+    4096 × 4 head took 106 µs, about 38 cycles per (row, k). Here, per block of k-steps,
+    one pass draws every term's bits and rounds its product, vectorised along k
+    (:func:`_few_products`), and a second runs the eight outputs' sums as interleaved
+    scalar chains (:func:`_few_sums`): 41–50 µs for that head (Zen 4, one thread, sr;
+    ``benchmarks/bench_kernels.py --few``). Products of one row keep the column kernel
+    (:data:`FEW_K`). The same terms, bits and operations as the clean
+    loops; a lane that gives up (an inexact sum; for ud, a sum below its range) and every
+    lane of a row that is not clean (:func:`clean_rows`) comes from the full path
+    (:func:`_column32`), as in :func:`_settle_row32`: the same bits."""
+    BO, M, N = out.shape
+    BA = a.shape[0]
+    BB, _, Kd = bt.shape
+    ukey = np.uint64(key)
+    P = np.zeros(FEW_LANES * FEW_KC)  # (unused lanes stay zero: exact, never given up)
+    R = np.zeros(FEW_LANES * FEW_KC, np.uint64)
+    H = np.empty(FEW_KC, np.uint64)
+    acc = np.empty(FEW_LANES)
+    bkn = np.empty((Kd, N), np.float32)  # b's batch in (K, N) order, for _column32
+    held = -1
+    for bo in range(BO):
+        ba = bo % BA
+        bb = bo % BB
+        _few_batch(a, bt, acc, P, R, H, ba, bb, M, N, Kd, bo * M, ukey, mode)
+        for i in range(M):
+            row = bo * M + i
+            for j in range(N):
+                v = acc[i * N + j]
+                if clean[row] and not np.isnan(v):
+                    out[bo, i, j] = np.float32(v)
+                    continue
+                if held != bb:
+                    for k in range(Kd):
+                        for jj in range(N):
+                            bkn[k, jj] = bt[bb, jj, k]
+                    held = bb
+                out[bo, i, j] = _column32(a[ba, i], bkn, ukey, np.uint64(row * Kd), j, mode,
+                                          np.int64(24), np.bool_(False))
+
+
 @njit(inline="always")
 def _fraction_or(x):
     """OR of the fraction fields of a contiguous binary32 array (integer reduction: it
@@ -2215,9 +2370,17 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
     if BO % BA or BO % BB:
         raise ValueError(f"batch sizes {BA} and {BB} are incompatible")
     out = np.empty((BO, a.shape[1], b.shape[2]), dtype=a.dtype)
-    if out.size:
+    work = out.size * a.shape[2]
+    if (out.size and a.dtype == np.float32 and t == 24 and mode <= _RANDOM and not fma
+            and few_lanes(a.shape[1], b.shape[2], a.shape[2]) and work < PARALLEL_MIN_WORK):
+        # b transposed: no copy where b is a transposed view (flop._contract passes
+        # weight.t() as one); the clean rows from b's per-batch statistics, which do not
+        # depend on the order of its elements
+        a, bt = np.ascontiguousarray(a), np.ascontiguousarray(b.transpose(0, 2, 1))
+        clean, _ = launch(a.size + bt.size, _prepare32, a, bt.reshape(b.shape), BO, t)
+        _contract_few32(a, bt, clean, out, np.uint64(key), mode)
+    elif out.size:
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-        work = out.size * a.shape[2]
         if a.dtype == np.float32 and 1 <= t <= 24 and mode <= _RANDOM:
             # clean rows and significant bits in one parallel pass (the same values as
             # clean_rows and narrow_products); products exact (bf16/fp16 values): sr, ieee
