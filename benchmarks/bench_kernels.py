@@ -35,7 +35,8 @@ loop's ceiling, the scalar rows' of the binary32 sr ceiling.
 With ``--few`` it prints instead the times of binary32 products with at most
 ``FEW_LANES`` outputs (rows × columns) through the few-outputs kernel
 (``_contract_few32``, ``b`` a transposed view as a linear layer's ``weight.t()``) and
-through the column kernel (``KN.FEW_KERNEL`` off, ``b`` contiguous), sr and ieee.
+through the column kernel (``KN.FEW_KERNEL`` off, ``b`` contiguous), in sr (the other
+modes keep the column kernel).
 
 With ``--narrow`` it prints instead the rates of products with few columns (N <= 16)
 through the narrow-product kernels (``_contract_narrow32``, ``_contract_narrow64``,
@@ -354,25 +355,23 @@ def few_table(repeats: int) -> None:
     timed alternately: fft_filter's classifier head (2 × 4096 @ 4096 × 4) and other
     shapes of two to FEW_LANES outputs in two rows or more (one row keeps the column
     kernel: ``KN.FEW_K``)."""
-    print(f"{'mode':>5s} {'M x K x N':>16s} {'few µs':>8s} {'columns µs':>11s} {'ratio':>6s}")
+    print(f"{'M x K x N':>16s} {'few µs':>8s} {'columns µs':>11s} {'ratio':>6s}")
     rng = np.random.default_rng(0)
     for m, k, n in ((2, 4096, 4), (4, 1024, 2), (8, 512, 1), (2, 1024, 4), (2, 256, 4),
                     (2, KN.FEW_K, 4), (2, 4096, 1)):
         a = rng.standard_normal((1, m, k)).astype(np.float32)
         bt = (rng.standard_normal((1, n, k)) * 0.02).astype(np.float32)
         views = {True: bt.transpose(0, 2, 1), False: np.ascontiguousarray(bt.transpose(0, 2, 1))}
-        for mode, name in ((KN._SR, "sr"), (KN._IEEE, "ieee")):
-            best = {True: float("inf"), False: float("inf")}
-            for _ in range(repeats):
-                for flag in (True, False):
-                    KN.FEW_KERNEL = flag
-                    b = views[flag]
-                    best[flag] = min(best[flag], _cpu_timed(
-                        lambda a=a, b=b, mode=mode: [KN.contract(a, b, 1, mode, 24)
-                                                     for _ in range(10)]) / 10)
-            KN.FEW_KERNEL = True
-            print(f"{name:>5s} {f'{m} x {k} x {n}':>16s} {best[True] * 1e6:8.1f} "
-                  f"{best[False] * 1e6:11.1f} {best[False] / best[True]:6.2f}")
+        best = {True: float("inf"), False: float("inf")}
+        for _ in range(repeats):
+            for flag in (True, False):
+                KN.FEW_KERNEL = flag
+                b = views[flag]
+                best[flag] = min(best[flag], _cpu_timed(
+                    lambda a=a, b=b: [KN.contract(a, b, 1, KN._SR, 24) for _ in range(10)]) / 10)
+        KN.FEW_KERNEL = True
+        print(f"{f'{m} x {k} x {n}':>16s} {best[True] * 1e6:8.1f} {best[False] * 1e6:11.1f} "
+              f"{best[False] / best[True]:6.2f}")
 
 
 def one_core() -> None:

@@ -755,9 +755,10 @@ def test_narrow_products_match_reference(monkeypatch):
 
 
 def test_few_outputs_kernel_matches_reference(monkeypatch):
-    """Products with at most FEW_LANES outputs per batch and K >= FEW_K take
-    ``_contract_few32`` (the products vectorised along k, then eight interleaved scalar
-    sums; ``b`` read transposed): the reference's bits in every mode, over two k blocks
+    """Products in sr with two rows or more, at most FEW_LANES outputs per batch and
+    K >= FEW_K take ``_contract_few32`` (the products vectorised along k, then eight
+    interleaved scalar sums; ``b`` read transposed): the reference's bits (the other modes
+    keep the column kernel, checked too), over two k blocks
     (K = FEW_KC + 44) and exactly FEW_K, with fewer lanes than eight, batches broadcast
     either way, a row that is not clean (an infinity), lanes that give up (terms 2**±40
     apart: inexact float64 sums, the full path) and zeros; ``b`` a transposed view (no
@@ -782,17 +783,17 @@ def test_few_outputs_kernel_matches_reference(monkeypatch):
             ref = KN.contract_reference(a, np.ascontiguousarray(b), 41, code, 24)
             assert _same(KN.contract(a, b, 41, code, 24), ref), (sa, sb, m)
             assert _same(KN.contract(a, np.ascontiguousarray(b), 41, code, 24), ref), (sa, sb, m)
-    assert calls == [(max(sa[0], sb[0]), sa[1], sb[2]) for sa, sb in cases
-                     for _ in range(2 * len(MODES))]
-    # directed modes, fma, binary64, one row and K below FEW_K keep their kernels
+    assert calls == [(max(sa[0], sb[0]), sa[1], sb[2]) for sa, sb in cases for _ in range(2)]
+    # the other modes, fma, binary64, one row and K below FEW_K keep their kernels
     a, b = rng.standard_normal((2, 1, 2, K)).astype(np.float32)
     b = b.reshape(1, K, 2)
-    KN.contract(a, b, 1, RK.MODE_UP, 24)
+    for code in (RK.MODE_IEEE, RK.MODE_UD, RK.MODE_RANDOM, RK.MODE_UP):
+        KN.contract(a, b, 1, code, 24)
     KN.contract(a[:, :1], b, 1, RK.mode_code("sr"), 24)
     KN.contract(a[:, :, :KN.FEW_K - 1], b[:, :KN.FEW_K - 1], 1, RK.mode_code("sr"), 24)
     KN.contract(a, b, 1, RK.mode_code("sr"), 24, "fma")
     KN.contract(a.astype(np.float64), b.astype(np.float64), 1, RK.mode_code("sr"), 53)
-    assert len(calls) == 2 * len(MODES) * len(cases)
+    assert len(calls) == 2 * len(cases)
 
 
 def test_linear_head_through_few_outputs_kernel(monkeypatch):

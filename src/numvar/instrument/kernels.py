@@ -1526,14 +1526,12 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
 #: computes with :func:`_contract_few32`, one scalar chain per output, eight interleaved
 FEW_LANES = 8
 #: fewest terms per output (K) for :func:`_contract_few32`, which also needs two rows or
-#: more. Measured (AMD Zen 4, one thread, ``benchmarks/bench_kernels.py --few``: µs per
-#: call, this kernel with b a transposed view / the column kernel with b contiguous, sr
-#: and ieee): 2 × 4096 @ 4096 × 4 50 / 104 and 56 / 81, 4 × 1024 @ 1024 × 2 20 / 41 and
-#: 20 / 38, 8 × 512 @ 512 × 1 14 / 39 and 15 / 36, 2 × 128 @ 128 × 4 9.2 / 12.7 and
-#: 9.4 / 12.0. One row (1 × 4096 @ 4096 × 8 or × 1) gained 5–9 % in sr and lost 13–18 % in
-#: ieee (its sums are compiled for sr alone: :func:`_few_batch`): it keeps the column
-#: kernel. Below K = 128 the gain is a few µs, and the tests' small products keep the
-#: column kernel
+#: more. Measured (AMD Zen 4, one thread, sr, ``benchmarks/bench_kernels.py --few``: µs
+#: per call, this kernel with b a transposed view / the column kernel with b contiguous):
+#: 2 × 4096 @ 4096 × 4 50 / 103, 4 × 1024 @ 1024 × 2 20 / 40, 8 × 512 @ 512 × 1 14 / 38,
+#: 2 × 128 @ 128 × 4 9.8 / 12.9. One row (1 × 4096 @ 4096 × 8 or × 1) gained only 5–9 %:
+#: it keeps the column kernel. Below K = 128 the gain is a few µs, and the tests' small
+#: products keep the column kernel
 FEW_K = 128
 #: k-steps per block of :func:`_contract_few32` (its product and bit buffers, 8 lanes ×
 #: FEW_KC float64 and uint64: 32 KiB, in L1/L2)
@@ -1545,7 +1543,8 @@ FEW_KERNEL = True
 
 def few_lanes(M: int, N: int, K: int) -> bool:
     """Whether a product of M rows and N columns per batch, K terms each, has the shape
-    :func:`_contract_few32` serves (the other conditions are :func:`contract`'s)."""
+    :func:`_contract_few32` serves (the other conditions, binary32 at 24 bits in sr,
+    ``"separate"``, below ``PARALLEL_MIN_WORK`` terms, are :func:`contract`'s)."""
     return FEW_KERNEL and M >= 2 and M * N <= FEW_LANES and K >= FEW_K
 
 
@@ -1605,34 +1604,22 @@ def _few_sums(acc, P, R, k1, kc, mode):
 
 
 @njit(inline="always")
-def _few_batch(a, bt, acc, P, R, H, ba, bb, M, N, Kd, row0, ukey, mode):
+def _few_batch(a, bt, acc, P, R, H, ba, bb, M, N, Kd, row0, ukey):
     """Batch ``row0 // M`` of :func:`_contract_few32` into ``acc`` (its lanes' binary32
     values as float64, NaN where a lane gave up), block by block of :data:`FEW_KC`
-    k-steps. The products' loop is compiled per mode (it vectorises with a constant
-    mode), the sums' for sr and once for the others (the mode a runtime value: sr 41 µs
-    specialised, 52 µs not, for fft_filter's head; each copy about 6 s of compile)."""
+    k-steps."""
     for k0 in range(0, Kd, FEW_KC):
         kc = min(FEW_KC, Kd - k0)
-        if mode == _SR:
-            _few_products(a, bt, P, R, H, ba, bb, M, N, Kd, row0, k0, kc, ukey, _SR)
-        elif mode == _IEEE:
-            _few_products(a, bt, P, R, H, ba, bb, M, N, Kd, row0, k0, kc, ukey, _IEEE)
-        elif mode == _UD:
-            _few_products(a, bt, P, R, H, ba, bb, M, N, Kd, row0, k0, kc, ukey, _UD)
-        else:
-            _few_products(a, bt, P, R, H, ba, bb, M, N, Kd, row0, k0, kc, ukey, _RANDOM)
+        _few_products(a, bt, P, R, H, ba, bb, M, N, Kd, row0, k0, kc, ukey, _SR)
         if k0 == 0:  # the first products are the accumulators (_clean_first)
             for lane in range(FEW_LANES):
                 acc[lane] = P[lane * FEW_KC]
-        if mode == _SR:
-            _few_sums(acc, P, R, 1 if k0 == 0 else 0, kc, _SR)
-        else:
-            _few_sums(acc, P, R, 1 if k0 == 0 else 0, kc, mode)
+        _few_sums(acc, P, R, 1 if k0 == 0 else 0, kc, _SR)
 
 
 @njit(cache=True, error_model="numpy")
-def _contract_few32(a, bt, clean, out, key, mode):  # pragma: no cover - compiled
-    """binary32 products at 24 bits (``"separate"``; sr, ieee, ud, random) with at most
+def _contract_few32(a, bt, clean, out, key):  # pragma: no cover - compiled
+    """binary32 products at 24 bits in sr (``"separate"``) with at most
     :data:`FEW_LANES` outputs per batch, ``a`` (BA, M, K) by ``b`` given transposed,
     ``bt`` (BB, N, K) (a classifier head's ``weight.t()`` is that already). The column
     kernel runs each row's few columns in its vectorised loops' scalar remainder, with the
@@ -1642,9 +1629,10 @@ def _contract_few32(a, bt, clean, out, key, mode):  # pragma: no cover - compile
     (:func:`_few_products`), and a second runs the eight outputs' sums as interleaved
     scalar chains (:func:`_few_sums`): 41–50 µs for that head (Zen 4, one thread, sr;
     ``benchmarks/bench_kernels.py --few``). Products of one row keep the column kernel
-    (:data:`FEW_K`). The same terms, bits and operations as the clean
-    loops; a lane that gives up (an inexact sum; for ud, a sum below its range) and every
-    lane of a row that is not clean (:func:`clean_rows`) comes from the full path
+    (:data:`FEW_K`); so do the other modes (a copy of the loops per mode costs about 6 s of
+    compile, and the CI's cold compile has little room: docs/speed.md). The same terms,
+    bits and operations as the clean loops; a lane that gives up (an inexact sum) and
+    every lane of a row that is not clean (:func:`clean_rows`) comes from the full path
     (:func:`_column32`), as in :func:`_settle_row32`: the same bits."""
     BO, M, N = out.shape
     BA = a.shape[0]
@@ -1659,7 +1647,7 @@ def _contract_few32(a, bt, clean, out, key, mode):  # pragma: no cover - compile
     for bo in range(BO):
         ba = bo % BA
         bb = bo % BB
-        _few_batch(a, bt, acc, P, R, H, ba, bb, M, N, Kd, bo * M, ukey, mode)
+        _few_batch(a, bt, acc, P, R, H, ba, bb, M, N, Kd, bo * M, ukey)
         for i in range(M):
             row = bo * M + i
             for j in range(N):
@@ -1672,8 +1660,8 @@ def _contract_few32(a, bt, clean, out, key, mode):  # pragma: no cover - compile
                         for jj in range(N):
                             bkn[k, jj] = bt[bb, jj, k]
                     held = bb
-                out[bo, i, j] = _column32(a[ba, i], bkn, ukey, np.uint64(row * Kd), j, mode,
-                                          np.int64(24), np.bool_(False))
+                out[bo, i, j] = _column32(a[ba, i], bkn, ukey, np.uint64(row * Kd), j,
+                                          np.int64(_SR), np.int64(24), np.bool_(False))
 
 
 @njit(inline="always")
@@ -2371,14 +2359,14 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
         raise ValueError(f"batch sizes {BA} and {BB} are incompatible")
     out = np.empty((BO, a.shape[1], b.shape[2]), dtype=a.dtype)
     work = out.size * a.shape[2]
-    if (out.size and a.dtype == np.float32 and t == 24 and mode <= _RANDOM and not fma
+    if (out.size and a.dtype == np.float32 and t == 24 and mode == _SR and not fma
             and few_lanes(a.shape[1], b.shape[2], a.shape[2]) and work < PARALLEL_MIN_WORK):
         # b transposed: no copy where b is a transposed view (flop._contract passes
         # weight.t() as one); the clean rows from b's per-batch statistics, which do not
         # depend on the order of its elements
         a, bt = np.ascontiguousarray(a), np.ascontiguousarray(b.transpose(0, 2, 1))
         clean, _ = launch(a.size + bt.size, _prepare32, a, bt.reshape(b.shape), BO, t)
-        _contract_few32(a, bt, clean, out, np.uint64(key), mode)
+        _contract_few32(a, bt, clean, out, np.uint64(key))
     elif out.size:
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
         if a.dtype == np.float32 and 1 <= t <= 24 and mode <= _RANDOM:
