@@ -758,11 +758,11 @@ def test_few_outputs_kernel_matches_reference(monkeypatch):
     """Products in sr with two rows or more, at most FEW_LANES outputs per batch and
     K >= FEW_K take ``_contract_few32`` (the products vectorised along k, then eight
     interleaved scalar sums; ``b`` read transposed): the reference's bits (the other modes
-    keep the column kernel, checked too), over two k blocks
-    (K = FEW_KC + 44) and exactly FEW_K, with fewer lanes than eight, batches broadcast
-    either way, a row that is not clean (an infinity), lanes that give up (terms 2**±40
-    apart: inexact float64 sums, the full path) and zeros; ``b`` a transposed view (no
-    copy) and contiguous give the same bits."""
+    keep the column kernel, checked too), over two k blocks (K = FEW_KC + 44) and exactly
+    FEW_K, with fewer lanes than eight, batches broadcast either way, a row that is not
+    clean (an infinity), lanes that give up (terms 2**±40 apart: inexact float64 sums,
+    the full path) and zeros; ``b`` as a transposed view and contiguous gives the same
+    bits."""
     calls = _count_calls(monkeypatch, "_contract_few32", 3)
     rng = np.random.default_rng(31)
     K = KN.FEW_KC + 44
@@ -797,8 +797,9 @@ def test_few_outputs_kernel_matches_reference(monkeypatch):
 
 
 def test_linear_head_through_few_outputs_kernel(monkeypatch):
-    """A linear layer with few outputs under flop SR passes its weight's transpose to the
-    few-outputs kernel without a copy: the bits of the column kernel (FEW_KERNEL off)."""
+    """A linear layer with few outputs under flop SR takes the few-outputs kernel once
+    (its weight's transpose passed as a view) and gives the bits of the column kernel
+    (FEW_KERNEL off)."""
     calls = _count_calls(monkeypatch, "_contract_few32", 3)
     torch.manual_seed(3)
     lin = torch.nn.Linear(KN.FEW_K * 3, 4)
