@@ -16,7 +16,14 @@ mode's entry once per op. Timed in one process, round after round (each variant'
 - **one op**, an add of two 64-element binary32 tensors: native; through
   ``IdentityMode`` (which opts out of the wrapper PyTorch puts around
   ``__torch_dispatch__``: :func:`numvar.instrument.codepath.guards_itself`); through a
-  do-nothing mode that keeps that wrapper; at op SR.
+  do-nothing mode that keeps that wrapper; at op SR;
+- **per kernel call**, what numvar's Python pays around each compiled call: numba's
+  thread count read (``numba.get_num_threads`` against ``kernels.num_threads``, which
+  reads it from the threading layer, 2026-12-07), a no-op kernel of small work through
+  ``kernels.launch`` (at two numba threads where numba has them: the count set to 1 and
+  restored) against the same with numba's public calls (:func:`legacy_launch`, as it was
+  until 2026-12-07), and the read of ``NUMVAR_FLOP_BACKEND`` (``os.environ.get``
+  against ``flop._backend_env``).
 
 Prints microseconds, and each op's time as a multiple of the native add's.
 """
@@ -25,12 +32,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import time
 
+import numba
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import numvar
+from numvar.instrument import flop
+from numvar.instrument import kernels as KN
 from numvar.instrument.codepath import IdentityMode, reference_path
 
 
@@ -52,6 +63,25 @@ def legacy_codepath():
         torch.backends.cudnn.enabled = False
         stack.callback(setattr, torch.backends.cudnn, "enabled", cudnn)
         yield
+
+
+def legacy_launch(work: int, fn, *args):
+    """``kernels.launch`` as it was until 2026-12-07: numba's public thread-count calls
+    (each takes the start-up check's two locks)."""
+    if work >= KN.PARALLEL_MIN_WORK:
+        return fn(*args)
+    n = numba.get_num_threads()
+    if n == 1:
+        return fn(*args)
+    numba.set_num_threads(1)
+    try:
+        return fn(*args)
+    finally:
+        numba.set_num_threads(n)
+
+
+def _noop():
+    return None
 
 
 class WrappedMode(TorchDispatchMode):
@@ -98,7 +128,17 @@ def measure(repeats: int, rounds: int = 5) -> dict[str, float]:
         "op: add through a mode with PyTorch's wrapper": in_block(WrappedMode),
         "op: add at op SR": in_block(lambda: numvar.fuzzy(mode="sr", granularity="op")),
     }
-    calls: dict[str, list[float]] = {k: [] for k in (*blocks, *ops)}
+    pieces = {
+        "kernel call: numba.get_num_threads()": numba.get_num_threads,
+        "kernel call: kernels.num_threads()": KN.num_threads,
+        "kernel call: a small no-op through launch as before": lambda: legacy_launch(1, _noop),
+        "kernel call: a small no-op through kernels.launch": lambda: KN.launch(1, _noop),
+        "kernel call: os.environ.get(NUMVAR_FLOP_BACKEND)":
+            lambda: os.environ.get(flop.FLOP_BACKEND_ENV),
+        "kernel call: flop._backend_env()": flop._backend_env,
+    }
+    calls: dict[str, list[float]] = {k: [] for k in (*blocks, *ops, *pieces)}
+    n0 = numba.get_num_threads()
     with torch.no_grad():
         for name, f in blocks.items():  # warm-up
             f()
@@ -107,6 +147,12 @@ def measure(repeats: int, rounds: int = 5) -> dict[str, float]:
                 calls[name] += _time(f, repeats)
             for name, f in ops.items():
                 calls[name] += f()
+            numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+            try:
+                for name, f in pieces.items():
+                    calls[name] += _time(f, repeats)
+            finally:
+                numba.set_num_threads(n0)
     return {k: _percentile(v) for k, v in calls.items()}
 
 
@@ -134,7 +180,8 @@ def main(argv=None) -> None:
         p.error("--repeats must be at least 10 and --rounds at least 1")
     t = measure(args.repeats, args.rounds)
     native = t["op: native add"]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), kernel calls at "
+          f"{min(2, numba.config.NUMBA_NUM_THREADS)} numba thread(s); "
           f"tenth percentile of {args.rounds} x {args.repeats} calls")
     for k, v in t.items():
         ratio = f"  {v / native:5.2f}x native add" if k.startswith("op:") else ""

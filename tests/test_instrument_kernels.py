@@ -874,7 +874,7 @@ def test_narrow_kernel_serves_a_few_dozen_columns_without_512_bit_vectors(monkey
     fewer blocks than threads on a parallel product, 512-bit vectors."""
     monkeypatch.setattr(KN, "VECTORS_512", False)
     # as many threads as row blocks or fewer (the rule asks numba; the run is whatever)
-    monkeypatch.setattr(KN.numba, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(KN, "num_threads", lambda: 1)
     calls = _count_calls(monkeypatch, "_contract_narrow32", 4)
     rng = np.random.default_rng(29)
     a = rng.standard_normal((1, 130, 37))
@@ -903,7 +903,7 @@ def test_narrow_kernel_serves_a_few_dozen_columns_without_512_bit_vectors(monkey
     assert serves((1, 3 * L // 4, KN.NARROW_N), 1, False)
     assert not serves((1, 3 * L // 4 - 1, KN.NARROW_N), 1, False)
     assert not serves((1, 2 * L, 32), 1, True)  # all exact: the copy without product roundings
-    monkeypatch.setattr(KN.numba, "get_num_threads", lambda: 4)
+    monkeypatch.setattr(KN, "num_threads", lambda: 4)
     assert serves((1, 2 * L, 32), KN.PARALLEL_MIN_WORK - 1, False)  # one thread runs it
     assert not serves((1, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)  # 2 blocks for 4 threads
     assert serves((2, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)

@@ -147,3 +147,37 @@ def test_narrow_tail_joins_the_last_block_with_the_same_bits(threads, monkeypatc
             assert taken == [(BO, M, 6)], (name, BO, M)
             bits = np.uint32 if dt == np.float32 else np.uint64
             assert np.array_equal(narrow.view(bits), columns.view(bits)), (name, BO, M)
+
+
+@pytest.mark.parametrize("layer", ["numba's threading layer", "public functions only"])
+def test_launch_sets_and_restores_the_thread_count(monkeypatch, layer):
+    """``launch`` runs work below PARALLEL_MIN_WORK on one thread and more on all of this
+    thread's, and restores the count after, also when the kernel raises; ``num_threads``
+    reads numba's count, straight from the threading layer or (a numba without the
+    layer's functions, stood in by an empty table) through numba's public functions."""
+    if layer == "public functions only":
+        monkeypatch.setattr(KN, "_NUMBA_LAYER", {})
+    most = THREADS[-1]
+    seen = []
+
+    def kernel(fail=False):
+        seen.append((numba.get_num_threads(), KN.num_threads()))
+        if fail:
+            raise ValueError("kernel failed")
+        return "result"
+
+    n0 = numba.get_num_threads()
+    try:
+        for n in THREADS:
+            numba.set_num_threads(n)
+            assert KN.num_threads() == n
+            assert KN.launch(KN.PARALLEL_MIN_WORK - 1, kernel) == "result"
+            assert KN.launch(KN.PARALLEL_MIN_WORK, kernel) == "result"
+            with pytest.raises(ValueError, match="kernel failed"):
+                KN.launch(1, kernel, fail=True)
+            assert numba.get_num_threads() == KN.num_threads() == n
+            assert seen[-3:] == [(1, 1), (n, n), (1, 1)]
+            assert KN._threads(KN.PARALLEL_MIN_WORK) == n and KN._threads(7) == 1
+        assert most in {s[0] for s in seen}
+    finally:
+        numba.set_num_threads(n0)

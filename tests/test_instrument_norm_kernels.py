@@ -416,18 +416,16 @@ def test_runs_of_channels_give_the_whole_batch_norms_bits(dt):
 def test_channel_parts_split_only_work_worth_the_threads(monkeypatch):
     """One run with one thread, one channel, or less than PARALLEL_MIN_WORK terms' worth
     of time; else one per thread, at most one per channel."""
-    import numba
-
     from numvar.instrument import kernels as KN
 
-    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(KN, "num_threads", lambda: 2)
     big = KN.PARALLEL_MIN_WORK // NK.BATCH_NORM_WORK + 1
     assert NK.channel_parts(64, big, NK.BATCH_NORM_WORK) == 2
     assert NK.channel_parts(64, big - 2, NK.BATCH_NORM_WORK) == 1
     assert NK.channel_parts(1, 10 * big, NK.BATCH_NORM_WORK) == 1
-    monkeypatch.setattr(numba, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(KN, "num_threads", lambda: 1)
     assert NK.channel_parts(64, 10 * big, NK.BATCH_NORM_WORK) == 1
-    monkeypatch.setattr(numba, "get_num_threads", lambda: 8)
+    monkeypatch.setattr(KN, "num_threads", lambda: 8)
     assert NK.channel_parts(3, 10 * big, NK.BATCH_NORM_WORK) == 3
 
 
@@ -893,12 +891,12 @@ def test_row_parts(monkeypatch):
     than ROW_M_MIN rows or below kernels.PARALLEL_MIN_WORK terms' worth of time."""
     from numvar.instrument import kernels as KN
 
-    monkeypatch.setattr(NK.numba, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(KN, "num_threads", lambda: 2)
     big = KN.PARALLEL_MIN_WORK // NK.LAYER_NORM_WORK + 1
     assert NK.row_parts(128, big, NK.LAYER_NORM_WORK) == 2
     assert NK.row_parts(128, big - 2, NK.LAYER_NORM_WORK) == 1
     assert NK.row_parts(PW.ROW_M_MIN - 1, 10 * big, NK.LAYER_NORM_WORK) == 1
-    monkeypatch.setattr(NK.numba, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(KN, "num_threads", lambda: 1)
     assert NK.row_parts(128, 10 * big, NK.SOFTMAX_WORK) == 1
 
 

@@ -115,6 +115,22 @@ def test_bad_inputs():
 
 
 # ------------------------------------------------------------- backend selection (flop)
+@pytest.mark.parametrize("table", [True, False])
+def test_backend_variable_read_at_each_call(monkeypatch, table):
+    """NUMVAR_FLOP_BACKEND as os.environ holds it at the call: set, changed and removed
+    between calls, read from os.environ's table or (a Python without one) os.environ.get."""
+    if not table:
+        monkeypatch.setattr(flop, "_ENV_KEY", None)
+    monkeypatch.delenv(flop.FLOP_BACKEND_ENV, raising=False)
+    assert flop._backend_env() is None
+    for v in ("numba", "triton", " Numba "):
+        monkeypatch.setenv(flop.FLOP_BACKEND_ENV, v)
+        assert flop._backend_env() == v
+    assert flop.flop_backend(torch.device("cuda")) == "numba"
+    monkeypatch.delenv(flop.FLOP_BACKEND_ENV)
+    assert flop._backend_env() is None
+
+
 def test_backend_choice(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv(flop.FLOP_BACKEND_ENV, raising=False)

@@ -40,7 +40,6 @@ decomposition's result is contiguous for those too.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 from numba import njit
@@ -167,7 +166,7 @@ def _served(ctx, x) -> bool:
     """A binary32 CPU tensor the serial kernels take (module docstring)."""
     return (USE_KERNEL and isinstance(x, torch.Tensor) and x.dtype is torch.float32
             and LK.serves(ctx, x)
-            and not (x.numel() >= KN.PARALLEL_MIN_WORK and numba.get_num_threads() > 1))
+            and not (x.numel() >= KN.PARALLEL_MIN_WORK and KN.num_threads() > 1))
 
 
 def _backward_operands(ctx, args, kwargs, nkeys: int, want: int):

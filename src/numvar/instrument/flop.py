@@ -66,7 +66,22 @@ _log = logging.getLogger(__name__)
 FLOP_BACKEND_ENV = "NUMVAR_FLOP_BACKEND"
 FLOP_BACKENDS = ("auto", "numba", "triton")
 _triton_missing_logged = False
-_environ = os.environ
+#: os.environ's own table (CPython's ``os._Environ`` keeps the encoded names and values
+#: and updates it on every write through os.environ) and the encoded name of
+#: FLOP_BACKEND_ENV: :func:`_backend_env` reads it per op, where ``os.environ.get``
+#: (``Mapping.get``, ``encodekey``, ``decodevalue``) cost 0.86 µs a call
+_ENV_TABLE = getattr(os.environ, "_data", None)
+_ENV_KEY = (os.environ.encodekey(FLOP_BACKEND_ENV)
+            if _ENV_TABLE is not None and hasattr(os.environ, "encodekey") else None)
+
+
+def _backend_env() -> str | None:
+    """``os.environ.get(FLOP_BACKEND_ENV)``: its current value (None where unset), read
+    from os.environ's table where this Python has one."""
+    if _ENV_KEY is None:
+        return os.environ.get(FLOP_BACKEND_ENV)
+    raw = _ENV_TABLE.get(_ENV_KEY)
+    return None if raw is None else os.environ.decodevalue(raw)
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,7 +107,7 @@ def flop_backend(device: torch.device) -> str:
     where it cannot run, raises :class:`numvar.errors.ConfigError`.
     """
     global _triton_missing_logged
-    raw = _environ.get(FLOP_BACKEND_ENV)
+    raw = _backend_env()
     if not raw and device.type == "cpu":  # the common case, answered first (per op)
         return "numba"
     v = (raw or "").strip().lower() or "auto"
@@ -138,7 +153,7 @@ def _contract(a: torch.Tensor, b: torch.Tensor, key: int, ctx: Ctx, t: int,
     product but the group products that :func:`_contract_groups` computes without their
     im2col matrix (``numvar.workloads.zoo.count_contractions`` counts the calls of both)."""
     if (LEAN_BMM and kd is _F32 and a.dtype is _F32 and b.dtype is _F32 and a.is_cpu
-            and b.is_cpu and not _environ.get(FLOP_BACKEND_ENV)):
+            and b.is_cpu and not _backend_env()):
         # binary32 CPU operands on the numba backend: the kernel on their own arrays (the
         # casts of _np and _back below are identities); a transposed b (a linear layer's
         # weight.t()) as it is where the few-outputs kernel reads it transposed (a torch
@@ -500,7 +515,7 @@ def reduce(x: torch.Tensor, dim, ctx: Ctx, *, keepdim: bool = False, mul: bool =
         res = torch.from_numpy(arr).reshape(out_shape)
     elif (LEAN_SUMS and dtype is torch.float32 and ctx._t32 and x.is_cpu
           and x.is_contiguous() and dims[-1] == len(dims) - 1
-          and not _environ.get(FLOP_BACKEND_ENV)):
+          and not _backend_env()):
         # leading dims of a contiguous tensor: x viewed as (k, m) is the scan's operand
         arr = KN.scan(PW.array(x).reshape(k, m), ctx.stream.next_key(), ctx.code, 24, mul=mul)
         res = torch.from_numpy(arr).reshape(out_shape)

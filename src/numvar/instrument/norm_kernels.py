@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 import torch
 from numba import njit, prange, types
@@ -782,7 +781,7 @@ def _size_ok(x, splits: bool) -> bool:
     training batch norm 8.79 / 5.34, group norm of 8 groups 4.83 / 4.20; on two threads
     with the first three split 3.31 / 2.65, 2.23 / 1.76, 1.04 / 0.87."""
     return x.numel() < KN.PARALLEL_MIN_WORK or LARGE_INPUTS and (
-        splits or numba.get_num_threads() == 1)
+        splits or KN.num_threads() == 1)
 
 
 def _eps_ok(ctx, x, eps) -> bool:
@@ -913,7 +912,7 @@ def thread_parts(units: int, fewest: int, elems: int, work: int) -> int:
     """One run per numba thread, at most one per unit (row, channel, plane), or 1: with one
     thread, fewer than ``fewest`` units, or ``elems`` elements of ``work`` terms each
     below ``kernels.PARALLEL_MIN_WORK``."""
-    n = numba.get_num_threads()
+    n = KN.num_threads()
     if n < 2 or units < fewest or elems * work < KN.PARALLEL_MIN_WORK:
         return 1
     return min(n, units)
