@@ -104,6 +104,42 @@ def test_exclude_keeps_an_op_bitwise_native():
     assert torch.equal(w, native)
 
 
+def test_blocks_share_the_op_table_of_their_configuration(monkeypatch):
+    """Each op is classified once per (granularity, include, exclude), not once per block
+    (``mode._INFOS``), and blocks of other selections, interleaved, keep their own."""
+    from numvar.instrument import mode as MD
+
+    calls = []
+    classified = MD._classified
+
+    def counted(func, gran):
+        calls.append((str(func), gran))
+        return classified(func, gran)
+
+    monkeypatch.setattr(MD, "_classified", counted)
+    monkeypatch.setattr(MD, "_INFOS", {})
+    lin = nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        native = lin(x)
+        outs = []
+        for exclude in ((), ("aten.addmm",), (), ("aten.addmm",)):
+            with fuzzy(mode="ud", seed=0, exclude=exclude) as fz:
+                outs.append(lin(x))
+            assert ("aten.addmm.default" in fz.report().excluded) == bool(exclude)
+        with fuzzy(mode="ud", seed=0, granularity="op") as fz:
+            outs.append(lin(x))
+    assert torch.equal(outs[1], native) and torch.equal(outs[3], native)
+    assert torch.equal(outs[0], outs[2]) and not torch.equal(outs[0], native)
+    assert not torch.equal(outs[4], native)
+    # once per configuration (the two flop selections and op), not once per block
+    assert sorted(calls) == [("aten.addmm.default", "flop")] * 2 + [
+        ("aten.addmm.default", "op")] + [("aten.t.default", "flop")] * 2 + [
+        ("aten.t.default", "op")], calls
+    assert len(MD._INFOS) == 3  # (flop, all), (flop, without addmm), (op, all)
+    assert all(len(table) == 2 for table in MD._INFOS.values())
+
+
 def test_include_only_conv():
     conv = nn.Conv2d(2, 3, 3)
     lin = nn.Linear(12, 4)

@@ -421,6 +421,7 @@ def test_in_place_ops_dispatched_directly_equal_the_reentered_path(granularity, 
 
     monkeypatch.setattr(MD, "_classify", reentered)
     monkeypatch.setattr(MD, "_CLASSIFIED", {})
+    monkeypatch.setattr(MD, "_INFOS", {})
     for name, fn, _ in cases:
         r, n, inst = run(fn)
         assert bits_equal(direct[name][0], r) and direct[name][1:] == (n, inst), name
@@ -482,6 +483,7 @@ def test_fallback_is_reported_and_warned_once_per_block(caplog):
     name = "aten.avg_pool2d.default"
     saved = H.FLOP_HANDLERS.pop("aten.avg_pool2d")
     M._CLASSIFIED.clear()
+    M._INFOS.clear()
     x = gen(1, 2, 6, 6, seed=24)
     try:
         for block in range(2):  # every block warns again
@@ -496,6 +498,7 @@ def test_fallback_is_reported_and_warned_once_per_block(caplog):
     finally:
         H.FLOP_HANDLERS["aten.avg_pool2d"] = saved
         M._CLASSIFIED.clear()
+        M._INFOS.clear()
     rep = fz.report()
     assert rep.instrumented[name] == 2 and rep.escaped[name] == 2
     assert "no flop handler" in rep.how[name] and "no flop handler" in rep.escape_reasons[name]

@@ -134,6 +134,7 @@ def _branchy(x, dim, half_to_float):
 def test_data_dependent_decompositions_are_not_replayed(monkeypatch):
     monkeypatch.setitem(MM._decomps(), aten._softmax.default, _branchy)
     monkeypatch.setattr(MM, "_CLASSIFIED", {})
+    monkeypatch.setattr(MM, "_INFOS", {})
     MM._PROGRAMS.clear()
     pos, neg = torch.ones(3, 4), -torch.ones(3, 4)
     with fuzzy(mode="ieee", seed=0):
@@ -150,6 +151,7 @@ def test_constants_made_outside_the_dispatcher_are_recorded(monkeypatch):
 
     monkeypatch.setitem(MM._decomps(), aten._softmax.default, with_constant)
     monkeypatch.setattr(MM, "_CLASSIFIED", {})
+    monkeypatch.setattr(MM, "_INFOS", {})
     MM._PROGRAMS.clear()
     x = _gen(3, 4)
     with fuzzy(mode="ieee", seed=0):
