@@ -12,7 +12,10 @@ mode's entry once per op. Timed in one process, round after round (each variant'
   :class:`~numvar.instrument.codepath.IdentityMode`, entered by
   :func:`~numvar.instrument.codepath.reference_path`); and that floor as it was set up
   until 2026-12-05 (``contextlib`` and ``torch.nn.attention.sdpa_kernel``:
-  :func:`legacy_codepath`), against an empty ``with torch.no_grad()``;
+  :func:`legacy_codepath`), against an empty ``with torch.no_grad()``; a block at op SR
+  around one add (its first dispatch looks the op up), with the op table shared by the
+  blocks of a configuration and with a table of its own, as before 2026-12-07
+  (:func:`_block_with_add`);
 - **one op**, an add of two 64-element binary32 tensors: native; through
   ``IdentityMode`` (which opts out of the wrapper PyTorch puts around
   ``__torch_dispatch__``: :func:`numvar.instrument.codepath.guards_itself`); through a
@@ -98,6 +101,20 @@ def _block(make):
     return run
 
 
+def _block_with_add(a, b, shared: bool):
+    """A fuzzy block at op SR around one add: the block, and the first dispatch of an op
+    in it. ``shared=False`` gives the block a table of its own, as every block had until
+    2026-12-07 (``mode._INFOS``: now one per configuration, shared by its blocks), so its
+    first dispatch classifies the op again."""
+    def run():
+        fz = numvar.fuzzy(mode="sr", granularity="op")
+        if not shared:
+            fz._infos = {}
+        with fz:
+            a + b
+    return run
+
+
 def _percentile(calls: list[float]) -> float:
     calls = sorted(calls)
     return calls[len(calls) // 10] * 1e6
@@ -121,6 +138,9 @@ def measure(repeats: int, rounds: int = 5) -> dict[str, float]:
         "block: fuzzy(sr, op)": _block(lambda: numvar.fuzzy(mode="sr", granularity="op")),
         "block: floor (codepath + IdentityMode)": _block(reference_path),
         "block: floor as set up before (legacy_codepath + IdentityMode)": _block(_legacy_floor),
+        "block: fuzzy(sr, op) around one add": _block_with_add(a, b, shared=True),
+        "block: the same, the block's own op table (as before)": _block_with_add(a, b,
+                                                                                 shared=False),
     }
     ops = {
         "op: native add": lambda: _time(add, repeats),

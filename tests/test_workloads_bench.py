@@ -304,10 +304,11 @@ def test_bench_block_times_blocks_and_ops_against_the_legacy_set_up(monkeypatch,
     assert state() == before
     mod.main(["--repeats", "10", "--rounds", "1"])
     lines = capsys.readouterr().out.strip().splitlines()[1:]
-    assert len(lines) == 14
+    assert len(lines) == 16
     times = {ln[:66].strip(): float(ln[66:].split()[0]) for ln in lines}
     assert all(t > 0 for t in times.values())
     assert sum(k.startswith("kernel call: ") for k in times) == 6
+    assert sum(k.startswith("block: ") for k in times) == 6
     native = times["op: native add"]
     for ln in lines:
         if ln.startswith("op:"):
