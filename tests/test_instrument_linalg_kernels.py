@@ -220,6 +220,43 @@ def test_radix2_through_torch_fft(mode):
         assert a.stride() == b.stride() and same(a, b), i
 
 
+def _hermitian_reference(h, B, m, n):
+    """fft_kernels.hermitian32's docstring in plain Python: bins 0..n/2 from the pairs
+    (zeros past the m given), imaginary parts of bins 0 and n/2 set to +0, then
+    X_k = conj X_{n-k} for k > n/2."""
+    fr, fi = [], []
+    for b in range(B):
+        re = [float(h[2 * (b * m + k)]) if k < m else 0.0 for k in range(n // 2 + 1)]
+        im = [float(h[2 * (b * m + k) + 1]) if k < m else 0.0 for k in range(n // 2 + 1)]
+        im[0] = im[n // 2] = 0.0
+        fr += re + [re[n - k] for k in range(n // 2 + 1, n)]
+        fi += im + [-im[n - k] for k in range(n // 2 + 1, n)]
+    return fr, fi
+
+
+@pytest.mark.parametrize("B,m,n", [(3, 9, 16), (2, 5, 16), (2, 20, 16), (1, 2, 2), (4, 3, 4),
+                                   (2, 1, 8), (32, 129, 256)])
+def test_hermitian_and_interleave_copies(B, m, n):
+    """fft_kernels.hermitian32 and interleave32 against plain Python, bit for bit (the
+    signs of zeros included: a mirrored zero bin is (+0, -0)), for as many, fewer and
+    more bins than the transform reads."""
+    import numpy as np
+
+    from numvar.instrument import fft_kernels as FK
+
+    h = _rand(B * m * 2, seed=m).numpy()
+    h[::7] = 0.0
+    h[1::5] = -0.0
+    fr, fi = FK.hermitian32(h, B, m, n)
+    rr, ri = _hermitian_reference(h, B, m, n)
+    assert np.array_equal(fr.view(np.uint32), np.array(rr, np.float32).view(np.uint32))
+    assert np.array_equal(fi.view(np.uint32), np.array(ri, np.float32).view(np.uint32))
+    for keep in (1, n // 2 + 1, n):
+        out = FK.interleave32(fr, fi, B, n, keep)
+        ref = np.stack((fr.reshape(B, n)[:, :keep], fi.reshape(B, n)[:, :keep]), -1)
+        assert np.array_equal(out.view(np.uint32), ref.reshape(-1).view(np.uint32))
+
+
 @pytest.mark.parametrize("mode", ["sr", "ud", "random", "up"])
 def test_rowscan_matches_column_scan(mode):
     """flop.reduce / flop.scan over the last dim of fewer than ROW_M_MIN rows

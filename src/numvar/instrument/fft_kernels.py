@@ -72,7 +72,9 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real_in,
     the real parts of the result are wanted (an irfft's): the last stage computes no
     imaginary part (its twiddle products ``vr·wi`` and ``vi·wr``, their sum, its
     imaginary butterflies: 7 % of a 256-point transform's roundings), and the returned
-    imaginary parts are empty. The values computed keep their keys and indices.
+    imaginary parts are empty; its input is an irfft's Hermitian extension, whose
+    imaginary butterflies start on the residual path (:func:`_butterflies`). The values
+    computed keep their keys and indices.
 
     Between stages the data stays in the butterflies' element order: a stage's four
     results (``ur + tr``, ``ui + ti``, ``ur − tr``, ``ui − ti`` at e₂ = (b·n/m + blk)·h + k)
@@ -110,7 +112,8 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real_in,
             ui[q0 + k] = im[r0 + rev[2 * k]]
             tr[q0 + k] = re[r0 + rev[2 * k + 1]]
             ti[q0 + k] = im[r0 + rev[2 * k + 1]]
-    _butterflies(ur, ui, tr, ti, o, half, np.uint64(kb[0]), mode, False, not (real_out and n == 2))
+    _butterflies(ur, ui, tr, ti, o, half, np.uint64(kb[0]), mode, False,
+                 not (real_out and n == 2), False)
     m = 4
     s = 1
     toff = 0
@@ -156,7 +159,7 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real_in,
             _twiddled(vr, vi, tr, ti, nq, 16)
         else:
             _twiddled_runs(vr, vi, tr, ti, nq, h)
-        _butterflies(ur, ui, tr, ti, o2, half, np.uint64(kb[s]), mode, real_in, imag)
+        _butterflies(ur, ui, tr, ti, o2, half, np.uint64(kb[s]), mode, real_in, imag, real_out)
         o, o2 = o2, o
         m *= 2
         s += 1
@@ -177,22 +180,18 @@ def radix2_32(re, im, B, n, twr, twi, kp, ka, kb, mode, real_in,
 @njit(inline="always", error_model="numpy")
 def _stage_inputs(o, ur, ui, tr, ti, vr, vi, nq, ph, half):
     """A stage's operands from the previous stage's results ``o`` (runs of ``ph``): for
-    each of its ``nq`` blocks q, u (``ur``, ``ui`` at q·h + k) from previous block 2q,
-    t's unmultiplied k = 0 (``tr``, ``ti`` at q·h) and the parts to be multiplied
-    (``vr``, ``vi`` at q·(h−1) + k − 1) from block 2q + 1; h = 2·ph (exact copies).
-    Called with ``ph`` (1, 2, 4, 8) a constant, whose loops unroll; longer runs:
-    :func:`_stage_runs`."""
+    each of its ``nq`` blocks q, u (``ur``, ``ui`` at q·h + k) from previous block 2q
+    (:func:`_blend_u`), t's unmultiplied k = 0 (``tr``, ``ti`` at q·h) and the parts to
+    be multiplied (``vr``, ``vi`` at q·(h−1) + k − 1) from block 2q + 1; h = 2·ph
+    (exact copies). Called with ``ph`` (1, 2, 4, 8) a constant, whose loops unroll;
+    longer runs: :func:`_stage_runs`."""
     h = 2 * ph
+    _blend_u(o, ur, ui, half, ph)
     e = 0
     e1 = 0
     for q in range(nq):
         ev = 2 * q * ph  # previous block 2q: u; 2q + 1: t (k = 0 unmultiplied)
         od = ev + ph
-        for k in range(ph):
-            ur[e + k] = o[ev + k]
-            ui[e + k] = o[half + ev + k]
-            ur[e + ph + k] = o[2 * half + ev + k]
-            ui[e + ph + k] = o[3 * half + ev + k]
         tr[e] = o[od]
         ti[e] = o[half + od]
         for k in range(1, ph):
@@ -206,21 +205,43 @@ def _stage_inputs(o, ur, ui, tr, ti, vr, vi, nq, ph, half):
 
 
 @njit(inline="always", error_model="numpy")
+def _blend_u(o, ur, ui, half, ph):
+    """u of every block of a stage from the previous stage's results ``o`` (runs of
+    ``ph``, h = 2·ph): at q·h + k the sum at q·h + k for k < ph, the difference at
+    q·h + k − ph after (block 2q's sums, then its differences; exact copies), as one
+    select between two contiguous reads per element, which LLVM vectorises whatever ph
+    (the reads indexed by the loop counter itself: a computed index goes through numba's
+    negative-index wrap, a gather per load). The per-block copies of runs of 1–8 took
+    6 of a 256-point, 32-row transform's 250 µs more (Zen 4, one thread, sr)."""
+    sr = o[0:half]
+    dr = o[2 * half - ph:3 * half - ph]
+    si = o[half:2 * half]
+    di = o[3 * half - ph:4 * half - ph]
+    for i in range(half):
+        first = (i & ph) == 0
+        a = sr[i]
+        b = dr[i]
+        ur[i] = a if first else b
+    for i in range(half):
+        first = (i & ph) == 0
+        a = si[i]
+        b = di[i]
+        ui[i] = a if first else b
+
+
+@njit(inline="always", error_model="numpy")
 def _stage_runs(o, ur, ui, tr, ti, vr, vi, nq, ph, half):
-    """:func:`_stage_inputs` for runs of ``ph`` >= 16: each run copied as a view
+    """:func:`_stage_inputs` for runs of ``ph`` >= 16: each run of v copied as a view
     (``pointwise.copy_into``, which LLVM vectorises). The element loops with a runtime
     ``ph`` stayed scalar: a 256-point, 32-row transform's last three stages copied in
     39 µs (0.75 ns an element), in 7 this way (Zen 4, in cache)."""
     h = 2 * ph
+    _blend_u(o, ur, ui, half, ph)
     e = 0
     e1 = 0
     for q in range(nq):
         ev = 2 * q * ph
         od = ev + ph
-        copy_into(ur[e:e + ph], o[ev:ev + ph])
-        copy_into(ui[e:e + ph], o[half + ev:half + ev + ph])
-        copy_into(ur[e + ph:e + h], o[2 * half + ev:2 * half + ev + ph])
-        copy_into(ui[e + ph:e + h], o[3 * half + ev:3 * half + ev + ph])
         tr[e] = o[od]
         ti[e] = o[half + od]
         copy_into(vr[e1:e1 + ph - 1], o[od + 1:od + ph])
@@ -259,12 +280,15 @@ def _twiddled(vr, vi, tr, ti, nq, h):
 
 
 @njit(inline="always", error_model="numpy")
-def _butterflies(ur, ui, tr, ti, o, half, kbs, mode, lo, imag):
+def _butterflies(ur, ui, tr, ti, o, half, kbs, mode, lo, imag, lo_im):
     """A stage's ``(ur + tr, ui + ti, ur − tr, ui − ti)`` into ``o`` at q·half + e₂
-    (without ``imag``, the real parts only); with ``lo`` the real parts' sums on the
-    residual path first (``round_sum_into``: same values). Measured on an rfft's 32 rows
-    of 256 (Zen 4, one thread, sr): 280 → 264 µs with ``lo`` from stage 1 on; on complex
-    input it cost 257 → 264 µs, so only a real input takes it."""
+    (without ``imag``, the real parts only); with ``lo`` the real parts' sums, with
+    ``lo_im`` the imaginary parts', on the residual path first (``round_sum_into``: same
+    values). Measured on an rfft's 32 rows of 256 (Zen 4, one thread, sr): 280 → 264 µs
+    with ``lo`` from stage 1 on; on complex input it cost 257 → 264 µs, so only a real
+    input takes it. An irfft's Hermitian input declines about 1 % of its imaginary sums
+    (near-cancelling parts, inexact in float64) from stage 2 on, which redid nearly every
+    tile: fft_filter's irfft of 32 rows of 256 took 264 µs, 233 with ``lo_im``."""
     if lo:
         round_sum_into(K.OP_ADD, ur, tr, o[0:half], kbs, 0, mode)
         round_sum_into(K.OP_SUB, ur, tr, o[2 * half:3 * half], kbs, 2 * half, mode)
@@ -272,22 +296,28 @@ def _butterflies(ur, ui, tr, ti, o, half, kbs, mode, lo, imag):
         round_into(K.OP_ADD, ur, tr, o[0:half], kbs, 0, mode)
         round_into(K.OP_SUB, ur, tr, o[2 * half:3 * half], kbs, 2 * half, mode)
     if imag:
-        round_into(K.OP_ADD, ui, ti, o[half:2 * half], kbs, half, mode)
-        round_into(K.OP_SUB, ui, ti, o[3 * half:4 * half], kbs, 3 * half, mode)
+        if lo_im:
+            round_sum_into(K.OP_ADD, ui, ti, o[half:2 * half], kbs, half, mode)
+            round_sum_into(K.OP_SUB, ui, ti, o[3 * half:4 * half], kbs, 3 * half, mode)
+        else:
+            round_into(K.OP_ADD, ui, ti, o[half:2 * half], kbs, half, mode)
+            round_into(K.OP_SUB, ui, ti, o[3 * half:4 * half], kbs, 3 * half, mode)
 
 
 @njit(cache=True, error_model="numpy")
 def interleave32(xr, xi, B, n, keep):  # pragma: no cover - compiled
     """The first ``keep`` bins of each of the B rows of parts (xr, xi) ((B·n,) float32)
     as interleaved (re, im) pairs, (B·keep·2,) float32: the memory of a complex64
-    (B, keep) tensor (exact copies)."""
+    (B, keep) tensor (exact copies). Each row through slices of its own: LLVM then
+    vectorises the interleaving (32 rows of 129 bins: 4.3 → 1.5 µs, Zen 4)."""
     out = np.empty(B * keep * 2, np.float32)
     for b in range(B):
-        src = b * n
-        dst = 2 * b * keep
+        r = xr[b * n:b * n + keep]
+        i = xi[b * n:b * n + keep]
+        o = out[2 * b * keep:2 * (b + 1) * keep]
         for k in range(keep):
-            out[dst + 2 * k] = xr[src + k]
-            out[dst + 2 * k + 1] = xi[src + k]
+            o[2 * k] = r[k]
+            o[2 * k + 1] = i[k]
     return out
 
 
@@ -297,20 +327,30 @@ def hermitian32(h, B, m, n):  # pragma: no cover - compiled
     bins given as interleaved (re, im) pairs ``h`` ((B·m·2,) float32), as
     :func:`numvar.instrument.fft.fft_c2r` extends them: bins 0..n/2 copied (zeros past
     the m given), the imaginary parts of bins 0 and n/2 set to +0, then
-    ``X_k = conj X_{n−k}`` for k > n/2 (exact copies and negations)."""
+    ``X_k = conj X_{n−k}`` for k > n/2 (exact copies and negations; the mirrors of bins
+    past the m given are (+0, −0)). Every part written once, each row through slices of
+    its own, the mirrors read from ``h``: 32 rows of 129 bins to 256 took 10 µs as zeros,
+    copies and a second pass over the written halves, 5.6 now (Zen 4)."""
     half = n // 2
     L = min(m, half + 1)
-    fr = np.zeros(B * n, np.float32)
-    fi = np.zeros(B * n, np.float32)
+    fr = np.empty(B * n, np.float32)
+    fi = np.empty(B * n, np.float32)
     for b in range(B):
-        src = 2 * b * m
-        dst = b * n
+        src = h[2 * b * m:2 * b * m + 2 * L]
+        r = fr[b * n:(b + 1) * n]
+        i = fi[b * n:(b + 1) * n]
         for k in range(L):
-            fr[dst + k] = h[src + 2 * k]
-            fi[dst + k] = h[src + 2 * k + 1]
-        fi[dst] = 0.0
-        fi[dst + half] = 0.0
-        for k in range(half + 1, n):
-            fr[dst + k] = fr[dst + n - k]
-            fi[dst + k] = -fi[dst + n - k]
+            r[k] = src[2 * k]
+            i[k] = src[2 * k + 1]
+        for k in range(L, half + 1):
+            r[k] = 0.0
+            i[k] = 0.0
+        i[0] = 0.0
+        i[half] = 0.0
+        for k in range(1, min(L, half)):  # bins n − k from the given bins k < n/2
+            r[n - k] = src[2 * k]
+            i[n - k] = -src[2 * k + 1]
+        for k in range(max(L, 1), half):  # and from the zeros past them
+            r[n - k] = 0.0
+            i[n - k] = -0.0
     return fr, fi

@@ -192,6 +192,11 @@ def _kdtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _np(x: torch.Tensor, kd: torch.dtype):
+    """``x``'s values as a C-order ``kd`` array on the CPU: a view where x already is one
+    (one check and ``numpy()``, 1.0–1.4 µs against 1.9 for the general chain of
+    conversions, which returns the same view there), a copy elsewhere."""
+    if x.dtype is kd and x.is_cpu and x.is_contiguous():
+        return (x.detach() if x.requires_grad else x).numpy()
     return x.detach().to(device="cpu", dtype=kd).contiguous().numpy()
 
 
@@ -313,9 +318,9 @@ def _group_products(x, w, ks, stride, padding, dilation, g: int, ctx: Ctx, dtype
             return None, None
         t = acc.t
     m = w.shape[0] // g
-    k = w[0].numel()
+    k = math.prod(w.shape[1:])  # (from the shapes: indexing makes a view, 1.5 µs each)
     if not CK.serves(ctx.code, t, ctx.contraction, w.shape[1], g, m, x.shape[0] * math.prod(ls),
-                     k, x[:, 0].numel() * w.shape[1]):
+                     k, x.shape[0] * math.prod(x.shape[2:]) * w.shape[1]):
         return None, None
     out = _contract_groups(x, w, ks, stride, padding, dilation, g, ls, ctx.stream.next_key(),
                            ctx, t)
