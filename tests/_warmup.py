@@ -134,11 +134,13 @@ def _rnn_steps() -> tuple[str, float]:
 def _short_paths() -> tuple[str, float]:
     """The compiled short paths of linear algebra, FFTs and complex arithmetic
     (``linalg_kernels.lu32``/``trsm32``/``solve32`` and their keys, ``fft_kernels.radix2_32``,
-    ``pointwise.cmul32``/``polar32``) and the pointwise tiles they share (~100 s cold on
+    ``pointwise.cmul32``/``polar32``, ``conv_kernels.bias_rows32``) and the pointwise tiles
+    they share (~100 s cold on
     one core: each of the two test workers compiled them before either had cached them),
     called once each with the types their callers pass."""
     import numpy as np
 
+    from numvar.instrument import conv_kernels as CK
     from numvar.instrument import fft_kernels as FK
     from numvar.instrument import linalg_kernels as LK
     from numvar.instrument import pointwise as PW
@@ -155,7 +157,9 @@ def _short_paths() -> tuple[str, float]:
     LK.solve32(f32.copy(), f32.copy(), 1, 4, 4, np.zeros(4, np.int32), np.zeros(1, np.int32),
                np.ones((3, 12), np.uint64), mode)
     twr, twi = FK.stage_twiddles32(f32[:8], f32[:8], 2, 8)
-    FK.radix2_32(f32, f32, 2, 8, twr, twi, *keys[:, :3].copy(), mode, False, False)
+    FK.radix2_32(f32, f32, 2, 8, twr, twi, *keys[:, :3].copy(), mode, False, False,
+                 np.float32(1.0), np.uint64(0))
+    CK.bias_rows32(f32[:8], f32[:2], 2, 2, np.uint64(1), mode)
     return "short paths", time.perf_counter() - t0
 
 

@@ -60,7 +60,7 @@ def _run(monkeypatch, use: bool, case, **config):
     monkeypatch.setattr(CK, "USE_KERNEL", use)
     with torch.no_grad(), count_contractions() as cc, fuzzy(granularity="flop",
                                                              **config) as fz:
-        out = _CONV[x.dim() - 2](x, w, b, st, pd, dl, g)
+        out = _CONV[w.dim() - 2](x, w, b, st, pd, dl, g)
     return out, fz.stream.counter, fz.report().to_dict(), cc.terms
 
 
@@ -233,3 +233,36 @@ def test_training_step_same_loss_and_gradients(monkeypatch):
     assert len(calls) >= 3  # two forward convolutions, the depthwise input gradient
     fast, ref = results[True], results[False]
     assert all(same(a, b) for a, b in zip(fast[:-1], ref[:-1])) and fast[-1] == ref[-1]
+
+
+@pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random", "up"])
+def test_bias_add_kernel_equals_ctx_add(monkeypatch, mode):
+    """conv_kernels.bias_rows32 (a convolution's bias added to its products in one
+    compiled call) against Ctx.add on the permuted products (BIAS_KERNEL off): same
+    bits, stream position, report and contraction count, over random convolutions of both
+    routes (one channel per group: grouped32; several: the im2col matrix), 1-3-D,
+    batches of 1 and 2, unbatched input, and biases with inf, NaN, -0 and values 2^60
+    apart from the products (inexact float64 sums: the residual path)."""
+    rng = random.Random(11)
+    cases = [_case(rng, nd, depthwise=dw) for nd in (1, 2, 3) for dw in (True, False)
+             for _ in range(2)]
+    x, w, _, st, pd, dl, g = _case(rng, 1)
+    cases.append((x[0], w, None, st, pd, dl, g))  # unbatched
+    calls = count_calls(monkeypatch, CK, "bias_rows32")
+    for i, (x, w, b, st, pd, dl, g) in enumerate(cases):
+        b = torch.randn(w.shape[0], generator=torch.Generator().manual_seed(i))
+        if i % 3 == 0:
+            b[0] = 2.0 ** 60
+        if i % 4 == 1 and b.numel() > 2:
+            b[1], b[2] = float("inf"), float("nan")
+        if i % 5 == 2:
+            b[-1] = -0.0
+        case = (x, w, b, st, pd, dl, g)
+        monkeypatch.setattr(CK, "BIAS_KERNEL", True)
+        fast = _run(monkeypatch, True, case, mode=mode, seed=4)
+        assert len(calls) == i + 1  # the kernel added the bias
+        monkeypatch.setattr(CK, "BIAS_KERNEL", False)
+        ref = _run(monkeypatch, True, case, mode=mode, seed=4)
+        assert len(calls) == i + 1
+        assert same(fast[0], ref[0]), i
+        assert fast[1:] == ref[1:]

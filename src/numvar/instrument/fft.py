@@ -141,15 +141,20 @@ def _stage_flags(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _radix2_flat(ctx: Ctx, re: np.ndarray, im: np.ndarray, B: int, n: int, sign: int,
-                 real_in: bool = False, real_out: bool = False):
+                 real_in: bool = False, real_out: bool = False, scale: float = 1.0):
     """:func:`radix2_32` on B rows of (B·n,) float32 parts, with the keys the tensor
     implementation draws (products and their sums where h > 1, then the butterflies,
-    stage by stage): the transformed (re, im) arrays. ``real_in``: ``im`` is all zeros;
-    ``real_out``: only the real parts are wanted (the imaginary ones come back empty)."""
+    stage by stage): the transformed (re, im) arrays. ``real_in``: ``im`` is all +0;
+    ``real_out``: only the real parts are wanted (the imaginary ones come back empty);
+    ``scale`` (with ``real_out``, other than 1): the real parts multiplied by it, as
+    ``ctx.mul(out, scale)`` after the transform would (its key drawn next, the scale
+    rounded to binary32 as that call rounds a Python float)."""
     h1, every = _stage_flags(n)
     kp, ka, kb = LK.keys(ctx, h1, h1, every)
     twr, twi = _stage_twiddles(n, sign, B)
-    return radix2_32(re, im, B, n, twr, twi, kp, ka, kb, ctx.code, real_in, real_out)
+    ks = ctx.stream.next_key() if scale != 1.0 else 0
+    return radix2_32(re, im, B, n, twr, twi, kp, ka, kb, ctx.code, real_in, real_out,
+                     np.float32(scale), np.uint64(ks))
 
 
 def _radix2(ctx: Ctx, re: torch.Tensor, im: torch.Tensor, sign: int):
@@ -297,14 +302,14 @@ def _last_dim_kernel(x: torch.Tensor, dims: list[int], n: int) -> bool:
 def _r2c_last(ctx: Ctx, x: torch.Tensor, n: int, normalization: int,
               onesided: bool) -> torch.Tensor:
     """:func:`fft_r2c` of binary32 x along its last dim straight through :func:`radix2_32`:
-    x's rows as the real parts and zeros as the imaginary ones, the bins kept written
+    x's rows as the real parts and +0 as the imaginary ones, the bins kept written
     as complex64 by :func:`interleave32`. The same keys, element indices and values as
     the general path, without its complex intermediates (joins, part copies, the
     narrowed copy). A normalisation rounds every bin of the full transform (its element
     indices are those of the (…, n) result), and the bins are narrowed after it."""
     B = x.numel() // n
-    xr, xi = _radix2_flat(ctx, LK.flat32(x), np.zeros(B * n, np.float32), B, n, -1,
-                          real_in=True)
+    xr, xi = _radix2_flat(ctx, LK.flat32(x), np.empty(0, np.float32), B, n, -1,
+                          real_in=True)  # (imaginary parts +0: not read)
     half = n // 2 + 1 if onesided else n
     keep = half if normalization == NORM_NONE else n
     pairs = torch.from_numpy(interleave32(xr, xi, B, n, keep))
@@ -315,16 +320,16 @@ def _r2c_last(ctx: Ctx, x: torch.Tensor, n: int, normalization: int,
 
 def _c2r_last(ctx: Ctx, z: torch.Tensor, n: int, normalization: int) -> torch.Tensor:
     """:func:`fft_c2r` of complex64 z along its last dim: the Hermitian extension by
-    :func:`hermitian32`, :func:`radix2_32`, the real parts (same values, keys and element
-    indices as the general path), then the normalisation."""
+    :func:`hermitian32`, :func:`radix2_32`, the real parts, normalised as they are
+    written back (same values, keys and element indices as the general path's transform
+    and ``ctx.mul``)."""
     m = z.shape[-1]
     B = z.numel() // m
     fr, fi = hermitian32(LK.flat32(torch.view_as_real(z)), B, m, n)
-    xr, _ = _radix2_flat(ctx, fr, fi, B, n, 1, real_out=True)
-    out = torch.from_numpy(xr).view(*z.shape[:-1], n)
-    if normalization == NORM_NONE:
-        return out
-    return ctx.mul(out, 1.0 / math.sqrt(n) if normalization == NORM_ROOT_N else 1.0 / n)
+    scale = (1.0 if normalization == NORM_NONE
+             else 1.0 / math.sqrt(n) if normalization == NORM_ROOT_N else 1.0 / n)
+    xr, _ = _radix2_flat(ctx, fr, fi, B, n, 1, real_out=True, scale=scale)
+    return torch.from_numpy(xr).view(*z.shape[:-1], n)
 
 
 def fft_r2c(ctx: Ctx, x: torch.Tensor, dim, normalization: int, onesided: bool) -> torch.Tensor:
