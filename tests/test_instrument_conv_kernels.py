@@ -248,7 +248,13 @@ def test_bias_add_kernel_equals_ctx_add(monkeypatch, mode):
              for _ in range(2)]
     x, w, _, st, pd, dl, g = _case(rng, 1)
     cases.append((x[0], w, None, st, pd, dl, g))  # unbatched
+    gen = torch.Generator().manual_seed(5)
+    for nd, groups in ((1, 1), (2, 1), (2, 2)):  # several channels per group: im2col
+        x = torch.randn(2, 4, *[6] * nd, generator=gen)
+        w = torch.randn(6, 4 // groups, *[3] * nd, generator=gen)
+        cases.append((x, w, None, [1] * nd, [1] * nd, [1] * nd, groups))
     calls = count_calls(monkeypatch, CK, "bias_rows32")
+    grouped = count_calls(monkeypatch, CK, "grouped32")
     for i, (x, w, b, st, pd, dl, g) in enumerate(cases):
         b = torch.randn(w.shape[0], generator=torch.Generator().manual_seed(i))
         if i % 3 == 0:
@@ -266,3 +272,5 @@ def test_bias_add_kernel_equals_ctx_add(monkeypatch, mode):
         assert len(calls) == i + 1
         assert same(fast[0], ref[0]), i
         assert fast[1:] == ref[1:]
+    if mode != "up":  # (grouped32 serves sr, ieee, ud and random: up takes im2col alone)
+        assert 0 < len(grouped) < 2 * len(cases)  # both routes computed the products
