@@ -928,6 +928,62 @@ def test_narrow_kernel_serves_a_few_dozen_columns_without_512_bit_vectors(monkey
     assert not serves((1, 2 * L, 32), KN.PARALLEL_MIN_WORK, False)
 
 
+def test_untransposed_b_keeps_every_bit():
+    """``_untransposed32`` puts a transposed (BB, N, K) array in C order as (BB, K, N) and
+    widens it, every bit pattern kept (NaN payloads, signed zeros, subnormals): square
+    blocks, their remainders in both dims, fewer rows or columns than a block, several
+    batches, with and without the widened copy."""
+    rng = np.random.default_rng(8)
+    R = KN.UNTRANSPOSE_ROWS
+    for BB, N, K in ((1, 5, 3), (3, 37, 19), (2, 2 * R, 3 * R), (1, R, R), (2, 1, 2 * R + 1)):
+        bits = rng.integers(0, 1 << 32, (BB, N, K), dtype=np.uint64).astype(np.uint32)
+        bt = bits.view(np.float32)
+        want = np.ascontiguousarray(bits.transpose(0, 2, 1)).reshape(-1)
+        for wide in (True, False):
+            flat = np.empty(bt.size, np.float32)
+            b64 = np.empty(bt.size if wide else 0)
+            KN._untransposed32(bt, flat, b64)
+            assert np.array_equal(flat.view(np.uint32), want), (BB, N, K)
+            if wide:
+                with np.errstate(invalid="ignore"):  # (signalling NaNs quieted, as numba does)
+                    wide64 = want.view(np.float32).astype(np.float64)
+                assert _same(b64, wide64), (BB, N, K)
+
+
+def test_contract_reads_a_transposed_b_as_it_lies(monkeypatch):
+    """A transposed ``b`` (``weight.t()``, its transpose C-contiguous) gives the bits of
+    the same values in C order on every path of ``contract``: the narrow and column
+    kernels, the full-path kernel (ud, fma, virtual precision), binary64, every mode, with
+    rows that are not clean; the binary32 paths put it in C order through
+    ``_untransposed32`` (no other copy)."""
+    calls = _count_calls(monkeypatch, "_untransposed32", 1)
+    rng = np.random.default_rng(9)
+    a = _with_specials(rng, _weird(rng, (2, 70, 37), np.float32))
+    w = rng.standard_normal((1, 24, 37)).astype(np.float32)  # (BB, N, K): weight rows
+    w[0, 3, 5] = np.float32(3e38)
+    bt = w.transpose(0, 2, 1)  # (BB, K, N), a view
+    n = 0
+    for m in MODES:
+        code = RK.mode_code(m)
+        for t, contraction in ((24, "separate"), (24, "fma"), (13, "separate")):
+            for narrow in (True, False):
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(KN, "NARROW_KERNEL", narrow)
+                    got = KN.contract(a, bt, 5, code, t, contraction)
+                    want = KN.contract(a, np.ascontiguousarray(bt), 5, code, t, contraction)
+                n += 1
+                assert _same(got, want), (m, t, contraction, narrow)
+        got = KN.contract(a.astype(np.float64), bt.astype(np.float64), 5, code, 53)
+        want = KN.contract(a.astype(np.float64), np.ascontiguousarray(bt).astype(np.float64),
+                           5, code, 53)
+        assert _same(got, want), m
+    assert calls == [(bt.size,)] * n
+    # (contiguous operands against the reference: the tests above; once more here)
+    code = RK.mode_code("sr")
+    assert _same(KN.contract(a, bt, 5, code, 24),
+                 KN.contract_reference(a, np.ascontiguousarray(bt), 5, code, 24))
+
+
 def test_narrow_kernel_on_wide_products_agrees_with_the_column_kernel():
     """Rows in whole blocks across more than NARROW_N columns (on 512-bit hosts with the
     term bits inside the loops up to NARROW_N_512 take ``_contract_narrow32``), forced

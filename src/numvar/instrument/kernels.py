@@ -1425,6 +1425,73 @@ def _narrow32(acc, at, bmat, hb, hk, k0, kc, mode):  # pragma: no cover - compil
         _narrow_loops(acc, at, bmat, hb, hk, k0, kc, _RANDOM, False)
 
 
+#: rows of ``b`` per task of :func:`_untransposed32`, and the side of its square blocks
+UNTRANSPOSE_ROWS = 8
+
+
+@njit(parallel=True, cache=True)
+def _untransposed32(bt, b, b64):  # pragma: no cover - compiled
+    """``b`` (BB·K·N,) ← the (BB, K, N) matrix whose transpose is ``bt`` (BB, N, K)
+    C-contiguous, in C order, and ``b64`` (the same size, or empty) ← b widened to
+    float64: a linear layer's ``weight.t()`` as the product kernels read it. One task per
+    :data:`UNTRANSPOSE_ROWS` rows of b, transposed in square blocks with constant trip
+    counts, then widened while in cache. Measured (AMD Zen 4, one thread): 128 × 512 and
+    512 × 128 weights 28–30 µs, 128 × 128 8 µs, against 51–124 and 14 for torch's
+    transposing copy and numpy's ``astype`` after it (docs/speed.md, "A linear layer's
+    weight read as it lies"). The rows are 1-D slices of flat arrays (a row of a 2-D
+    slice is any-layout to numba, and its loops do not vectorise)."""
+    BB, N, Kd = bt.shape
+    R = UNTRANSPOSE_ROWS
+    nkb = (Kd + R - 1) // R
+    wide = b64.size > 0
+    for task in prange(BB * nkb):
+        bb = task // nkb
+        k0 = (task - bb * nkb) * R
+        k1 = min(Kd, k0 + R)
+        src = bt[bb]
+        r0 = (bb * Kd + k0) * N
+        n0 = 0
+        if k1 - k0 == R:
+            while n0 + R <= N:
+                for kk in range(R):
+                    dst = b[r0 + kk * N + n0:r0 + kk * N + n0 + R]
+                    for nn in range(R):
+                        dst[nn] = src[n0 + nn, k0 + kk]
+                n0 += R
+        for k in range(k0, k1):
+            for n in range(n0, N):
+                b[(bb * Kd + k) * N + n] = src[n, k]
+        if wide:
+            r1 = (bb * Kd + k1) * N
+            d64 = b64[r0:r1]
+            s32 = b[r0:r1]
+            for i in range(d64.size):
+                d64[i] = np.float64(s32[i])
+
+
+def _transposed(b: np.ndarray):
+    """``b``'s transpose (BB, N, K) where it is C-contiguous and b is not (b a transposed
+    view: ``weight.t()``), else None."""
+    if b.flags.c_contiguous:
+        return None
+    bt = b.transpose(0, 2, 1)
+    return bt if bt.flags.c_contiguous else None
+
+
+def _c_order32(b: np.ndarray, wide: bool):
+    """(``b`` C-contiguous, b widened to float64 as a flat array or None) for a binary32
+    ``b`` (BB, K, N): a transposed view through :func:`_untransposed32` (on numba's
+    threads from 2**15 elements), any other layout by numpy. The same values."""
+    bt = _transposed(b)
+    if bt is not None:
+        flat = np.empty(b.size, np.float32)
+        b64 = np.empty(b.size if wide else 0)
+        launch(8 * b.size, _untransposed32, bt, flat, b64)
+        return flat.reshape(b.shape), (b64 if wide else None)
+    b = np.ascontiguousarray(b)
+    return b, (b.astype(np.float64).reshape(-1) if wide else None)
+
+
 @njit(cache=True)
 def _transpose_block(at, arows, i0, i1, k0, kc):  # pragma: no cover - compiled
     """``at[kk, lane] = a[i0 + lane, k0 + kk]`` as float64 for the NARROW_ROWS lanes and
@@ -2402,28 +2469,38 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
         clean, _ = launch(a.size + bt.size, _prepare32, a, bt.reshape(b.shape), BO, t)
         _contract_few32(a, bt, clean, out, np.uint64(key))
     elif out.size:
-        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        a = np.ascontiguousarray(a)
         if a.dtype == np.float32 and 1 <= t <= 24 and mode <= _RANDOM:
             # clean rows and significant bits in one parallel pass (the same values as
-            # clean_rows and narrow_products); products exact (bf16/fp16 values): sr, ieee
-            # and random leave them unchanged
-            clean, pab = launch(a.size + b.size, _prepare32, a, b, BO, t)
+            # clean_rows and narrow_products; b's statistics are per batch, so a
+            # transposed b's own array serves); products exact (bf16/fp16 values): sr,
+            # ieee and random leave them unchanged
+            bt = _transposed(b)
+            if bt is None:
+                b = np.ascontiguousarray(b)
+            clean, pab = launch(a.size + b.size, _prepare32, a,
+                                b if bt is None else bt.reshape(b.shape), BO, t)
             exact = EXACT_PRODUCTS and not fma and t == 24 and mode != _UD and pab <= t
-            if NARROW_KERNEL and not fma and t == 24 and _narrow32_serves(out.shape, work,
-                                                                         exact):
-                launch(work, _contract_narrow32, a, b, b.astype(np.float64).reshape(-1),
-                       clean, out, np.uint64(key), mode)
+            narrow = NARROW_KERNEL and not fma and t == 24 and _narrow32_serves(
+                out.shape, work, exact)
+            b, b64 = _c_order32(b, narrow)
+            if narrow:
+                launch(work, _contract_narrow32, a, b, b64, clean, out, np.uint64(key), mode)
             else:
                 launch(work, _contract_fast32, a, b, clean, out, np.uint64(key), mode, t,
                        fma, exact, _threads(work))
+        elif a.dtype == np.float32:
+            launch(work, _contract_kernel, a, _c_order32(b, False)[0], out, np.uint64(key),
+                   mode, t, True, fma)
         elif a.dtype == np.float64 and t == 53 and mode <= _RANDOM and not fma:
+            b = np.ascontiguousarray(b)
             narrow = (NARROW_KERNEL and out.shape[2] <= NARROW_N
                       and _narrow_rows_fit(out.shape[1], out.shape[2]))
             launch(work, _contract_narrow64 if narrow else _contract_fast64, a, b,
                    clean_rows64(a, b, BO), out, np.uint64(key), mode)
         else:
-            launch(work, _contract_kernel, a, b, out, np.uint64(key), mode, t,
-                   a.dtype == np.float32, fma)
+            launch(work, _contract_kernel, a, np.ascontiguousarray(b), out, np.uint64(key),
+                   mode, t, False, fma)
     return out
 
 
