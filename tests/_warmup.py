@@ -163,8 +163,23 @@ def _short_paths() -> tuple[str, float]:
     return "short paths", time.perf_counter() - t0
 
 
+def _linear_with_bias() -> None:
+    """``dense_kernels.linear32`` (the narrow product kernel's tasks with a linear
+    layer's bias; ~20 s cold on one core) with the types ``addmm32`` passes, once the
+    narrow kernel's leaves are cached."""
+    import numpy as np
+
+    from numvar.instrument import dense_kernels as DK
+
+    f32 = np.ones(12, np.float32)
+    DK.linear32(f32[:6].reshape(1, 2, 3), f32.reshape(1, 3, 4), np.ones(12),
+                np.ones(2, np.bool_), np.empty((1, 2, 4), np.float32), np.uint64(1), 1,
+                f32[:4], np.uint64(2))
+
+
 def _entries_and_runner_model(dtype: str) -> tuple[str, float]:
-    """The :data:`ENTRIES` of ``dtype``, then ``numvar run``'s warm-up model in that dtype
+    """The :data:`ENTRIES` of ``dtype`` (and for float32 :func:`_linear_with_bias`), then
+    ``numvar run``'s warm-up model in that dtype
     (:func:`numvar.runner.warmup.warm_kernels`, sr, at each of
     :data:`RUNNER_GRANULARITIES`): the dense, convolution, pointwise, normalisation and
     recurrent kernels that most tests reach. Why here: every ``numvar run`` of the
@@ -176,6 +191,8 @@ def _entries_and_runner_model(dtype: str) -> tuple[str, float]:
 
     t0 = time.perf_counter()
     _timed_contract(*ENTRIES[dtype])
+    if dtype == "float32":
+        _linear_with_bias()
     t1 = time.perf_counter()
     for granularity in RUNNER_GRANULARITIES:
         RW.warm_kernels("sr", granularity, dtypes=(dtype,))

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..rounding.kernels import MODE_RANDOM
 from . import conv_kernels as CK
+from . import dense_kernels as DK
 from . import kernels as KN
 from . import linalg_kernels as LK
 from . import pointwise as PW
@@ -242,6 +243,22 @@ def _finish(out: torch.Tensor, acc, dtype: torch.dtype, ctx: Ctx) -> torch.Tenso
 
 def mm(a: torch.Tensor, b: torch.Tensor, ctx: Ctx) -> torch.Tensor:
     return bmm(a.unsqueeze(0), b.unsqueeze(0), ctx)[0]
+
+
+def addmm(c, a: torch.Tensor, b: torch.Tensor, alpha, beta, ctx: Ctx) -> torch.Tensor:
+    """``aten.addmm``: :func:`scale_add` of :func:`mm`; a linear layer's bias row (α = β =
+    1, binary32) rounded in the product's compiled call where
+    :mod:`numvar.instrument.dense_kernels` serves it (the same keys and bits)."""
+    if LEAN_BMM and not _backend_env() and DK.serves(c, a, b, alpha, beta, ctx):
+        return _contract_bias(a, b, c, ctx)
+    return scale_add(mm(a, b, ctx), c, alpha, beta, ctx)
+
+
+def _contract_bias(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, ctx: Ctx) -> torch.Tensor:
+    """``RND(c + RND(a @ b))`` by :func:`numvar.instrument.dense_kernels.addmm32`: the
+    entry point of the products computed with their bias
+    (``numvar.workloads.zoo.count_contractions`` counts its calls too)."""
+    return DK.addmm32(c, a, b, ctx)
 
 
 def scale_add(acc: torch.Tensor, c: torch.Tensor | None, alpha, beta, ctx: Ctx) -> torch.Tensor:

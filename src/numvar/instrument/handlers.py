@@ -507,7 +507,7 @@ def _addmm(ctx, func, args, kwargs):
         return EXACT
     beta = _get(args, kwargs, 3, "beta", 1)
     alpha = _get(args, kwargs, 4, "alpha", 1)
-    return flop.scale_add(flop.mm(a, b, ctx), c, alpha, beta, ctx)
+    return flop.addmm(c, a, b, alpha, beta, ctx)
 
 
 @register("aten.baddbmm")

@@ -188,6 +188,7 @@ there).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -1438,8 +1439,9 @@ def _untransposed32(bt, b, b64):  # pragma: no cover - compiled
     counts, then widened while in cache. Measured (AMD Zen 4, one thread): 128 × 512 and
     512 × 128 weights 28–30 µs, 128 × 128 8 µs, against 51–124 and 14 for torch's
     transposing copy and numpy's ``astype`` after it (docs/speed.md, "A linear layer's
-    weight read as it lies"). The rows are 1-D slices of flat arrays (a row of a 2-D
-    slice is any-layout to numba, and its loops do not vectorise)."""
+    weight read as it lies and its bias in its product's call"). The rows are 1-D slices
+    of flat arrays (a row of a 2-D slice is any-layout to numba, and its loops do not
+    vectorise)."""
     BB, N, Kd = bt.shape
     R = UNTRANSPOSE_ROWS
     nkb = (Kd + R - 1) // R
@@ -1579,47 +1581,64 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
     whole block, not by a task of its own: numba hands each thread an equal contiguous
     range of tasks, and ViT's 2 × 65 = 130 rows made three tasks, two blocks on one thread
     and the two tail rows on the other (no gain from a second thread)."""
-    BO, M, N = out.shape
-    Kd = b.shape[1]
-    BA = a.shape[0]
-    BB = b.shape[0]
+    nblk, joined = narrow32_split(out.shape[1])
+    ukey = np.uint64(key)
+    for task in prange(out.shape[0] * nblk):
+        narrow32_task(a, b, b64, clean, out, ukey, mode, task, nblk, joined)
+
+
+@njit(inline="always")
+def narrow32_split(M):
+    """(blocks per batch, whether a short tail joins the last whole block's task) of
+    :func:`_contract_narrow32` for ``M`` rows: its tasks are batch × block."""
     L = NARROW_ROWS
     tail = M % L
     joined = M >= L and 0 < tail <= NARROW_TAIL  # the tail runs in the last block's task
-    nblk = M // L if joined else (M + L - 1) // L
-    ukey = np.uint64(key)
-    for task in prange(BO * nblk):
-        bo = task // nblk
-        i0 = (task - bo * nblk) * L
-        i1 = min(M, i0 + L)
-        if i1 - i0 <= NARROW_TAIL and i1 - i0 < L:
-            _narrow_tail32(a, b, b64, clean, out, ukey, mode, bo, i0, i1)
-            continue
-        arows = a[bo % BA]
-        bb = bo % BB
-        bw = b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N)  # b widened
-        acc = _narrow_block(arows, bw, ukey, bo * M, i0, i1, mode, False)
-        racc = np.empty(N)
-        jg = np.empty(N if RERUN_SHARE else 0, dtype=np.uint64)
-        for j in range(jg.size):
-            jg[j] = np.uint64(j) * _G
-        for lane in range(i1 - i0):
-            i = i0 + lane
-            row = bo * M + i
-            base = np.uint64(row) * np.uint64(Kd)
-            o = out[bo, i]
-            if clean[row]:
-                for j in range(N):
-                    racc[j] = acc[j, lane]
-                # (the row's lanes as one row tile: _clean_row32's NaN lanes)
-                _settle_row32(o, racc, jg, arows[i], bw, b[bb], ukey, base, 0, N, mode,
-                              np.int64(24), np.bool_(False))
-            else:
-                bad = np.empty(N, dtype=np.bool_)
-                # j0 as int64, not the literal 0: the signature _contract_fast32 compiles
-                _tile32(o, arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24, bad)
-        if joined and i1 == nblk * L:
-            _narrow_tail32(a, b, b64, clean, out, ukey, mode, bo, i1, M)
+    return (M // L if joined else (M + L - 1) // L), joined
+
+
+@njit(inline="always")
+def narrow32_task(a, b, b64, clean, out, ukey, mode, task, nblk, joined):
+    """Task ``task`` of :func:`_contract_narrow32` (``nblk``, ``joined``:
+    :func:`narrow32_split`); returns (its batch, the first and the end row of ``out`` it
+    wrote there), for a caller that finishes those rows in the same task
+    (``linear_kernels``)."""
+    _, M, N = out.shape
+    Kd = b.shape[1]
+    L = NARROW_ROWS
+    bo = task // nblk
+    i0 = (task - bo * nblk) * L
+    i1 = min(M, i0 + L)
+    if i1 - i0 <= NARROW_TAIL and i1 - i0 < L:
+        _narrow_tail32(a, b, b64, clean, out, ukey, mode, bo, i0, i1)
+        return bo, i0, i1
+    arows = a[bo % a.shape[0]]
+    bb = bo % b.shape[0]
+    bw = b64[bb * Kd * N:(bb + 1) * Kd * N].reshape(Kd, N)  # b widened
+    acc = _narrow_block(arows, bw, ukey, bo * M, i0, i1, mode, False)
+    racc = np.empty(N)
+    jg = np.empty(N if RERUN_SHARE else 0, dtype=np.uint64)
+    for j in range(jg.size):
+        jg[j] = np.uint64(j) * _G
+    for lane in range(i1 - i0):
+        i = i0 + lane
+        row = bo * M + i
+        base = np.uint64(row) * np.uint64(Kd)
+        o = out[bo, i]
+        if clean[row]:
+            for j in range(N):
+                racc[j] = acc[j, lane]
+            # (the row's lanes as one row tile: _clean_row32's NaN lanes)
+            _settle_row32(o, racc, jg, arows[i], bw, b[bb], ukey, base, 0, N, mode,
+                          np.int64(24), np.bool_(False))
+        else:
+            bad = np.empty(N, dtype=np.bool_)
+            # j0 as int64, not the literal 0: the signature _contract_fast32 compiles
+            _tile32(o, arows[i], b[bb], ukey, base, N, np.int64(0), mode, 24, bad)
+    if joined and i1 == nblk * L:
+        _narrow_tail32(a, b, b64, clean, out, ukey, mode, bo, i1, M)
+        return bo, i0, M
+    return bo, i0, i1
 
 
 # ------------------------------------------------------- few lanes (few rows × few columns)
@@ -2460,8 +2479,8 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
         raise ValueError(f"batch sizes {BA} and {BB} are incompatible")
     out = np.empty((BO, a.shape[1], b.shape[2]), dtype=a.dtype)
     work = out.size * a.shape[2]
-    if (out.size and a.dtype == np.float32 and t == 24 and mode == _SR and not fma
-            and few_lanes(a.shape[1], b.shape[2], a.shape[2]) and work < PARALLEL_MIN_WORK):
+    if out.size and a.dtype == np.float32 and few_path(a.shape[1], b.shape[2], a.shape[2], BO,
+                                                     mode, t, fma):
         # b transposed: no copy where b is a transposed view (flop._contract passes
         # weight.t() as one); the clean rows from b's per-batch statistics, which do not
         # depend on the order of its elements
@@ -2471,24 +2490,7 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
     elif out.size:
         a = np.ascontiguousarray(a)
         if a.dtype == np.float32 and 1 <= t <= 24 and mode <= _RANDOM:
-            # clean rows and significant bits in one parallel pass (the same values as
-            # clean_rows and narrow_products; b's statistics are per batch, so a
-            # transposed b's own array serves); products exact (bf16/fp16 values): sr,
-            # ieee and random leave them unchanged
-            bt = _transposed(b)
-            if bt is None:
-                b = np.ascontiguousarray(b)
-            clean, pab = launch(a.size + b.size, _prepare32, a,
-                                b if bt is None else bt.reshape(b.shape), BO, t)
-            exact = EXACT_PRODUCTS and not fma and t == 24 and mode != _UD and pab <= t
-            narrow = NARROW_KERNEL and not fma and t == 24 and _narrow32_serves(
-                out.shape, work, exact)
-            b, b64 = _c_order32(b, narrow)
-            if narrow:
-                launch(work, _contract_narrow32, a, b, b64, clean, out, np.uint64(key), mode)
-            else:
-                launch(work, _contract_fast32, a, b, clean, out, np.uint64(key), mode, t,
-                       fma, exact, _threads(work))
+            run32(a, plan32(a, b, out.shape, mode, t, fma), out, key, mode, t, fma)
         elif a.dtype == np.float32:
             launch(work, _contract_kernel, a, _c_order32(b, False)[0], out, np.uint64(key),
                    mode, t, True, fma)
@@ -2502,6 +2504,58 @@ def contract(a: np.ndarray, b: np.ndarray, key: int, mode: int, t: int,
             launch(work, _contract_kernel, a, np.ascontiguousarray(b), out, np.uint64(key),
                    mode, t, False, fma)
     return out
+
+
+class Plan32(NamedTuple):
+    """What :func:`plan32` decides for a binary32 product."""
+
+    b: np.ndarray  #: b in C order
+    b64: np.ndarray | None  #: b widened to float64, flat (the narrow kernel's; else None)
+    clean: np.ndarray  #: the clean rows (:func:`clean_rows`)
+    exact: bool  #: every product exact (:func:`narrow_products`)
+    narrow: bool  #: :func:`_contract_narrow32` computes it (else :func:`_contract_fast32`)
+
+
+def plan32(a: np.ndarray, b: np.ndarray, shape, mode: int, t: int, fma: bool) -> Plan32:
+    """:func:`contract`'s steps before a binary32 product in sr, ieee, ud or random at
+    ``t`` ≤ 24 bits of ``a`` (C order) and ``b`` (any layout) into an output of ``shape``
+    (BO, M, N): the clean rows and significant bits in one parallel pass (the same values
+    as :func:`clean_rows` and :func:`narrow_products`; b's statistics are per batch, so
+    a transposed b's own array serves), products exact where bf16/fp16 values make them
+    so (sr, ieee and random leave them unchanged), the kernel, and b in C order (and
+    widened for the narrow kernel: :func:`_c_order32`). Also what
+    ``linear_kernels`` computes a linear layer's product and bias by."""
+    BO, M, N = shape
+    work = BO * M * N * a.shape[2]
+    bt = _transposed(b)
+    if bt is None:
+        b = np.ascontiguousarray(b)
+    clean, pab = launch(a.size + b.size, _prepare32, a,
+                        b if bt is None else bt.reshape(b.shape), BO, t)
+    exact = EXACT_PRODUCTS and not fma and t == 24 and mode != _UD and pab <= t
+    narrow = NARROW_KERNEL and not fma and t == 24 and _narrow32_serves(shape, work, exact)
+    b, b64 = _c_order32(b, narrow)
+    return Plan32(b, b64, clean, exact, narrow)
+
+
+def run32(a: np.ndarray, plan: Plan32, out: np.ndarray, key: int, mode: int, t: int,
+          fma: bool) -> None:
+    """The binary32 product ``out`` of ``a`` and the b of ``plan`` (:func:`plan32`) by
+    the kernel the plan names."""
+    work = out.size * a.shape[2]
+    if plan.narrow:
+        launch(work, _contract_narrow32, a, plan.b, plan.b64, plan.clean, out,
+               np.uint64(key), mode)
+    else:
+        launch(work, _contract_fast32, a, plan.b, plan.clean, out, np.uint64(key), mode, t,
+               fma, plan.exact, _threads(work))
+
+
+def few_path(M: int, N: int, K: int, BO: int, mode: int, t: int, fma: bool) -> bool:
+    """Whether :func:`contract` computes a binary32 product of BO × M × N outputs, K terms
+    each, with the few-outputs kernel (:func:`_contract_few32`, before :func:`plan32`)."""
+    return (t == 24 and mode == _SR and not fma and few_lanes(M, N, K)
+            and BO * M * N * K < PARALLEL_MIN_WORK)
 
 
 def _narrow32_serves(shape, work: int, exact: bool) -> bool:

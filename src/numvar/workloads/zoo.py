@@ -577,14 +577,16 @@ class Contractions:
 def count_contractions() -> Iterator[Contractions]:
     """Count, in a ``with`` block, the contraction terms the flop kernels compute, by
     wrapping the entry points of the flop-level contractions,
-    ``numvar.instrument.flop._contract`` (every product, numba or Triton backend) and
+    ``numvar.instrument.flop._contract`` (every product, numba or Triton backend),
     ``flop._contract_groups`` (the group products of a convolution without its im2col
-    matrix), and ``flop.reduce`` / ``flop.scan`` (reductions and scans). A measuring tool
-    for benchmarks and tolerances: the wrappers only count."""
+    matrix) and ``flop._contract_bias`` (a linear layer's product with its bias), and
+    ``flop.reduce`` / ``flop.scan`` (reductions and scans). A measuring tool for
+    benchmarks and tolerances: the wrappers only count."""
     from ..instrument import flop as FL
 
     stats = Contractions()
     contract, groups, reduce, scan = FL._contract, FL._contract_groups, FL.reduce, FL.scan
+    with_bias = FL._contract_bias
 
     def count(work: int, k: int, kd: str) -> None:
         stats.terms += work
@@ -597,6 +599,10 @@ def count_contractions() -> Iterator[Contractions]:
         count(max(a.shape[0], b.shape[0]) * a.shape[1] * b.shape[2] * a.shape[2], a.shape[2],
               str(kwargs.get("kd", args[-1] if args else "")).replace("torch.", ""))
         return contract(a, b, *args, **kwargs)
+
+    def counted_with_bias(a, b, c, ctx):  # (M, K) @ (K, N)
+        count(a.shape[0] * b.shape[1] * a.shape[1], a.shape[1], "float32")
+        return with_bias(a, b, c, ctx)
 
     def counted_groups(x, w, ks, stride, padding, dilation, g, ls, *args, **kwargs):
         k = w[0].numel()  # (O, C/g, *ks): the products (O/g, K) @ (K, N·∏L) of each group
@@ -614,11 +620,13 @@ def count_contractions() -> Iterator[Contractions]:
         return scan(x, dim, *args, **kwargs)
 
     FL._contract, FL._contract_groups = counted_contract, counted_groups
+    FL._contract_bias = counted_with_bias
     FL.reduce, FL.scan = counted_reduce, counted_scan
     try:
         yield stats
     finally:
         FL._contract, FL._contract_groups, FL.reduce, FL.scan = contract, groups, reduce, scan
+        FL._contract_bias = with_bias
 
 
 # -------------------------------------------------------------------------- ieee check
