@@ -39,7 +39,7 @@ def linear32(a, b, b64, clean, out, key, mode, bias, bkey):  # pragma: no cover 
     as ``Ctx.add(bias, product)`` rounds it (``bkey``, element ``(bo·M + i)·N + j`` of
     the C-order result; ``bias`` (N,) binary32)."""
     BO, M, N = out.shape
-    nblk, joined = KN.narrow32_split(M)
+    nblk, joined = KN.narrow_split(M)
     ukey = np.uint64(key)
     ubkey = np.uint64(bkey)
     flat = out.reshape(BO * M * N)

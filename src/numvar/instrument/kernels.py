@@ -1581,16 +1581,17 @@ def _contract_narrow32(a, b, b64, clean, out, key, mode):  # pragma: no cover
     whole block, not by a task of its own: numba hands each thread an equal contiguous
     range of tasks, and ViT's 2 × 65 = 130 rows made three tasks, two blocks on one thread
     and the two tail rows on the other (no gain from a second thread)."""
-    nblk, joined = narrow32_split(out.shape[1])
+    nblk, joined = narrow_split(out.shape[1])
     ukey = np.uint64(key)
     for task in prange(out.shape[0] * nblk):
         narrow32_task(a, b, b64, clean, out, ukey, mode, task, nblk, joined)
 
 
 @njit(inline="always")
-def narrow32_split(M):
+def narrow_split(M):
     """(blocks per batch, whether a short tail joins the last whole block's task) of
-    :func:`_contract_narrow32` for ``M`` rows: its tasks are batch × block."""
+    :func:`_contract_narrow32` and :func:`_contract_narrow64` for ``M`` rows: their
+    tasks are batch × block."""
     L = NARROW_ROWS
     tail = M % L
     joined = M >= L and 0 < tail <= NARROW_TAIL  # the tail runs in the last block's task
@@ -1598,17 +1599,23 @@ def narrow32_split(M):
 
 
 @njit(inline="always")
+def _narrow_block_rows(task, nblk, M):
+    """(batch, first row, end row) of the block of narrow task ``task``."""
+    bo = task // nblk
+    i0 = (task - bo * nblk) * NARROW_ROWS
+    return bo, i0, min(M, i0 + NARROW_ROWS)
+
+
+@njit(inline="always")
 def narrow32_task(a, b, b64, clean, out, ukey, mode, task, nblk, joined):
     """Task ``task`` of :func:`_contract_narrow32` (``nblk``, ``joined``:
-    :func:`narrow32_split`); returns (its batch, the first and the end row of ``out`` it
+    :func:`narrow_split`); returns (its batch, the first and the end row of ``out`` it
     wrote there), for a caller that finishes those rows in the same task
     (``linear_kernels``)."""
     _, M, N = out.shape
     Kd = b.shape[1]
     L = NARROW_ROWS
-    bo = task // nblk
-    i0 = (task - bo * nblk) * L
-    i1 = min(M, i0 + L)
+    bo, i0, i1 = _narrow_block_rows(task, nblk, M)
     if i1 - i0 <= NARROW_TAIL and i1 - i0 < L:
         _narrow_tail32(a, b, b64, clean, out, ukey, mode, bo, i0, i1)
         return bo, i0, i1
@@ -2104,14 +2111,10 @@ def _contract_narrow64(a, b, clean, out, key, mode):  # pragma: no cover
     BA = a.shape[0]
     BB = b.shape[0]
     L = NARROW_ROWS
-    tail = M % L
-    joined = M >= L and 0 < tail <= NARROW_TAIL  # the tail runs in the last block's task
-    nblk = M // L if joined else (M + L - 1) // L
+    nblk, joined = narrow_split(M)
     ukey = np.uint64(key)
     for task in prange(BO * nblk):
-        bo = task // nblk
-        i0 = (task - bo * nblk) * L
-        i1 = min(M, i0 + L)
+        bo, i0, i1 = _narrow_block_rows(task, nblk, M)
         arows = a[bo % BA]
         bmat = b[bo % BB]
         if i1 - i0 <= NARROW_TAIL and i1 - i0 < L:
