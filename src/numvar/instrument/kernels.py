@@ -1611,7 +1611,7 @@ def narrow32_task(a, b, b64, clean, out, ukey, mode, task, nblk, joined):
     """Task ``task`` of :func:`_contract_narrow32` (``nblk``, ``joined``:
     :func:`narrow_split`); returns (its batch, the first and the end row of ``out`` it
     wrote there), for a caller that finishes those rows in the same task
-    (``linear_kernels``)."""
+    (``dense_kernels.linear32``)."""
     _, M, N = out.shape
     Kd = b.shape[1]
     L = NARROW_ROWS
@@ -2526,8 +2526,8 @@ def plan32(a: np.ndarray, b: np.ndarray, shape, mode: int, t: int, fma: bool) ->
     as :func:`clean_rows` and :func:`narrow_products`; b's statistics are per batch, so
     a transposed b's own array serves), products exact where bf16/fp16 values make them
     so (sr, ieee and random leave them unchanged), the kernel, and b in C order (and
-    widened for the narrow kernel: :func:`_c_order32`). Also what
-    ``linear_kernels`` computes a linear layer's product and bias by."""
+    widened for the narrow kernel: :func:`_c_order32`). ``dense_kernels.addmm32``
+    plans a linear layer's product with its bias by it too."""
     BO, M, N = shape
     work = BO * M * N * a.shape[2]
     bt = _transposed(b)
