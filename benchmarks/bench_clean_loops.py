@@ -6,17 +6,18 @@ exactness test.
         [--k 288] [--n 320] [--repeats 15]
 
 Every k ≥ 1 step of a clean row tile (``kernels._clean_loops``, SR, 24 bits) runs, where
-``kernels.TERM_BITS_APART`` holds (no AVX-512DQ), two vectorised loops over the tile's n
-columns: ``_term_bits_row`` (the terms' random bits into a row buffer) and the
-accumulating loop (``_clean_step``: the product rounded, the float64 sum, its exactness
-test ``s − c == p and s − p == c``, the sum rounded, a NaN where the test fails); with
-AVX-512DQ one loop, the bits drawn inside the accumulating one (``kernels._term_r``), and
+``kernels.CLEAN_LOOPS_BITS_APART`` holds (no AVX-512DQ, or AMD Zen 4), two vectorised
+loops over the tile's n columns: ``_term_bits_row`` (the terms' random bits into a row
+buffer) and the accumulating loop (``_clean_step``: the product rounded, the float64
+sum, its exactness test ``s − c == p and s − p == c``, the sum rounded, a NaN where the
+test fails); elsewhere (Intel's AVX-512DQ cores) one loop, the bits drawn inside the
+accumulating one (``kernels._term_r``), and
 the two split rows below price the parts of the split form. This script runs, on one row
 tile held in L1 (K × n, values in [0.5, 1)), one thread, the best of ``--repeats`` rounds
 by thread CPU time, in cycles per 8 terms at the clock ``bench_pipes.clock_hz`` measures:
 
 - **both loops**: the shipped ``_clean_loops`` (``contract`` spends its time here; one
-  fused loop where ``TERM_BITS_APART`` is false);
+  fused loop where ``CLEAN_LOOPS_BITS_APART`` is false);
 - **term bits**: ``_term_bits_row``'s loop for every step;
 - **accumulating**: the accumulating loop for every step, on fixed bits;
 - **accumulating, one comparison**: the same with only ``s − c == p`` (not a valid test:
@@ -139,7 +140,7 @@ def measure(K: int = 288, n: int = 320, repeats: int = 15, clock: float | None =
     jg = np.arange(n, dtype=np.uint64) * np.uint64(KN._G)
     ukey, base = np.uint64(7), np.uint64(0)
     rb = np.empty(n, np.uint64)
-    KN._term_bits_row(rb, KN._bits(ukey, base + np.uint64(1)), jg, n, _SR)
+    KN._term_bits_row(rb, KN._bits(ukey, base + np.uint64(1)), jg, n, _SR, True)
     mine, ref = np.empty(n), np.empty(n)
     both_loops(mine, jg, arow, bmat, ukey, base, n)
     kernel_step(ref, jg, arow, bmat, ukey, base, n, _SR)

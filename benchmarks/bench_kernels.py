@@ -8,7 +8,7 @@ For the binary32 SR clean-row loop of :mod:`numvar.instrument.kernels` it prints
   numba generated on this host (``inspect_asm`` of ``_clean32``'s SR branch: the
   term-bits loop, ``kernels._term_bits_row``, and the accumulating loop with the TwoSum
   ``vaddpd``, :func:`step_loops`; their counts and ceilings per 8 terms add up; one loop
-  where the kernel draws the bits inside it, ``kernels.TERM_BITS_APART`` false);
+  where the kernel draws the bits inside it, ``kernels.CLEAN_LOOPS_BITS_APART`` false);
 * the core clock, measured by a chain of dependent integer adds (one cycle each on every
   x86-64 core: ``bench_pipes.clock_hz``), and the float64 add latency that implies (3
   cycles on AMD Zen 4, 4 on Intel Skylake-X, 2 on Intel Golden Cove);

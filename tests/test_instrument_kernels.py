@@ -1,5 +1,7 @@
 """Flop kernels against their slow pure-Python references, bit for bit."""
 
+import os
+
 import numba
 import numpy as np
 import pytest
@@ -1204,7 +1206,7 @@ import numpy as np
 from numba import njit
 from numvar.instrument import kernels as KN
 
-KN.TERM_BITS_APART = sys.argv[1] == "1"
+KN.TERM_BITS_APART = KN.CLEAN_LOOPS_BITS_APART = sys.argv[1] == "1"
 
 
 @njit
@@ -1238,8 +1240,8 @@ print(" ".join(str(v) for v in np.concatenate(out)))
 
 def test_term_bits_apart_and_inside_give_the_same_bits():
     """The clean loops with the term bits drawn in a loop of their own and inside the
-    accumulating loop (``KN.TERM_BITS_APART``; which one a host compiles depends on its
-    CPU): the same bit patterns for binary32 sr (separate and ``"fma"``) and binary64 sr,
+    accumulating loop (``KN.TERM_BITS_APART``, ``KN.CLEAN_LOOPS_BITS_APART``; which one a
+    host compiles depends on its CPU): the same bit patterns for binary32 sr (separate and ``"fma"``) and binary64 sr,
     and those of the exact reference (``contract_reference``) for one row tile. A form
     that drew a lane's bits from another lane or k-step fails it."""
     import subprocess
@@ -1263,3 +1265,31 @@ def test_term_bits_apart_and_inside_give_the_same_bits():
         ok = ~np.isnan(got)
         assert ok.sum() >= 30, part  # positive terms: float64 sums exact almost always
         assert np.array_equal(got[ok].astype(dt), ref[ok]), part
+
+
+def test_clean_loops_form_follows_the_cpu_numba_compiles_for(monkeypatch):
+    """``_cpu_name`` is ``NUMBA_CPU_NAME`` where it names a CPU, else the host's (LLVM's
+    name); the binary32 separate clean loops draw their bits apart wherever the other
+    loops do (no AVX-512DQ) and on AMD Zen 4, inside on other AVX-512DQ CPUs: the
+    module's constants for three CPUs numba is told to compile for (fresh processes,
+    nothing compiled)."""
+    import subprocess
+    import sys
+
+    import llvmlite.binding as llvm
+
+    monkeypatch.setattr(numba.config, "CPU_NAME", "znver4")
+    assert KN._cpu_name() == "znver4"
+    for name in ("host", None):
+        monkeypatch.setattr(numba.config, "CPU_NAME", name)
+        assert KN._cpu_name() == llvm.get_host_cpu_name()
+    script = ("from numvar.instrument import kernels as KN; "
+              "print(KN._cpu_name(), KN.TERM_BITS_APART, KN.CLEAN_LOOPS_BITS_APART)")
+    for cpu, features, want in (("znver4", "+avx512f,+avx512dq", "znver4 False True"),
+                                ("sapphirerapids", "+avx512f,+avx512dq",
+                                 "sapphirerapids False False"),
+                                ("znver3", "+avx2,+fma", "znver3 True True")):
+        env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features}
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                             text=True, check=True, timeout=300).stdout.split("\n")[-2]
+        assert out == want

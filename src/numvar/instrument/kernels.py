@@ -94,6 +94,8 @@ clock 3.68 GHz measured in the same process, load average 8). The measured bound
 therefore the dependency chain's: 12.1 cycles per pass for the loop body alone (83 % of
 the 10-cycle ceiling), 11.5 with two passes interleaved by hand (87 %); numba's loop
 reaches 12.6–12.8 cycles (78–79 %), the 80 % goal (12.5 cycles) not met by 1–2 %.
+(Zen 4 now draws the bits in a loop of their own: "Term bits apart on Zen 4" below,
+84 % of that loop's model.)
 
 ``benchmarks/bench_kernels.py`` recounts the instructions in the code generated on the
 host, measures the clock (a chain of dependent integer register adds, one cycle each on
@@ -183,6 +185,32 @@ binary64 sr 0.725 → 0.862 G terms/s, 85 % of the ceiling measured for the two 
 split the same way (``bench_kernels.py --narrow``: 512 × 576 × 4 0.64 → 0.71 G terms/s,
 256 × 576 × 16 0.76 → 0.82). Hosts that draw the bits apart keep one loop (not measured
 there).
+
+Term bits apart on Zen 4 (:data:`CLEAN_LOOPS_BITS_APART`, 2026-12-07). The Intel choice
+above (bits inside the loops wherever AVX-512DQ makes the hash's multiply one
+instruction) was kept on Zen 4 after a check that forced it for every loop at once
+(``docs/speed.md``, "The contraction kernel and the zoo on Zen 4 after these changes":
+the narrow kernel's rule, which depends on it, then sent 32-column products to the column
+kernel, 25 % slower). Apart for the binary32 ``"separate"`` clean loops alone, the other
+loops and the narrow rule unchanged, is faster there. Bare loops
+(``benchmarks/bench_clean_loops.py``'s "both loops", one thread, cycles per 8 terms,
+inside → apart, two alternating processes each, the constant set before compiling):
+K × n = 128 × 128 13.4–13.5 → 12.7, 288 × 320 12.6–12.8 → 11.9, 288 × 1024 12.5–12.7 →
+11.7–11.8, 64 × 512 12.9 → 12.1–12.3, 576 × 128 12.7 → 11.9–12.0; 64 × 64 16.3 →
+16.1–16.5; 16 × 32 42.5 → 44–54. :func:`contract`, one thread, sr, G terms/s, inside →
+apart: 16 × 288 × 1024 2.25–2.28 → 2.36–2.38, 64 × 576 × 2048 2.25–2.32 → 2.38–2.41,
+16 × 144 × 8192 2.28 → 2.38–2.40, 32 × 288 × 2048 2.29–2.31 → 2.38–2.41, 3 × 16 × 8192
+1.85 → 1.91–1.93, 100 × 128 × 256 2.30–2.33 → 2.41–2.44; 8 × 64 × 100 1.34–1.44 →
+1.39–1.42; 16 × 64 × 64 1.59–1.60 → 1.51–1.55, 16 × 32 × 32 0.88–0.89 → 0.74–0.80 (the
+bits loop's body takes 32 terms per pass: 32 columns run in its remainder). The same
+bits (the outputs compared). The split loop's instructions with their dependencies cut
+take 9.9–10.0 cycles per 8 terms (21 vector instructions: the bits loop stores them, the
+accumulating loop loads them), the fused one's 9.5: ``bench_kernels.py`` measures
+:func:`contract` at 79–81 % of the split loop's ceiling (84 % of its model) where the fused
+loop reached 72–73 % (76–78 %). The ``"fma"`` loop (1.51 → 1.48 G terms/s apart) and the
+binary64 loops (products apart, as on Intel) keep their forms. One form per host: both
+forms in one kernel chosen by the tile's width doubled the cold compile of ``_clean32``
+(46 → 86 s) for a few µs on products of 32 or 64 columns.
 """
 
 from __future__ import annotations
@@ -591,14 +619,15 @@ def _clean_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t, exact=False, m
         ak = np.float64(arow[k])
         bk = bmat[k, j0:j0 + n]
         hk = _bits(ukey, base + np.uint64(k))
-        _term_bits_row(rb, hk, jg, n, mode)
+        _term_bits_row(rb, hk, jg, n, mode, CLEAN_LOOPS_BITS_APART)
         for jj in range(n):
-            acc[jj] = _clean_step(acc[jj], ak * np.float64(bk[jj]), _term_r(rb, hk, jg, jj),
+            acc[jj] = _clean_step(acc[jj], ak * np.float64(bk[jj]),
+                                  _term_r(rb, hk, jg, jj, CLEAN_LOOPS_BITS_APART),
                                   mode, t, exact, ud_min, moot)
 
 
 @njit(inline="always")
-def _term_bits_row(rb, hk, jg, n, mode):
+def _term_bits_row(rb, hk, jg, n, mode, apart):
     """``rb[jj]`` = the bits of term (k, j0 + jj) (:func:`_mix` of ``hk + jg[jj]``), for
     every lane of a clean row tile, in a loop of their own (none for ieee, which draws
     none). The clean loops read them from ``rb``: the hash's dependency chain (its 64-bit
@@ -613,17 +642,18 @@ def _term_bits_row(rb, hk, jg, n, mode):
     NARROW_ROWS row lanes the same way, with the roles swapped: ``hk`` the column's
     ``j·γ`` and ``jg`` the lanes' line hashes (the Weyl sum is the same): 1.08–1.16×
     on Zen 3 (docs/speed.md, "Products with few columns")."""
-    if mode != _IEEE and TERM_BITS_APART:
+    if mode != _IEEE and apart:
         for jj in range(n):
             rb[jj] = _mix(hk + jg[jj])
 
 
 @njit(inline="always")
-def _term_r(rb, hk, jg, jj):
+def _term_r(rb, hk, jg, jj, apart):
     """The bits of lane ``jj``'s term in a k-step whose line hash is ``hk``: drawn by
-    :func:`_term_bits_row` into ``rb`` (:data:`TERM_BITS_APART`), or here, in the
+    :func:`_term_bits_row` into ``rb`` (``apart``: the caller's compile-time switch,
+    :data:`CLEAN_LOOPS_BITS_APART` or :data:`TERM_BITS_APART`), or here, in the
     accumulating loop (the same :func:`_mix` of ``hk + jg[jj]``)."""
-    return rb[jj] if TERM_BITS_APART else _mix(hk + jg[jj])
+    return rb[jj] if apart else _mix(hk + jg[jj])
 
 
 @njit(inline="always")
@@ -681,12 +711,44 @@ def _cpu_feature(name: str) -> bool:
 VECTOR_INT64 = _vector_int64_conversion()
 #: 512-bit vectors (AVX-512F): which products take the narrow kernel (:data:`NARROW_N_AVX2`)
 VECTORS_512 = _cpu_feature("avx512f")
-#: whether the clean and narrow loops draw a k-step's term bits in a loop of their own
-#: (:func:`_term_bits_row`) or inside the accumulating loop (:func:`_term_r`): apart where
-#: the hash's 64-bit multiply is three instructions (no AVX-512DQ ``vpmullq``), inside
-#: where it is one. The same bits either way; a compile-time constant of the kernels
-#: (numba's cache is kept per CPU). Measured: module docstring, "Term bits apart or inside".
+#: whether the ``"fma"`` and binary64 clean loops and the narrow loops draw a k-step's
+#: term bits in a loop of their own (:func:`_term_bits_row`) or inside the accumulating
+#: loop (:func:`_term_r`): apart where the hash's 64-bit multiply is three instructions
+#: (no AVX-512DQ ``vpmullq``), inside where it is one. The same bits either way; a
+#: compile-time constant of the kernels (numba's cache is kept per CPU). Measured: module
+#: docstring, "Term bits apart or inside". (The binary32 ``"separate"`` clean loops:
+#: :data:`CLEAN_LOOPS_BITS_APART`.)
 TERM_BITS_APART = not _cpu_feature("avx512dq")
+#: the CPUs (LLVM's names) on which :func:`_clean_loops` draws the term bits apart although
+#: they have AVX-512DQ: AMD Zen 4, where the fused loop is bound by its dependency chain
+#: rather than its ports and the split one runs 4–6 % faster on row tiles of 128 columns
+#: and more, 4–13 % slower on 32 or 64 (module docstring, "Term bits apart on Zen 4").
+#: Intel's AVX-512 cores keep them inside (measured 1.1–2.5× slower apart); Zen 5
+#: (full-width 512-bit pipes) was not measured.
+CLEAN_LOOPS_APART_CPUS = ("znver4",)
+
+
+def _cpu_name() -> str:
+    """The CPU numba compiles for (LLVM's name: ``NUMBA_CPU_NAME`` where set to one,
+    else the host's)."""
+    name = numba.config.CPU_NAME
+    if name and name != "host":
+        return name
+    try:
+        import llvmlite.binding as llvm
+
+        return llvm.get_host_cpu_name()
+    except Exception:  # pragma: no cover - depends on llvmlite
+        return ""
+
+
+#: whether the binary32 ``"separate"`` clean loops (:func:`_clean_loops`: the column
+#: kernel's clean rows, every mode) draw a k-step's term bits in a loop of their own: as
+#: :data:`TERM_BITS_APART`, and on :data:`CLEAN_LOOPS_APART_CPUS`. The same bits either
+#: way; a compile-time constant of the kernels (numba's cache is kept per CPU). One form
+#: per host: both forms in one kernel, chosen by the tile's width (apart loses on 32 or
+#: 64 columns, module docstring), doubled the compile of ``_clean32`` (46 → 86 s cold).
+CLEAN_LOOPS_BITS_APART = TERM_BITS_APART or _cpu_name() in CLEAN_LOOPS_APART_CPUS
 #: whether the binary64 clean loops (:func:`_clean64_loops`) round a k-step's products in
 #: a loop of their own, with the term bits (kept for the adds), before the loop of the
 #: adds; or round products and adds in one loop (with the bits drawn as
@@ -775,9 +837,9 @@ def _clean_fma_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode, t):
         ak = np.float64(arow[k])
         bk = bmat[k, j0:j0 + n]
         hk = _bits(ukey, base + np.uint64(k))
-        _term_bits_row(rb, hk, jg, n, mode)
+        _term_bits_row(rb, hk, jg, n, mode, TERM_BITS_APART)
         for jj in range(n):
-            r = _term_r(rb, hk, jg, jj)
+            r = _term_r(rb, hk, jg, jj, TERM_BITS_APART)
             p = ak * np.float64(bk[jj])  # exact
             c = acc[jj]
             s = c + p
@@ -1381,30 +1443,31 @@ def _narrow_loops(acc, at, bmat, hb, hk, k0, kc, mode, wide):
             # the terms' bits as in the clean loops (in a loop of their own or inside
             # the rounding loop: TERM_BITS_APART)
             gj = np.uint64(j) * _G
-            _term_bits_row(rb, gj, hk, NARROW_ROWS, mode)
+            _term_bits_row(rb, gj, hk, NARROW_ROWS, mode, TERM_BITS_APART)
             if wide and k == 0:  # binary64: _clean64_loops' steps
                 for lane in range(NARROW_ROWS):
-                    row[lane] = _product64(ak[lane], bkj, _term_r(rb, gj, hk, lane), mode)
+                    r = _term_r(rb, gj, hk, lane, TERM_BITS_APART)
+                    row[lane] = _product64(ak[lane], bkj, r, mode)
             elif wide and PRODUCTS64_APART:  # products, then adds (_clean64_loops)
                 for lane in range(NARROW_ROWS):
-                    r = _term_r(rb, gj, hk, lane)
+                    r = _term_r(rb, gj, hk, lane, TERM_BITS_APART)
                     rb[lane] = r
                     pb[lane] = _product64(ak[lane], bkj, r, mode)
                 for lane in range(NARROW_ROWS):
                     row[lane] = _sum64_step(row[lane], pb[lane], rb[lane], mode)
             elif wide:
                 for lane in range(NARROW_ROWS):
-                    r = _term_r(rb, gj, hk, lane)
+                    r = _term_r(rb, gj, hk, lane, TERM_BITS_APART)
                     row[lane] = _sum64_step(row[lane], _product64(ak[lane], bkj, r, mode), r,
                                             mode)
             elif k == 0:
                 for lane in range(NARROW_ROWS):
-                    row[lane] = _round_term(ak[lane] * bkj, _term_r(rb, gj, hk, lane), mode,
-                                            24, False)
+                    r = _term_r(rb, gj, hk, lane, TERM_BITS_APART)
+                    row[lane] = _round_term(ak[lane] * bkj, r, mode, 24, False)
             else:
                 for lane in range(NARROW_ROWS):
-                    row[lane] = _clean_step(row[lane], ak[lane] * bkj,
-                                            _term_r(rb, gj, hk, lane), mode, 24, False,
+                    r = _term_r(rb, gj, hk, lane, TERM_BITS_APART)
+                    row[lane] = _clean_step(row[lane], ak[lane] * bkj, r, mode, 24, False,
                                             _UD_MIN)
 
 
@@ -1931,9 +1994,9 @@ def _clean64_loops(acc, jg, arow, bmat, ukey, base, j0, n, mode):
             for jj in range(n):  # the adds, with the same bits
                 acc[jj] = _sum64_step(acc[jj], p[jj], rb[jj], mode)
         else:
-            _term_bits_row(rb, hk, jg, n, mode)
+            _term_bits_row(rb, hk, jg, n, mode, TERM_BITS_APART)
             for jj in range(n):
-                r = _term_r(rb, hk, jg, jj)
+                r = _term_r(rb, hk, jg, jj, TERM_BITS_APART)
                 acc[jj] = _sum64_step(acc[jj], _product64(ak, bk[jj], r, mode), r, mode)
 
 
