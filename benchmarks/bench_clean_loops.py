@@ -11,10 +11,10 @@ loops over the tile's n columns: ``_term_bits_row`` (the terms' random bits into
 buffer) and the accumulating loop (``_clean_step``: the product rounded, the float64
 sum, its exactness test ``s − c == p and s − p == c``, the sum rounded, a NaN where the
 test fails); elsewhere (Intel's AVX-512DQ cores) one loop, the bits drawn inside the
-accumulating one (``kernels._term_r``), and
-the two split rows below price the parts of the split form. This script runs, on one row
-tile held in L1 (K × n, values in [0.5, 1)), one thread, the best of ``--repeats`` rounds
-by thread CPU time, in cycles per 8 terms at the clock ``bench_pipes.clock_hz`` measures:
+accumulating one (``kernels._term_r``), and the two split rows below price the parts of
+the split form. This script runs, on one row tile held in L1 (K × n, values in [0.5,
+1)), one thread, the best of ``--repeats`` rounds by thread CPU time, in cycles per 8
+terms at the clock ``bench_pipes.clock_hz`` measures:
 
 - **both loops**: the shipped ``_clean_loops`` (``contract`` spends its time here; one
   fused loop where ``CLEAN_LOOPS_BITS_APART`` is false);

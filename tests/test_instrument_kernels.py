@@ -1241,9 +1241,10 @@ print(" ".join(str(v) for v in np.concatenate(out)))
 def test_term_bits_apart_and_inside_give_the_same_bits():
     """The clean loops with the term bits drawn in a loop of their own and inside the
     accumulating loop (``KN.TERM_BITS_APART``, ``KN.CLEAN_LOOPS_BITS_APART``; which one a
-    host compiles depends on its CPU): the same bit patterns for binary32 sr (separate and ``"fma"``) and binary64 sr,
-    and those of the exact reference (``contract_reference``) for one row tile. A form
-    that drew a lane's bits from another lane or k-step fails it."""
+    host compiles depends on its CPU): the same bit patterns for binary32 sr (separate
+    and ``"fma"``) and binary64 sr, and those of the exact reference
+    (``contract_reference``) for one row tile. A form that drew a lane's bits from
+    another lane or k-step fails it."""
     import subprocess
     import sys
 
