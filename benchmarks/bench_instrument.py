@@ -2,8 +2,12 @@
 
 Workloads: a LeNet-style CNN inference (batch 64, 1x28x28) and a small transformer
 encoder inference (batch 16, 32 tokens, d=64, 4 heads, 2 layers). For each mode
-(ieee, sr, ud, random) and granularity (op, flop): the best time over repeats (the
-least disturbed run on a shared machine), divided by the best native time of the same run.
+(ieee, sr, ud, random) and granularity (op, flop): the best time over ``--repeats``
+interleaved rounds after a warm-up round (every configuration of a workload once per
+round, ``bench_zoo.best_of``; one thread: the thread's CPU time, ``bench_zoo.clock_for``),
+divided by the best native time of the same rounds. (Timed one configuration after
+another by wall time, as before 2026-12-07, the encoder's native forward moved between
+1.8 and 3.1 ms from run to run on a shared 2-core host, and every ratio with it.)
 The ``floor`` column is an identity dispatch mode with the fused transformer fast path
 off and attention on its math path: what any tool that sees every op pays before doing
 any work.
@@ -30,12 +34,12 @@ import cProfile
 import os
 import pstats
 import sys
-import time
 
 import numba
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from bench_zoo import best_of, clock_for
 
 from numvar.instrument import fuzzy
 from numvar.instrument.codepath import IdentityMode, codepath
@@ -79,14 +83,6 @@ def _floor_run(model, x):
         model(x)
 
 
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up (numba compilation / caches)
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts)  # the least disturbed run (shared machines)
 
 
 def main(argv=None) -> None:
@@ -120,17 +116,21 @@ def main(argv=None) -> None:
         f"{g + ' ' + m:>12s}" for g in GRANULARITIES for m in MODES)
     print(header)
     for name, (model, x) in work.items():
-        with torch.no_grad():
-            native = _time(lambda: model(x), args.repeats)
-            floor = _time(lambda: _floor_run(model, x), args.repeats) / native
-            cells = []
-            for g in GRANULARITIES:
-                for m in MODES:
-                    def run(m=m, g=g):
-                        with fuzzy(mode=m, granularity=g, seed=0, precision=args.precision):
-                            model(x)
-                    cells.append(_time(run, args.repeats) / native)
-        print(f"{name:16s} {native * 1e3:10.2f} {floor:6.1f}x " + " ".join(f"{c:11.1f}x" for c in cells))
+        fns = {"native": lambda model=model, x=x: model(x),
+               "floor": lambda model=model, x=x: _floor_run(model, x)}
+        for g in GRANULARITIES:
+            for m in MODES:
+                def run(m=m, g=g, model=model, x=x):
+                    with fuzzy(mode=m, granularity=g, seed=0, precision=args.precision):
+                        model(x)
+                fns[g, m] = run
+        # interleaved rounds after a warm-up round (numba compilation, caches), the best of
+        # each; one thread: the thread's CPU time (bench_zoo.clock_for)
+        best = best_of(fns, args.repeats, clock_for(args.threads))
+        native = best.pop("native")
+        cells = [t / native for t in best.values()]
+        print(f"{name:16s} {native * 1e3:10.2f} {cells[0]:6.1f}x "
+              + " ".join(f"{c:11.1f}x" for c in cells[1:]))
     if args.profile:
         for name, (model, x) in work.items():
             print(f"\n--- profile: {name}, flop sr ---")

@@ -9,11 +9,18 @@ For each workload (digits, brain, speech) this measures, in one process and one 
 
 and the flop-level SR matmul kernel (``numvar.instrument.kernels.contract``) at 256³
 and 512³ in MFLOP/s (2·n³ flops) against ``torch.matmul``. Times are the best of
-``--repeat`` runs after one warm-up run (which also compiles numba kernels).
+``--repeat`` interleaved rounds (every configuration of a workload once per round, as
+``bench_zoo.best_of`` runs them) after a warm-up round, which also compiles numba
+kernels; with ``--threads 1`` by the calling thread's CPU time (time a shared host's
+other jobs take from it does not count), else by wall time (``bench_zoo.clock_for``).
+Measured one configuration after another instead, on a shared 2-core host, a
+transformer's native forward moved 1.7× between runs of the same script and its ratios
+with it. Peak memory is sampled over one more call of each configuration, after the
+warm-up.
 
 Writes the table with a description of the machine to ``benchmarks/results.md``::
 
-    python benchmarks/run_all.py                       # everything (minutes)
+    python benchmarks/run_all.py --threads 1           # everything, one core (a minute)
     python benchmarks/run_all.py --workloads digits --modes sr --granularities flop
 """
 
@@ -25,7 +32,6 @@ import os
 import platform
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -81,17 +87,15 @@ class PeakRSS:
         self.peak_mib = max(self._peak - self._base, 0) / 2**20
 
 
-def timed(fn: Callable[[], object], repeat: int) -> float:
-    """Best (minimum) wall time of ``fn()`` over ``repeat`` runs after one warm-up run:
+def interleaved(fns: dict, repeat: int) -> dict:
+    """Best time (s) of each of ``fns`` over ``repeat`` interleaved rounds after a warm-up
+    round (``bench_zoo.best_of``), by ``bench_zoo.clock_for`` the current thread count:
     on a shared machine other processes only ever add time, so the minimum is the
-    steadiest estimate of the work itself."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    steadiest estimate of the work itself, and rounds that interleave the configurations
+    expose them alike to the host's slow spells."""
+    from bench_zoo import best_of, clock_for
+
+    return best_of(fns, repeat, clock_for(torch.get_num_threads()))
 
 
 @dataclass
@@ -141,22 +145,27 @@ def bench_workload(name: str, modes, granularities, repeat: int, batch: int | No
     from numvar.instrument import fuzzy
 
     infer, desc = workload_inputs(name, batch)
-    native = timed(infer, max(repeat, 5))
-    rows = []
-    with PeakRSS() as mem:
-        timed(infer, 1)
-    rows.append(Row(name, desc, "native", "—", native, native, mem.peak_mib))
-    log(f"{name}: native {native * 1e3:.2f} ms ({desc})")
+    fns: dict[tuple[str, str], Callable[[], object]] = {("native", "—"): infer}
     for gran in granularities:
         for mode in modes:
             def run(mode=mode, gran=gran):
                 with fuzzy(mode=mode, granularity=gran, seed=0):
                     return infer()
-            run()  # warm-up: numba compilation, caches
-            with PeakRSS() as mem:
-                t = timed(run, repeat)
-            rows.append(Row(name, desc, mode, gran, t, native, mem.peak_mib))
-            log(f"{name}: {mode:6s} {gran:4s} {t * 1e3:10.2f} ms  {t / native:8.1f}×")
+            fns[mode, gran] = run
+    for key, fn in fns.items():  # warm-up: numba compilation, caches
+        fn()
+        log(f"{name}: {' '.join(key)} warmed up")
+    peak = {}
+    for key, fn in fns.items():
+        with PeakRSS() as mem:
+            fn()
+        peak[key] = mem.peak_mib
+    best = interleaved(fns, repeat)
+    native = best["native", "—"]
+    rows = []
+    for (mode, gran), t in best.items():
+        rows.append(Row(name, desc, mode, gran, t, native, peak[mode, gran]))
+        log(f"{name}: {mode:6s} {gran:4s} {t * 1e3:10.2f} ms  {t / native:8.1f}×")
     return rows
 
 
@@ -200,8 +209,11 @@ def bench_matmul(sizes, repeat: int, log) -> list[dict]:
         a = torch.randn(n, n, generator=g)
         b = torch.randn(n, n, generator=g)
         an, bn = a.numpy()[None], b.numpy()[None]
-        t_torch = timed(lambda: torch.matmul(a, b), max(repeat, 5))
-        t_sr = timed(lambda: kernels.contract(an, bn, 12345, MODE_SR, 24), repeat)
+        best = interleaved({"torch": lambda a=a, b=b: torch.matmul(a, b),
+                            "sr": lambda an=an, bn=bn: kernels.contract(an, bn, 12345,
+                                                                        MODE_SR, 24)},
+                           max(repeat, 5))
+        t_torch, t_sr = best["torch"], best["sr"]
         flops = 2.0 * n ** 3
         row = {"n": n, "torch_mflops": flops / t_torch / 1e6, "sr_mflops": flops / t_sr / 1e6,
                "ratio": t_sr / t_torch}
@@ -241,8 +253,9 @@ def markdown(rows: list[Row], mm: list[dict], info: dict[str, str], repeat: int,
              notes: list[str], profiles: list[str] = ()) -> str:
     lines = ["# numvar benchmarks", "",
              "Generated by `python benchmarks/run_all.py`; times are the best of "
-             f"{repeat} runs after a warm-up run, ratios against native PyTorch measured in "
-             "the same process.", "", "## Machine", ""]
+             f"{repeat} interleaved rounds after a warm-up round (one thread: the thread's "
+             "CPU time; more: wall time), ratios against native PyTorch measured in the "
+             "same rounds.", "", "## Machine", ""]
     lines += [f"- {k}: {v}" for k, v in info.items()]
     lines += ["", "## Workloads: time per inference", "",
               "| workload | batch | mode | granularity | ms / inference | slowdown | "
@@ -307,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="digits,brain,speech")
     p.add_argument("--modes", default="ieee,sr,ud,random")
     p.add_argument("--granularities", default="flop,op")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--batch", type=int, default=None, help="inputs per inference "
                    "(default: digits 64, brain 4, speech 4)")
     p.add_argument("--matmul", default="256,512", help="SR matmul sizes ('' to skip)")

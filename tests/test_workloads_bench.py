@@ -29,6 +29,7 @@ def test_run_all_writes_results(tmp_path_factory, monkeypatch, capsys):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        _load_script(monkeypatch, "bench_zoo")  # (its interleaved timing)
         run_all = _load_script(monkeypatch, "run_all")
         out = tmp_path_factory.mktemp("bench") / "results.md"
         assert run_all.main(["--workloads", "digits", "--modes", "ieee,sr",
