@@ -93,9 +93,10 @@ def test_gather_table_rebuilds_the_im2col_matrix():
 def test_gather_tables_are_kept_per_geometry(monkeypatch):
     """``conv_kernels._table`` (what ``grouped32`` reads): the table ``offsets`` builds for
     the geometry, kept for a later call with the same geometry and not for another (each
-    size, kernel, stride, padding and dilation changed alone), built afresh above
-    ``TABLE_KEEP`` entries."""
-    CK._kept_table.cache_clear()
+    size, kernel, stride, padding and dilation changed alone); built afresh when it is
+    larger than ``TABLE_BYTES``; the least recently used tables dropped first when the
+    kept ones would exceed it."""
+    CK._clear_tables()
     base = (2, 1, (9, 8), (3, 2), (1, 2), (1, 0), (1, 1))
 
     def geometry(n, cg, sp, ks, st, pd, dl):
@@ -110,15 +111,38 @@ def test_gather_tables_are_kept_per_geometry(monkeypatch):
     g0 = geometry(*base)
     kept = CK._table(*g0)
     assert np.array_equal(kept, direct(*g0)) and CK._table(*g0) is kept
+    others = []
     for i, other in ((0, 3), (2, (9, 9)), (3, (2, 2)), (4, (2, 2)), (5, (0, 1)), (6, (2, 1))):
         changed = list(base)
         changed[i] = other
         g = geometry(*changed)
         t = CK._table(*g)
         assert t is not kept and np.array_equal(t, direct(*g)), i
-    monkeypatch.setattr(CK, "TABLE_KEEP", 0)
+        assert CK._table(*g) is t, i
+        others.append((g, t))
+    assert CK._table(*g0) is kept  # (g0 now the most recently used)
+    # a budget that holds g0's table and the last other one: the older ones go first
+    (g_last, t_last) = others[-1]
+    monkeypatch.setattr(CK, "TABLE_BYTES", kept.nbytes + t_last.nbytes)
+    g_new = geometry(3, 2, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1))
+    CK._clear_tables()
+    for g, _ in others:
+        CK._table(*g)
+    kept = CK._table(*g0)
+    t_last = CK._table(*g_last)
+    assert set(CK._TABLES) == {g0, g_last}
+    assert CK._tables_bytes == kept.nbytes + t_last.nbytes
+    t_new = CK._table(*g_new)  # larger than the budget: built, not kept
+    assert t_new.nbytes > CK.TABLE_BYTES and np.array_equal(t_new, direct(*g_new))
+    assert CK._table(*g_new) is not t_new and set(CK._TABLES) == {g0, g_last}
+    # one no larger than g0's: kept, g0 (the least recently used) dropped, g_last not
+    g_small = next(g for g, t in others[:-1] if t.nbytes <= kept.nbytes)
+    CK._table(*g_small)
+    assert list(CK._TABLES) == [g_last, g_small]
+    monkeypatch.setattr(CK, "TABLE_BYTES", 0)
     fresh = CK._table(*g0)
     assert fresh is not kept and np.array_equal(fresh, kept)
+    CK._clear_tables()
 
 
 @pytest.mark.parametrize("mode", ["sr", "ieee", "ud", "random"])
