@@ -83,8 +83,6 @@ def _floor_run(model, x):
         model(x)
 
 
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -127,10 +125,10 @@ def main(argv=None) -> None:
         # interleaved rounds after a warm-up round (numba compilation, caches), the best of
         # each; one thread: the thread's CPU time (bench_zoo.clock_for)
         best = best_of(fns, args.repeats, clock_for(args.threads))
-        native = best.pop("native")
-        cells = [t / native for t in best.values()]
-        print(f"{name:16s} {native * 1e3:10.2f} {cells[0]:6.1f}x "
-              + " ".join(f"{c:11.1f}x" for c in cells[1:]))
+        native, floor = best.pop("native"), best.pop("floor")
+        cells = [t / native for t in best.values()]  # (in GRANULARITIES × MODES order)
+        print(f"{name:16s} {native * 1e3:10.2f} {floor / native:6.1f}x "
+              + " ".join(f"{c:11.1f}x" for c in cells))
     if args.profile:
         for name, (model, x) in work.items():
             print(f"\n--- profile: {name}, flop sr ---")

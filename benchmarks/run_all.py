@@ -13,9 +13,9 @@ and 512³ in MFLOP/s (2·n³ flops) against ``torch.matmul``. Times are the best
 ``bench_zoo.best_of`` runs them) after a warm-up round, which also compiles numba
 kernels; with ``--threads 1`` by the calling thread's CPU time (time a shared host's
 other jobs take from it does not count), else by wall time (``bench_zoo.clock_for``).
-Measured one configuration after another instead, on a shared 2-core host, a
-transformer's native forward moved 1.7× between runs of the same script and its ratios
-with it. Peak memory is sampled over one more call of each configuration, after the
+Measured one configuration after another by wall time instead, on a shared 2-core
+host, ``bench_instrument.py``'s transformer encoder took 1.8 to 3.1 ms natively from one
+run of the same script to the next, and its ratios moved with it. Peak memory is sampled over one more call of each configuration, after the
 warm-up.
 
 Writes the table with a description of the machine to ``benchmarks/results.md``::
