@@ -835,6 +835,22 @@ def test_bench_heap_runs_each_side_in_its_own_processes(monkeypatch, capsys):
         assert float(r[5]) >= 0 and float(r[6].rstrip(" |")) >= 0
 
 
+def test_bench_prefault_runs_each_side_in_its_own_processes(monkeypatch, capsys):
+    """benchmarks/bench_prefault.py: one row per process, the warm-up left out
+    (NUMVAR_PREFAULT=0) then run, each read back from the child that measured it, with
+    positive times and each ratio consistent with its columns."""
+    mod = _load_script(monkeypatch, "bench_prefault")
+    mod.main(["--repeats", "1", "--pairs", "1"])
+    rows = [[c.strip() for c in ln.strip("|").split("|")]
+            for ln in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["left out (NUMVAR_PREFAULT=0)", "run (default)"]
+    for r in rows:
+        op, flop, native, op_ratio, flop_ratio, gelu = map(float, r[1:])
+        assert op > 0 and flop > 0 and native > 0 and gelu > 0
+        assert abs(op_ratio - op / native) <= 0.06 * op_ratio + 0.1  # (printed rounded)
+        assert abs(flop_ratio - flop / native) <= 0.06 * flop_ratio + 0.1
+
+
 def test_bench_inexact_prints_every_case(monkeypatch, capsys):
     """benchmarks/bench_inexact.py: one row per case, positive times, the ratio consistent
     with its columns."""

@@ -65,6 +65,7 @@ from . import norm_kernels as NK
 from . import oplevel as _oplevel  # noqa: F401  (registers its handlers)
 from . import ops as O
 from . import optim as _optim  # noqa: F401  (registers its handlers)
+from . import prefault
 from . import replay as RP
 from . import rnn_kernels as RN
 from ._core import FLOATS, Ctx
@@ -866,6 +867,7 @@ class Fuzzy:
             raise ConfigError("numvar.fuzzy blocks cannot be nested")
         c = self.config
         heap.keep_freed_memory()  # (once per process: numvar.instrument.heap)
+        prefault.fault_in_gelu_constants()  # (once per process: numvar.instrument.prefault)
         self._ctx = Ctx(c.mode, c.granularity, c.precision, R.Stream(c.seed), self.backend,
                         on_escape=self._handler_escape, contraction=c.contraction,
                         format=c.format, accumulate=c.accumulate)
