@@ -21,7 +21,8 @@ import torch
 from numvar.instrument import prefault
 
 _SCRIPT = """
-import struct, sys, torch, numvar
+import os, struct, sys, torch, numvar
+from numvar.instrument import prefault
 
 def present():
     spans = []
@@ -41,8 +42,13 @@ def present():
     return pages
 
 torch.set_num_threads(1)
-if sys.argv[1] == "warm":
-    from numvar.instrument import prefault
+how = sys.argv[1]
+if how.startswith("fork"):  # the warm-up in this process, the check in a forked child
+    assert prefault.fault_in_gelu_constants()
+    child = os.fork()
+    if child:
+        sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+if how.endswith("warm"):
     assert prefault.fault_in_gelu_constants()
 g = torch.Generator().manual_seed(0)
 x = torch.randn(65536, generator=g, dtype=torch.float64)
@@ -58,7 +64,8 @@ for _ in range(3):
 before = present()
 for _ in range(2):
     torch.nn.functional.gelu(spread)
-print(len(present() - before))
+print(len(present() - before), flush=True)
+os._exit(0)
 """
 
 
@@ -75,6 +82,17 @@ def test_float64_gelu_faults_no_page_in_after_the_warm_up():
     left = _new_pages("bare")  # the pages as torch leaves them
     if torch.backends.cpu.get_cpu_capability() == "AVX512":
         assert left > 0  # masked loads left the constant's page absent: the check can fail
+
+
+@pytest.mark.skipif(not (os.path.exists("/proc/self/pagemap") and hasattr(os, "fork")),
+                    reason="reads Linux pagemap in a forked process")
+def test_a_forked_process_runs_the_warm_up_again():
+    """A realization forked by the runner's zygote: a fork does not copy the page-table
+    entries of a file mapping, so the parent's warm-up does not hold in the child."""
+    assert _new_pages("fork-warm") == 0
+    left = _new_pages("fork-bare")  # the child without its own warm-up
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        assert left > 0
 
 
 def test_a_fuzzy_entry_runs_the_warm_up(monkeypatch):
@@ -102,7 +120,7 @@ def test_warm_up_runs_once_and_changes_nothing():
 
 
 def test_prefault_is_left_out_when_asked(monkeypatch):
-    monkeypatch.setattr(prefault, "_done", False)
+    monkeypatch.setattr(prefault, "_done_in", None)
     monkeypatch.setenv(prefault.ENV, "0")
     assert prefault.fault_in_gelu_constants() is False
-    assert prefault._done is False
+    assert prefault._done_in is None
