@@ -7,7 +7,13 @@ several runs of planes. The convolutions it declines (a channel multiplier, one 
 per plane, channels-last strides, float64 operands, transposed) go through ``op_once``.
 Under ``fuzzy(granularity="op")`` a model's depthwise layers give the same bits, the
 same stream position and the same report with the kernel as without it
-(``USE_KERNEL = False``), in every rounding mode."""
+(``USE_KERNEL = False``), in every rounding mode.
+
+The other convolutions' float64 re-run in runs of samples (``batched64``, where the whole
+batch's im2col buffer exceeds ``COLUMN_BYTES``, lowered here to force the split): the
+same bits as PyTorch's float64 convolution of the whole batch, 1-D, 2-D and 3-D, groups,
+strides, dilations, paddings, with and without bias, at one and two threads, and under
+``fuzzy(granularity="op")`` the same bits, stream position and report as unsplit."""
 
 import random
 
@@ -172,3 +178,140 @@ def test_fuzzy_op_granularity_same_bits_with_and_without_the_kernel(monkeypatch,
     if mode in ("sr", "ud", "random"):  # (the perturbation is there: another seed moves it)
         with torch.no_grad(), fuzzy(mode=mode, granularity="op", seed=12):
             assert not same(net(x), fast[0])
+
+
+def _whole64(args):
+    return CONV(*[a.double() if isinstance(a, torch.Tensor) else a for a in args])
+
+
+def _split64(monkeypatch, args, limit_samples: int, threads: int):
+    """batched64 with COLUMN_BYTES lowered to ``limit_samples`` samples' buffers, and
+    PyTorch's float64 convolution of the whole batch, at ``threads`` threads; the run
+    sizes batched64 took."""
+    x, w = args[0], args[1]
+    per = D.sample_column_bytes(x, w, args[3], args[4], args[5], args[8])
+    monkeypatch.setattr(D, "COLUMN_BYTES", limit_samples * per)
+    sizes = []
+
+    def conv(*a):
+        sizes.append(a[0].shape[0])
+        return CONV(*a)
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return D.batched64(conv, args), _whole64(args), sizes
+    finally:
+        torch.set_num_threads(n)
+
+
+# (x shape, w shape, bias, stride, padding, dilation, groups): every sample's input, im2col
+# buffer and output whole multiples of 64 bytes, as batched64 requires
+_SPLIT_CASES = [
+    ((7, 4, 8, 8), (8, 4, 3, 3), True, (1, 1), (1, 1), (1, 1), 1),
+    ((6, 4, 16, 8), (8, 2, 3, 2), False, (2, 1), (1, 0), (1, 1), 2),
+    ((5, 8, 12, 12), (8, 8, 3, 3), True, (1, 1), (2, 2), (2, 2), 1),
+    ((9, 8, 16), (8, 8, 5), True, (1,), (2,), (1,), 1),
+    ((5, 2, 4, 8, 8), (8, 2, 3, 3, 3), True, (1, 1, 1), (1, 1, 1), (1, 1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(_SPLIT_CASES)))
+def test_runs_of_samples_give_the_bits_of_the_whole_batch(monkeypatch, case, threads):
+    xs, ws, has_bias, stride, padding, dilation, groups = _SPLIT_CASES[case]
+    g = torch.Generator().manual_seed(case)
+    x, w = torch.randn(xs, generator=g), torch.randn(ws, generator=g)
+    b = torch.randn(ws[0], generator=g) if has_bias else None
+    args = (x, w, b, list(stride), list(padding), list(dilation), False, [0] * len(stride),
+            groups)
+    got, want, sizes = _split64(monkeypatch, args, 2, threads)  # (two samples a run)
+    assert sum(sizes) == xs[0] and len(sizes) >= 2  # split, every sample once
+    assert min(sizes) >= (2 if threads > 1 else 1) and max(sizes) <= 3
+    assert got.dtype is torch.float64 and same(got, want)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_random_splits_give_the_bits_of_the_whole_batch(monkeypatch, threads):
+    """Random 1-D to 3-D convolutions (groups, strides, paddings, dilations, bias or
+    not) that batched64 splits, at runs of one to three samples' buffers."""
+    rng = random.Random(threads)
+    split = 0
+    while split < 24:
+        d = rng.choice([1, 2, 2, 3])
+        groups = rng.choice([1, 1, 2])
+        c, oc = groups * rng.randint(1, 12), groups * rng.randint(1, 8)
+        k = [rng.randint(1, 3) for _ in range(d)]
+        sp = [rng.randint(3, 16 if d < 3 else 6) for _ in range(d)]
+        x = torch.randn(rng.randint(3, 7), c, *sp)
+        w = torch.randn(oc, c // groups, *k)
+        b = torch.randn(oc) if rng.random() < 0.5 else None
+        args = (x, w, b, [rng.randint(1, 2) for _ in range(d)],
+                [rng.randint(0, 2) for _ in range(d)], [rng.randint(1, 2) for _ in range(d)],
+                False, [0] * d, groups)
+        try:
+            want = _whole64(args)
+        except RuntimeError:  # (no output: the kernel larger than the padded input)
+            continue
+        if not D.sample_column_bytes(x, w, args[3], args[4], args[5], groups):
+            continue  # (not split: another test checks the refusal)
+        got, want, sizes = _split64(monkeypatch, args, rng.randint(1, 3), threads)
+        if got is None:
+            continue  # (too few samples for runs of two)
+        split += 1
+        assert sum(sizes) == x.shape[0] and len(sizes) >= 2
+        assert same(got, want), (args[3:], x.shape, w.shape)
+
+
+def test_sample_runs():
+    assert D.sample_runs(4, 10, 100, 1) == [4]  # fits
+    assert D.sample_runs(4, 10, 0, 1) == [4]  # splitting off
+    assert D.sample_runs(1, 10, 5, 1) == [1]
+    assert D.sample_runs(7, 10, 20, 1) == [2, 2, 2, 1]
+    assert D.sample_runs(7, 10, 20, 2) == [3, 2, 2]  # at least two samples a run
+    assert D.sample_runs(5, 10, 10, 1) == [1] * 5
+    assert D.sample_runs(3, 10, 10, 2) == [3]  # no run of two or more fits twice
+    assert D.sample_runs(4, 13_271_040, 32 << 20, 2) == [2, 2]  # brain's 24-channel layer
+
+
+def test_batched64_declines():
+    x, w = torch.randn(4, 3, 8, 8), torch.randn(5, 3, 3, 3)
+    base = [x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1]
+
+    def args(**kw):
+        a = list(base)
+        for i, v in kw.items():
+            a[int(i[1:])] = v
+        return tuple(a)
+
+    D.COLUMN_BYTES, old = 1, D.COLUMN_BYTES
+    try:
+        assert D.batched64(CONV, args()) is not None  # (splits: 3·8·8·8 = 1536 bytes a sample)
+        odd = torch.randn(4, 3, 7, 7)  # (a sample's input 3·7·7·8 = 1176 bytes: 64 ∤ 1176)
+        assert D.batched64(CONV, args(a0=odd)) is None  # a run would move the samples
+        assert D.batched64(CONV, args(a6=True)) is None  # transposed
+        assert D.batched64(CONV, args(a0=x.double(), a1=w)) is None  # mixed dtypes
+        assert D.batched64(CONV, args(a0=x.to(memory_format=torch.channels_last))) is None
+        one = [x, torch.randn(5, 3, 1, 1), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1]
+        assert D.batched64(CONV, tuple(one)) is None  # a 1 × 1 kernel takes no buffer
+    finally:
+        D.COLUMN_BYTES = old
+    assert D.batched64(CONV, args()) is None  # 4 × 3·9·64·8 bytes: below the limit
+
+
+@pytest.mark.parametrize("mode", ["sr", "ud", "up"])
+def test_fuzzy_op_granularity_same_bits_with_and_without_the_split(monkeypatch, mode):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 4, 3, stride=2))
+    x = torch.randn(6, 3, 10, 10)
+    calls = count_calls(monkeypatch, D, "batched64")
+    results = {}
+    for limit in (1, 0):  # split into runs of samples; never split
+        monkeypatch.setattr(D, "COLUMN_BYTES", limit)
+        with torch.no_grad(), fuzzy(mode=mode, granularity="op", seed=5) as fz:
+            out = net(x)
+            results[limit] = (out, fz.stream.counter, fz.report().to_dict())
+    assert len(calls) == 4  # (both layers, twice; the first two split)
+    split, whole = results[1], results[0]
+    assert same(split[0], whole[0])
+    assert split[1] == whole[1] and split[2] == whole[2]

@@ -851,6 +851,25 @@ def test_bench_prefault_runs_each_side_in_its_own_processes(monkeypatch, capsys)
         assert abs(flop_ratio - flop / native) <= 0.06 * flop_ratio + 0.1
 
 
+def test_bench_conv_runs_runs_each_side_in_its_own_processes(tmp_path_factory, monkeypatch,
+                                                            capsys):
+    """benchmarks/bench_conv_runs.py: one row per process, convolutions re-run whole
+    (COLUMN_BYTES = 0) then in runs of samples, each read back from the child that
+    measured it, with positive times and each ratio consistent with its columns."""
+    cache = tmp_path_factory.getbasetemp() / "numvar-workloads-cache"  # shared, see models
+    monkeypatch.setenv("NUMVAR_CACHE_DIR", str(cache))
+    mod = _load_script(monkeypatch, "bench_conv_runs")
+    mod.main(["--workload", "digits", "--batch", "4", "--repeats", "1", "--pairs", "1"])
+    rows = [[c.strip() for c in ln.strip("|").split("|")]
+            for ln in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["whole (COLUMN_BYTES = 0)",
+                                    "in runs of samples (default, 32 MiB)"]
+    for r in rows:
+        ms, native, ratio, faults = float(r[1]), float(r[2]), float(r[3]), int(r[4])
+        assert ms > 0 and native > 0 and faults >= 0
+        assert abs(ratio - ms / native) <= 0.06 * ratio + 0.1  # (printed rounded)
+
+
 def test_bench_inexact_prints_every_case(monkeypatch, capsys):
     """benchmarks/bench_inexact.py: one row per case, positive times, the ratio consistent
     with its columns."""

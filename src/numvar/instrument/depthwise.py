@@ -25,16 +25,40 @@ order), channels-last strides (another path of PyTorch's, another order), a chan
 multiplier above 1 (with 3 or 4 the ``dgemm``'s several rows changed the order: 86 of
 96 and 81 of 93 random shapes differed), float64 operands (products not exact),
 transposed convolutions, other devices.
+
+The other convolutions' float64 value is PyTorch's, computed by :func:`batched64` in runs
+of whole samples where the im2col buffer of the whole batch would exceed
+:data:`COLUMN_BYTES`. PyTorch's float64 CPU convolution (``slow_conv2d``,
+``slow_conv3d``; one per group) allocates that buffer for every sample of the batch at
+once, and glibc maps a block above its mmap threshold afresh on every call: brain's
+24-channel 3 × 3 convolution on 4 slices of 96 × 80 took a 53 MB buffer and 13 000 page
+faults per forward (docs/speed.md). The samples are computed one by one whatever the
+batch (an im2col and a ``dgemm`` per sample, samples spread over the threads), but MKL's
+``dgemm`` sums in an order that depends on its operands' alignment: a sample that sits
+at another offset modulo 64 bytes in a run's buffers than in the whole batch's can come
+out different (23 of 394 random convolutions split at such offsets differed; docs/speed.md).
+So the batch is split only where one sample's input, im2col buffer and output (each
+group's and all of them) are whole multiples of 64 bytes: every buffer PyTorch allocates
+is 64-byte aligned, so every sample then sits at the offset it has in the whole call,
+and a run gives the rows the whole batch gives, bit for bit (156 of 156 such random
+convolutions, 1-D to 3-D, groups, strides, dilations, at one and two threads; the tests
+compare them). With several threads every run holds at least two samples, so that each
+sample's ``dgemm`` runs inside the parallel loop over samples, single threaded, as in the
+whole call.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 from numba import njit, prange
 
+from ._core import FLOATS
 from .flop import _tup
-from .handlers import OP_HANDLERS, op_once, register
+from .handlers import OP_HANDLERS, _up, op_once, register
+from .heap import MMAP_THRESHOLD
 from .norm_kernels import thread_parts
 
 #: False: every convolution through ``op_once`` (PyTorch's float64 convolution), the
@@ -42,6 +66,9 @@ from .norm_kernels import thread_parts
 USE_KERNEL = True
 #: the operand dtypes :func:`value64` takes (their products are exact in binary64)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: the float64 re-run of a convolution whose whole batch's im2col buffer is larger than
+#: this runs in runs of samples (:func:`batched64`); 0: never split
+COLUMN_BYTES = MMAP_THRESHOLD
 
 
 @njit(inline="always", error_model="numpy")
@@ -217,12 +244,88 @@ def reference64(x, w, bias, stride, padding, dilation) -> torch.Tensor:
     return out
 
 
+#: the alignment of every buffer PyTorch allocates (c10's ``gAlignment``), in bytes
+ALIGNMENT = 64
+
+
+def sample_column_bytes(x, w, stride, padding, dilation, groups) -> int:
+    """Bytes of the float64 im2col buffer of one sample of one group of PyTorch's float64
+    convolution of ``x`` (N, C, *spatial) by ``w`` (OC, C / groups, *kernel), or 0 where
+    the batch is not to be split there: no buffer (a 1 × 1 kernel at stride 1 without
+    padding reads its input as it is), no output, or a sample's input, buffer or output
+    (each group's or all of them) not a whole multiple of :data:`ALIGNMENT` bytes (a run
+    would put samples at other offsets than the whole call; module docstring)."""
+    ks = tuple(w.shape[2:])
+    d = len(ks)
+    st, pd, dl = _tup(stride, d), _tup(padding, d), _tup(dilation, d)
+    if all(k == 1 for k in ks) and all(v == 1 for v in st) and not any(pd):
+        return 0
+    outs = [(n + 2 * p - q * (k - 1) - 1) // s + 1
+            for n, k, s, p, q in zip(x.shape[2:], ks, st, pd, dl)]
+    if min(outs, default=0) < 1:
+        return 0
+    c, oc, area, length = x.shape[1], w.shape[0], math.prod(x.shape[2:]), math.prod(outs)
+    column = c // groups * math.prod(ks) * length * 8
+    sizes = (column, c * area * 8, c // groups * area * 8, oc * length * 8,
+             oc // groups * length * 8)
+    return column if all(v % ALIGNMENT == 0 for v in sizes) else 0
+
+
+def sample_runs(n: int, per_sample: int, limit: int, threads: int) -> list[int]:
+    """Sizes of the runs of samples :func:`batched64` splits a batch of ``n`` into: as
+    few as keep each run's buffer (``per_sample`` bytes a sample) within ``limit``, of
+    nearly equal sizes, at least two samples each with several ``threads`` (a run of one
+    sample would run its ``dgemm`` outside the parallel loop over samples, where it may
+    use several threads); [n] where no split is needed or allowed."""
+    if limit <= 0 or per_sample <= 0 or n < 2 or n * per_sample <= limit:
+        return [n]
+    runs = -(-n // max(1, limit // per_sample))
+    if threads > 1:
+        runs = min(runs, n // 2)
+    if runs < 2:
+        return [n]
+    base, extra = divmod(n, runs)
+    return [base + 1] * extra + [base] * (runs - extra)
+
+
+def batched64(func, args) -> torch.Tensor | None:
+    """The float64 result of ``aten.convolution`` with positional ``args``, as
+    ``op_once`` computes it (``func`` on float64 copies of the operands), in runs of
+    samples (:func:`sample_runs`) where the whole batch's im2col buffer would exceed
+    :data:`COLUMN_BYTES` (module docstring); None where the call is not split:
+    transposed, on another device, of mixed float dtypes, not in contiguous (N, C, ...)
+    layout, small enough, or of sample sizes that would move samples' alignment
+    (:func:`sample_column_bytes`)."""
+    if len(args) != 9 or args[6] or not isinstance(args[0], torch.Tensor):
+        return None
+    x, w, bias = args[0], args[1], args[2]
+    if not (x.dim() in (3, 4, 5) and x.is_cpu and x.dtype in FLOATS and x.is_contiguous()
+            and isinstance(w, torch.Tensor) and w.dtype is x.dtype and w.dim() == x.dim()
+            and (bias is None or (isinstance(bias, torch.Tensor) and bias.dtype is x.dtype))):
+        return None
+    per = sample_column_bytes(x, w, args[3], args[4], args[5], args[8])
+    runs = sample_runs(x.shape[0], per, COLUMN_BYTES, torch.get_num_threads())
+    if len(runs) < 2:
+        return None
+    a = [_up(v) for v in args]
+    outs, i = [], 0
+    for r in runs:
+        outs.append(func(a[0][i:i + r], *a[1:]))
+        i += r
+    return torch.cat(outs)
+
+
 @register("aten.convolution", table=OP_HANDLERS, how="rounded once (op)")
 def convolution_op(ctx, func, args, kwargs):
-    """``aten.convolution`` at op granularity: a depthwise convolution's float64 value
-    from :func:`value64`, rounded once as ``op_once`` rounds it (one key); every other
-    convolution through ``op_once``."""
-    v = value64(*args) if USE_KERNEL and not kwargs else None
+    """``aten.convolution`` at op granularity: the float64 value of a depthwise
+    convolution from :func:`value64`, of a large batch from :func:`batched64`, rounded
+    once as ``op_once`` rounds it (one key); every other convolution through
+    ``op_once``."""
+    v = None
+    if not kwargs:
+        v = value64(*args) if USE_KERNEL else None
+        if v is None:
+            v = batched64(func, args)
     if v is None:
         return op_once(ctx, func, args, kwargs)
     return ctx.round(v, args[0].dtype)
