@@ -9,8 +9,9 @@ depends on what the process ran before, so each side runs in processes of its ow
 alternating, ``--pairs`` times. Each process (one thread) builds ``Linear(64, 512) →
 GELU → Linear(512, 64)`` on a batch of 128 (seed 0), times the best of ``--repeats``
 forwards under ``fuzzy(mode="sr")`` at op and at flop granularity by the thread's CPU
-time, then as many native forwards, then torch's float64 ``gelu`` of 65 536 values of
-N(0, 1) outside the block. Prints one row per process: the times, each granularity's
+time, interleaved with native forwards and torch's float64 ``gelu`` of 65 536 values of
+N(0, 1) outside the block (``bench_zoo.best_of``: a warm-up round, then the best of
+``--repeats`` rounds). Prints one row per process: the times, each granularity's
 ratio to the native forward of the same process, and the float64 ``gelu``.
 """
 
@@ -24,21 +25,11 @@ import sys
 import time
 
 
-def _best(fn, repeats: int) -> float:
-    """The best of ``repeats`` calls, seconds of the thread's CPU time."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.thread_time()
-        fn()
-        best = min(best, time.thread_time() - t)
-    return best
-
-
 def measure(repeats: int) -> dict:
     """One process's row (see the module docstring)."""
     import numba
     import torch
+    from bench_zoo import best_of
 
     import numvar
     from numvar.instrument import prefault
@@ -49,18 +40,19 @@ def measure(repeats: int) -> dict:
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(),
                                 torch.nn.Linear(512, 64)).eval()
     x = torch.randn(128, 64)
-    row = {}
-    with torch.no_grad():
-        for gran in ("op", "flop"):
-            def fwd(gran=gran):
-                with numvar.fuzzy(mode="sr", granularity=gran, seed=0):
-                    model(x)
-            row[gran] = _best(fwd, repeats) * 1e3
-        row["warmed"] = prefault.fault_in_gelu_constants()  # (a no-op after the blocks')
-        row["native"] = _best(lambda: model(x), repeats) * 1e3
-        v = torch.randn(65536, dtype=torch.float64)
-        row["gelu64_us"] = _best(lambda: torch.nn.functional.gelu(v), repeats) * 1e6
-    return row
+    v = torch.randn(65536, dtype=torch.float64)
+
+    def under(granularity):
+        def forward():
+            with numvar.fuzzy(mode="sr", granularity=granularity, seed=0):
+                model(x)
+        return forward
+
+    best = best_of({"op": under("op"), "flop": under("flop"), "native": lambda: model(x),
+                    "gelu64": lambda: torch.nn.functional.gelu(v)}, repeats, time.thread_time)
+    return {"warmed": prefault.fault_in_gelu_constants(),  # (a no-op after the blocks')
+            "op": best["op"] * 1e3, "flop": best["flop"] * 1e3,
+            "native": best["native"] * 1e3, "gelu64_us": best["gelu64"] * 1e6}
 
 
 def _child(repeats: int, warm: bool) -> dict:
