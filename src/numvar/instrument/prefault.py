@@ -14,9 +14,10 @@ code or constants near it have been read (``sum``, ``arange``, ``cumsum``, ``add
 (Zen 4, torch 2.13.0, one thread, 65 536 float64 values of N(0, 1)): 1 170 µs a call
 while the page is absent, 202 µs once it is present, whichever way it came to be (one
 ordinary read of a byte of that page through ``ctypes`` does it; a read of a page 1 MB
-away does not). A GELU MLP (64 → 512 → 64, batch 128) under ``fuzzy`` in a fresh process:
-op granularity 1.81 → 0.83 ms a forward, flop 3.40 → 2.40 (docs/speed.md, "The float64
-gelu's constant page").
+away does not). A GELU MLP (64 → 512 → 64, batch 128) under ``fuzzy`` in a fresh process,
+one thread: op granularity 1.84–2.02 → 0.88–0.91 ms a forward, flop 5.24–5.39 →
+4.25–4.30 (``benchmarks/bench_prefault.py``; docs/speed.md, "The float64 gelu's constant
+page").
 
 :func:`fault_in_gelu_constants` (called by every fuzzy block's entry; once per process)
 runs torch's float64 ``gelu`` on :data:`WARM_VALUES`, each value filling whole vectors of
@@ -24,9 +25,9 @@ eight lanes, so that every masked branch of the vectorised ``erf`` runs with its
 on at least once: its loads are real and fault their pages in. About 30 µs, once per
 process: a forked process (a realization forked by the runner's zygote) runs it again,
 since a fork does not copy the page-table entries of a file mapping (measured: 201 µs in
-the parent, 1 169 in its child until the child ran it, 201 after). No value anywhere changes and
-no random state is drawn; the result is discarded. ``NUMVAR_PREFAULT=0`` in the
-environment leaves it out.
+the parent, 1 169 in its child until the child ran it, 201 after). No value anywhere
+changes and no random state is drawn; the result is discarded. ``NUMVAR_PREFAULT=0`` in
+the environment leaves it out.
 """
 
 from __future__ import annotations
