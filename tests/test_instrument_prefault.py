@@ -17,6 +17,7 @@ import sys
 
 import pytest
 import torch
+from _bitwise import same
 
 from numvar.instrument import prefault
 
@@ -105,18 +106,24 @@ def test_a_fuzzy_entry_runs_the_warm_up(monkeypatch):
     assert calls == [1]
 
 
-def test_warm_up_runs_once_and_changes_nothing():
+def test_warm_up_runs_once_and_changes_nothing(monkeypatch):
     w = prefault.warm_input()
     assert w.dtype is torch.float64 and w.numel() % prefault.LANES == 0
     rows = w.view(-1, prefault.LANES)
-    same = (rows == rows[:, :1]) | (rows.isnan() & rows[:, :1].isnan())
-    assert bool(same.all())  # each value fills whole vectors: every lane of a branch on
+    alike = (rows == rows[:, :1]) | (rows.isnan() & rows[:, :1].isnan())
+    assert bool(alike.all())  # each value fills whole vectors: every lane of a branch on
     assert {float(v) for v in rows[:, 0] if not v.isnan()} >= {0.0, 1e-20, -1e-20, 1.0, -1.0}
 
+    monkeypatch.setattr(prefault, "_done_in", None)  # (as in a process that has not run it)
+    ran, gelu = [], torch.nn.functional.gelu
+    monkeypatch.setattr(torch.nn.functional, "gelu", lambda x: ran.append(x) or gelu(x))
     rng = torch.get_rng_state()
     assert prefault.fault_in_gelu_constants() is True
-    assert prefault.fault_in_gelu_constants() is True  # once per process, then a no-op
+    assert prefault.fault_in_gelu_constants() is True
+    assert len(ran) == 1 and same(ran[0], w)  # once per process, then a no-op
     assert torch.equal(torch.get_rng_state(), rng)  # no random state drawn
+    monkeypatch.setattr(prefault, "_done_in", -1)  # (a parent's: this process forked)
+    assert prefault.fault_in_gelu_constants() is True and len(ran) == 2
 
 
 def test_prefault_is_left_out_when_asked(monkeypatch):
