@@ -15,8 +15,8 @@ kernels; with ``--threads 1`` by the calling thread's CPU time (time a shared ho
 other jobs take from it does not count), else by wall time (``bench_zoo.clock_for``).
 Measured one configuration after another by wall time instead, on a shared 2-core
 host, ``bench_instrument.py``'s transformer encoder took 1.8 to 3.1 ms natively from one
-run of the same script to the next, and its ratios moved with it. Peak memory is sampled over one more call of each configuration, after the
-warm-up.
+run of the same script to the next, and its ratios moved with it. Peak memory is sampled
+over one more call of each configuration, after the warm-up.
 
 Writes the table with a description of the machine to ``benchmarks/results.md``::
 
