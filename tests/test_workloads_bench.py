@@ -835,6 +835,29 @@ def test_bench_heap_runs_each_side_in_its_own_processes(monkeypatch, capsys):
         assert float(r[5]) >= 0 and float(r[6].rstrip(" |")) >= 0
 
 
+def test_bench_heap_large_runs_both_sides_in_their_own_processes(monkeypatch, capsys):
+    """benchmarks/bench_heap.py --large: one row per process, large blocks mapped (the
+    setting before) then from the heap, each read back from the child that measured it,
+    with positive times and memory and each ratio consistent with its columns."""
+    mod = _load_script(monkeypatch, "bench_heap")
+    mod.main(["--large", "16", "--warmup", "1", "--repeats", "1", "--pairs", "1"])
+    rows = [[c.strip() for c in ln.strip("|").split("|")]
+            for ln in capsys.readouterr().out.splitlines()[3:]]
+    from numvar.instrument import heap
+
+    assert [r[0] for r in rows] == ["mapped on their own (before)",
+                                    "from the heap (default)" if heap._glibc()
+                                    else "malloc as it is (not glibc)"]
+    for r in rows:
+        best, median, native, ratio, faults, sys_ms, peak, final = map(float, r[1:])
+        assert 0 < best <= median and native > 0 and peak > 0 and final > 0
+        assert faults >= 0 and sys_ms >= 0
+        # each printed to 2 decimals (± 0.005): the ratio of the printed times within
+        # their rounding of the printed ratio
+        q = median / native
+        assert abs(ratio - q) <= 0.005 + q * (0.005 / median + 0.005 / native) + 1e-9
+
+
 def test_bench_prefault_runs_each_side_in_its_own_processes(monkeypatch, capsys):
     """benchmarks/bench_prefault.py: one row per process, the warm-up left out
     (NUMVAR_PREFAULT=0) then run, each read back from the child that measured it, with

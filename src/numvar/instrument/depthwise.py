@@ -30,9 +30,13 @@ The other convolutions' float64 value is PyTorch's, computed by :func:`batched64
 of whole samples where the im2col buffer of the whole batch would exceed
 :data:`COLUMN_BYTES`. PyTorch's float64 CPU convolution (``slow_conv2d``,
 ``slow_conv3d``; one per group) allocates that buffer for every sample of the batch at
-once, and glibc maps a block above its mmap threshold afresh on every call: brain's
-24-channel 3 × 3 convolution on 4 slices of 96 × 80 took a 53 MB buffer and 13 000 page
-faults per forward (docs/speed.md). The samples are computed one by one whatever the
+once, and where glibc maps blocks above its mmap threshold on their own (before
+2026-12-07, and with ``NUMVAR_KEEP_FREED_MEMORY=0``: :mod:`.heap`) it did so afresh on
+every call: brain's 24-channel 3 × 3 convolution on 4 slices of 96 × 80 took a 53 MB
+buffer and 13 000 page faults per forward (docs/speed.md). With such blocks from the
+heap (numvar's default now) the runs still keep the buffer the heap holds after the call
+smaller, and were no slower: brain at op granularity 47.3–47.6 ms a forward in runs,
+48.6–48.8 whole (``benchmarks/bench_conv_runs.py``). The samples are computed one by one whatever the
 batch (an im2col and a ``dgemm`` per sample, samples spread over the threads), but MKL's
 ``dgemm`` sums in an order that depends on its operands' alignment: a sample that sits
 at another offset modulo 64 bytes in a run's buffers than in the whole batch's can come
@@ -67,7 +71,8 @@ USE_KERNEL = True
 #: the operand dtypes :func:`value64` takes (their products are exact in binary64)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: the float64 re-run of a convolution whose whole batch's im2col buffer is larger than
-#: this runs in runs of samples (:func:`batched64`); 0: never split
+#: this runs in runs of samples (:func:`batched64`); 0: never split. glibc's mmap
+#: threshold: the largest block it serves from the heap where large blocks are mapped
 COLUMN_BYTES = MMAP_THRESHOLD
 
 

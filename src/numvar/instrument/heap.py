@@ -16,12 +16,24 @@ size and fewer.
 
 :func:`keep_freed_memory` (called by every fuzzy block's entry; once per process) sets
 glibc's mmap threshold to :data:`MMAP_THRESHOLD` and its trim threshold to
-:data:`TRIM_THRESHOLD`, which also turns the dynamic adjustment off: blocks below 32 MB
-come from the heap, and up to 256 MB of free memory at its top is kept for the next
-allocation instead of being returned. The process's peak memory does not grow; memory
-freed after a peak is returned to the system only beyond those 256 MB. Results do not
-depend on it (no value changes, only where memory comes from). Other C libraries, and
-``NUMVAR_KEEP_FREED_MEMORY=0`` in the environment, leave malloc as it is.
+:data:`TRIM_THRESHOLD`, which also turns the dynamic adjustment off, and, with
+:data:`LARGE_BLOCKS_FROM_HEAP`, glibc's count of mapped blocks to 0: blocks of every size
+come from the heap, and up to 2 GiB of free memory at its top is kept for the next
+allocation instead of being returned. glibc maps a block of 32 MB or more on its own
+whatever its mmap threshold (32 MB is the largest threshold it accepts) and unmaps it
+when freed, so that every op whose buffers are that large (a float64 re-run of a
+convolution over a 256 × 256 image: its im2col buffer alone is 75 MB a sample) faulted
+all of them in, page by page, on every call: a U-Net on two 192 × 192 images at op
+granularity took 120 000 minor faults and 536 ms a forward with such blocks mapped, 180
+and 286 ms from the heap (docs/speed.md, "Large blocks from the heap").
+
+The cost is memory. The process keeps what it freed: its resident memory stays near the
+peak of its heap, which large blocks freed in the middle of it (not only at the top) can
+raise above the peak of what was in use at once. Measured on that U-Net over 80
+forwards: the heap's peak settled after a dozen forwards at 848 MB (op granularity,
+613 MB with large blocks mapped) and 766 MB (flop, 656 MB), and did not grow after.
+Results do not depend on it (no value changes, only where memory comes from). Other C
+libraries, and ``NUMVAR_KEEP_FREED_MEMORY=0`` in the environment, leave malloc as it is.
 """
 
 from __future__ import annotations
@@ -35,14 +47,21 @@ logger = logging.getLogger("numvar")
 
 #: environment variable: ``0`` leaves malloc's settings alone
 ENV = "NUMVAR_KEEP_FREED_MEMORY"
-#: blocks at least this large are mapped (and unmapped when freed) on their own; 32 MB is
-#: the largest value every 64-bit glibc accepts (``DEFAULT_MMAP_THRESHOLD_MAX``)
+#: glibc's mmap threshold: blocks at least this large are mapped (and unmapped when freed)
+#: on their own, unless :data:`LARGE_BLOCKS_FROM_HEAP`; 32 MB is the largest value every
+#: 64-bit glibc accepts (``DEFAULT_MMAP_THRESHOLD_MAX``)
 MMAP_THRESHOLD = 32 << 20
-#: free memory at the top of the heap beyond this is returned to the system
-TRIM_THRESHOLD = 256 << 20
+#: free memory at the top of the heap beyond this is returned to the system (the largest
+#: value ``mallopt`` takes: an ``int``)
+TRIM_THRESHOLD = (1 << 31) - 1
+#: whether blocks of every size come from the heap (``mallopt(M_MMAP_MAX, 0)``) rather than
+#: blocks of :data:`MMAP_THRESHOLD` and more each mapped and unmapped on its own (the
+#: setting before 2026-12-07: ``benchmarks/bench_heap.py --large`` compares the two)
+LARGE_BLOCKS_FROM_HEAP = True
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_MMAP_MAX = -4
 
 _applied: bool | None = None  # None: not tried yet in this process
 
@@ -72,7 +91,11 @@ def keep_freed_memory() -> bool:
             libc = _glibc()
             if libc is not None:
                 _applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-                                and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+                                and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+                                and (not LARGE_BLOCKS_FROM_HEAP
+                                     or libc.mallopt(_M_MMAP_MAX, 0)))
                 logger.debug("numvar: malloc keeps freed memory (mmap threshold %d, trim "
-                             "threshold %d): %s", MMAP_THRESHOLD, TRIM_THRESHOLD, _applied)
+                             "threshold %d, large blocks from the heap: %s): %s",
+                             MMAP_THRESHOLD, TRIM_THRESHOLD, LARGE_BLOCKS_FROM_HEAP,
+                             _applied)
     return _applied
