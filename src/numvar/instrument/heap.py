@@ -24,8 +24,8 @@ whatever its mmap threshold (32 MB is the largest threshold it accepts) and unma
 when freed, so that every op whose buffers are that large (a float64 re-run of a
 convolution over a 256 × 256 image: its im2col buffer alone is 75 MB a sample) faulted
 all of them in, page by page, on every call: a U-Net on two 192 × 192 images at op
-granularity took 120 000 minor faults and 536 ms a forward with such blocks mapped, 180
-and 286 ms from the heap (docs/speed.md, "Large blocks from the heap").
+granularity took 120 000 minor faults and 549–551 ms a forward with such blocks mapped,
+2 and 293 ms from the heap (docs/speed.md, "Large blocks from the heap").
 
 The cost is memory. The process keeps what it freed: its resident memory stays near the
 peak of its heap, which large blocks freed in the middle of it (not only at the top) can
