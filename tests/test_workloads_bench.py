@@ -182,6 +182,48 @@ def test_bench_zoo_bounds_a_missed_thread_goal_by_the_serial_rest(monkeypatch):
     assert lines["resnet_basic"].startswith("| resnet_basic | 2 | 1.20 |")  # wall native
     assert bz.clock_for(1) is time.thread_time and bz.clock_for(2) is time.perf_counter
     assert abs(bz.thread_bound(rows[0], rows[1], 2) - 60 / 37.5) < 1e-12
+    # the paired measurement (every round timing both thread counts) where the run made
+    # one: bert 56 at 1 thread, 32 at 2 -> 1.75, met; native 1.1 / 0.8
+    rows[0].update({"paired flop SR": 56e-3, "paired native": 1.1e-3})
+    rows[1].update({"paired flop SR": 32e-3, "paired native": 0.8e-3})
+    lines = {ln.split(" | ")[0][2:]: ln for ln in bz._thread_rows(rows) if ln.startswith("| ")}
+    assert lines["bert"] == "| bert | 2 | 1.38 | 1.75 | yes | ✓ |"
+    # bound: rest at 2 threads from the paired time: 56 / ((32 - 23) + 45 / 2)
+    assert abs(bz.thread_bound(rows[0], rows[1], 2) - 56 / 31.5) < 1e-12
+
+
+def test_bench_zoo_thread_pairs_time_every_thread_count_in_each_round(monkeypatch):
+    """thread_pairs: per round, each thread count in turn (threads set for torch and
+    numba, an untimed native forward, then native and flop SR timed); per thread count
+    and variant the best of the rounds after the warm-up round (whose times, the least
+    here, do not count)."""
+    import numba
+    import torch
+
+    bz = _load_script(monkeypatch, "bench_zoo")
+    calls = []
+
+    def variant(name):
+        return lambda: calls.append((name, torch.get_num_threads(), numba.get_num_threads()))
+
+    monkeypatch.setattr(bz, "_variants",
+                        lambda b: {k: variant(k) for k in ("native", "flop SR")})
+    # timed calls in order: per round (1, native), (1, flop), (2, native), (2, flop)
+    times = iter([0.1, 0.1, 0.1, 0.1,  # the warm-up round
+                  5.0, 9.0, 4.0, 6.0,
+                  3.0, 8.0, 7.0, 5.0,
+                  4.0, 7.5, 2.0, 6.5])
+    monkeypatch.setattr(bz, "_timed", lambda fn, clock=None: (fn(), next(times))[1])
+    before = torch.get_num_threads(), numba.get_num_threads()
+    try:
+        best = bz.thread_pairs(None, [1, 2], 3)
+    finally:
+        torch.set_num_threads(before[0])
+        numba.set_num_threads(before[1])
+    assert calls[:6] == [("native", 1, 1), ("native", 1, 1), ("flop SR", 1, 1),
+                         ("native", 2, 2), ("native", 2, 2), ("flop SR", 2, 2)]
+    assert len(calls) == 4 * 2 * 3  # 4 rounds × 2 thread counts × (untimed + 2 timed)
+    assert best == {1: {"native": 3.0, "flop SR": 7.5}, 2: {"native": 2.0, "flop SR": 5.0}}
 
 
 def _numvar_dispatchers() -> dict:
