@@ -19,8 +19,14 @@ glibc's malloc to keep freed memory, as every fuzzy block's entry does
 (``numvar.instrument.heap.keep_freed_memory``); with malloc as it was, the top of the heap
 was returned to the system between calls now and then, and the next call faulted its
 output in page by page: a plain float64 -> float32 cast into a new tensor of 10⁶ elements
-took 2.6 ms instead of 0.33, in some processes and not others. The first line says which
-(``NUMVAR_KEEP_FREED_MEMORY=0`` measures with malloc as it was).
+took 2.6 ms instead of 0.33, in some processes and not others. It also serves blocks of
+every size from the heap, as while a fuzzy block is active (``heap.block_entered``),
+where numvar's own roundings run: glibc maps a block of 32 MB or more on its own
+otherwise, and every call whose output is that large (a binary32 result of 10⁷
+elements: 40 MB) faulted its 9 766 pages in, 2.3 µs each, in the rounding calls and the
+torch casts alike, unless a free run of the heap happened to fit it (docs/speed.md,
+"Large blocks from the heap"). The first line says which (``NUMVAR_KEEP_FREED_MEMORY=0``
+measures with malloc as it was).
 """
 
 from __future__ import annotations
@@ -129,7 +135,9 @@ def main() -> None:
                     help="only the section 'the rounding core' (issue 16's four cases)")
     args = ap.parse_args()
     kept = heap.keep_freed_memory()
-    print(f"malloc: {'freed memory kept for reuse' if kept else 'as it was'}")
+    heap.block_entered()  # (large blocks from the heap, as inside a fuzzy block)
+    print("malloc: " + ("freed memory kept for reuse, large blocks from the heap" if kept
+                        else "as it was"))
     if args.core:
         core_section(args.n, args.repeat)
         return

@@ -33,28 +33,30 @@ print(heap.keep_freed_memory(), (resource.getrusage(resource.RUSAGE_SELF).ru_min
 
 
 # Large blocks (above glibc's largest mmap threshold, 32 MB): a 48 MB float64 tensor
-# (12 288 pages) allocated, written and freed, 10 times, in a fresh process after a fuzzy
-# block's entry. Mapped on its own, every cycle faults all its pages in afresh; from the
-# heap (numvar's default, heap.LARGE_BLOCKS_FROM_HEAP), none once the heap has settled:
-# torch allocates with 64-byte alignment, and in one process of three the freed block
-# was not reused at once (the heap grew by a block, four times in the first five cycles;
-# its free runs then merged): ten cycles first, then ten counted (12 of 12 processes
-# measured 0 faults a cycle).
+# (12 288 pages) allocated, written and freed, 10 times, inside a fuzzy block in a fresh
+# process. Mapped on its own, every cycle faults all its pages in afresh; from the heap
+# (numvar's default while a block is active, heap.LARGE_BLOCKS_FROM_HEAP), none once the
+# heap has settled: torch allocates with 64-byte alignment, and in one process of three
+# the freed block was not reused at once (the heap grew by a block, four times in the
+# first five cycles; its free runs then merged): ten cycles first, then ten counted (12
+# of 12 processes measured 0 faults a cycle). After the block, a 256 MB tensor (larger
+# than any free run the heap holds: a 96 MB one still fitted in what the block had freed;
+# 65 536 pages) is mapped on its own again: every cycle faults it in.
 _LARGE = """
 import resource, sys, torch, numvar
 from numvar.instrument import heap
 heap.LARGE_BLOCKS_FROM_HEAP = sys.argv[1] == "1"
+def faults(n, elements):
+    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(n):
+        x = torch.ones(elements, dtype=torch.float64)  # (torch's allocator, as numvar's
+        del x                                          # ops; numpy asks for huge pages)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / n
 with numvar.fuzzy(mode="sr", seed=0):
-    torch.ones(2) + 1
-def cycle():
-    x = torch.ones(6 << 20, dtype=torch.float64)  # (torch's allocator, as numvar's ops;
-    del x                                         # numpy asks large arrays for huge pages)
-for _ in range(10):
-    cycle()
-r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
-    cycle()
-print(heap.keep_freed_memory(), (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / 10)
+    faults(10, 6 << 20)
+    inside = faults(10, 6 << 20)
+outside = faults(3, 32 << 20)
+print(heap.keep_freed_memory(), inside, outside)
 """
 
 
@@ -64,7 +66,7 @@ def _run(env_value, script=_SCRIPT, *argv):
         env[heap.ENV] = env_value
     out = subprocess.run([sys.executable, "-c", script, *argv], env=env, capture_output=True,
                          text=True, check=True).stdout.split()
-    return out[0] == "True", float(out[1])
+    return (out[0] == "True", *map(float, out[1:]))
 
 
 @pytest.mark.skipif(heap._glibc() is None, reason="malloc settings are glibc's")
@@ -83,12 +85,64 @@ def test_keep_freed_memory_is_set_once():
 
 
 @pytest.mark.skipif(heap._glibc() is None, reason="malloc settings are glibc's")
-def test_large_freed_blocks_are_not_faulted_back_in():
-    kept, faults = _run(None, _LARGE, "1")
-    assert kept and faults <= 50
+def test_large_freed_blocks_are_not_faulted_back_in_inside_blocks():
+    kept, inside, outside = _run(None, _LARGE, "1")
+    assert kept and inside <= 50
+    assert outside >= 60_000  # mapped again after the block (the test can fail)
     # mapped on their own (the setting before), and malloc as it was: every cycle faults
     # the 12 288 pages in again (the test can fail)
-    kept, faults = _run(None, _LARGE, "0")
-    assert kept and faults >= 10_000
-    kept, faults = _run("0", _LARGE, "1")
-    assert not kept and faults >= 10_000
+    kept, inside, _ = _run(None, _LARGE, "0")
+    assert kept and inside >= 10_000
+    kept, inside, _ = _run("0", _LARGE, "1")
+    assert not kept and inside >= 10_000
+
+
+def test_large_blocks_from_the_heap_while_any_block_is_active(monkeypatch):
+    """The first active fuzzy block sets glibc's count of mapped blocks to 0, the last to
+    exit gives it back (MALLOC_MMAP_MAX_ where set), blocks on other threads counted;
+    nothing where the settings were not applied or LARGE_BLOCKS_FROM_HEAP is off."""
+    calls = []
+
+    class Libc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(heap, "_libc", Libc())
+    monkeypatch.setattr(heap, "_active", 0)
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    heap.block_entered()
+    heap.block_entered()  # (a second thread's block)
+    heap.block_exited()
+    assert calls == [(heap._M_MMAP_MAX, 0)]
+    heap.block_exited()
+    assert calls == [(heap._M_MMAP_MAX, 0), (heap._M_MMAP_MAX, 65536)]
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "7")
+    heap.block_entered()
+    heap.block_exited()
+    assert calls[-1] == (heap._M_MMAP_MAX, 7)
+    calls.clear()
+    monkeypatch.setattr(heap, "LARGE_BLOCKS_FROM_HEAP", False)
+    heap.block_entered()
+    heap.block_exited()
+    monkeypatch.setattr(heap, "LARGE_BLOCKS_FROM_HEAP", True)
+    monkeypatch.setattr(heap, "_libc", None)
+    heap.block_entered()
+    heap.block_exited()
+    assert calls == []
+
+
+def test_fuzzy_blocks_enter_and_exit_the_heap_setting(monkeypatch):
+    """numvar.fuzzy's entry counts itself active for the heap, its exit (also on an
+    error inside the block) not."""
+    import numvar
+
+    seen = []
+    monkeypatch.setattr(heap, "block_entered", lambda: seen.append("in"))
+    monkeypatch.setattr(heap, "block_exited", lambda: seen.append("out"))
+    with numvar.fuzzy(mode="sr", seed=0):
+        assert seen == ["in"]
+    assert seen == ["in", "out"]
+    with pytest.raises(RuntimeError, match="inside"), numvar.fuzzy(mode="sr", seed=0):
+        raise RuntimeError("an error inside the block")
+    assert seen == ["in", "out", "in", "out"]

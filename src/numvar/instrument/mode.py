@@ -886,11 +886,13 @@ class Fuzzy:
         self._recurrent.__enter__()
         self._mode = FuzzyMode(self)
         self._mode.__enter__()
+        heap.block_entered()  # (large blocks from the heap while blocks are active)
         return self
 
     def __exit__(self, *exc) -> None:
         try:
             if self._mode is not None:
+                heap.block_exited()
                 self._mode.__exit__(*exc)
         finally:
             self._mode = None
