@@ -34,11 +34,12 @@ once, and where glibc maps blocks above its mmap threshold on their own (before
 2026-12-07, and with ``NUMVAR_KEEP_FREED_MEMORY=0``: :mod:`.heap`) it did so afresh on
 every call: brain's 24-channel 3 × 3 convolution on 4 slices of 96 × 80 took a 53 MB
 buffer and 13 000 page faults per forward (docs/speed.md). With such blocks from the
-heap (numvar's default now) the runs still keep the buffer the heap holds after the call
-smaller, and were no slower: brain at op granularity 47.3–47.6 ms a forward in runs,
-48.6–48.8 whole (``benchmarks/bench_conv_runs.py``). The samples are computed one by one whatever the
-batch (an im2col and a ``dgemm`` per sample, samples spread over the threads), but MKL's
-``dgemm`` sums in an order that depends on its operands' alignment: a sample that sits
+heap (numvar's default inside fuzzy blocks) the runs still keep the buffer the heap
+holds after the call smaller, and were no slower: brain at op granularity 47.3–47.6 ms
+a forward in runs, 48.6–48.8 whole (``benchmarks/bench_conv_runs.py``). The samples are
+computed one by one whatever the batch (an im2col and a ``dgemm`` per sample, samples
+spread over the threads), but MKL's ``dgemm`` sums in an order that depends on its
+operands' alignment: a sample that sits
 at another offset modulo 64 bytes in a run's buffers than in the whole batch's can come
 out different (23 of 394 random convolutions split at such offsets differed; docs/speed.md).
 So the batch is split only where one sample's input, im2col buffer and output (each

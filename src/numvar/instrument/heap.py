@@ -33,8 +33,8 @@ for the next block's. Outside fuzzy blocks its count is what it was (65 536, or
 dataset, say) are still mapped and returned to the system when freed.
 
 The cost is memory. The process keeps what its blocks freed: its resident memory stays
-near the peak of its heap, which large blocks freed in the middle of it (not only at the top) can
-raise above the peak of what was in use at once. Measured on that U-Net over 80
+near the peak of its heap, which large blocks freed in the middle of it (not only at
+the top) can raise above the peak of what was in use at once. Measured on that U-Net over 80
 forwards: the heap's peak settled after a dozen forwards at 848 MB (op granularity,
 613 MB with large blocks mapped) and 766 MB (flop, 656 MB), and did not grow after.
 Results do not depend on it (no value changes, only where memory comes from). Other C
