@@ -19,8 +19,8 @@ threshold (32 MB) on the zoo's U-Net (``zoo_models.UNet(1, 16)``, as the ``unet`
 over two HW × HW images, whose op-granularity forwards re-run convolutions in float64
 with im2col buffers of tens of MB: each block mapped on its own and unmapped when freed
 (the setting before 2026-12-07: ``heap.LARGE_BLOCKS_FROM_HEAP`` false, trim threshold
-256 MB) and every block from the heap (numvar's default), each side in processes of its
-own, alternating. Each process runs ``--warmup`` fuzzy forwards (the heap settles), then
+256 MB) and every block from the heap (numvar's default while a fuzzy block is
+active), each side in processes of its own, alternating. Each process runs ``--warmup`` fuzzy forwards (the heap settles), then
 ``--repeats`` more, and prints the best and the median of those by the thread's CPU
 time, the minor faults and system time per forward, and the process's peak and final
 resident memory (what keeping large blocks costs)::

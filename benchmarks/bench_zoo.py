@@ -742,7 +742,10 @@ def main(argv=None) -> None:
         for n in names:
             if isinstance(terms[n], Exception):
                 continue
-            pairs = thread_pairs(built[n], threads, args.repeats)
+            try:
+                pairs = thread_pairs(built[n], threads, args.repeats)
+            except Exception:  # noqa: BLE001 - its rows fall back to the per-thread times
+                continue
             for row in rows:
                 if row["model"] == n and "error" not in row:
                     row.update({f"paired {k}": t for k, t in pairs[row["threads"]].items()})
