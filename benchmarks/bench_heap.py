@@ -185,6 +185,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.repeats is None:
         args.repeats = 5 if args.large else 15
+    if args.repeats < 1 or args.pairs < 1 or args.warmup < 0:
+        ap.error("--repeats and --pairs must be at least 1, --warmup at least 0")
     if args.large and args.child:
         print(json.dumps(measure_large(args.large, args.granularity, args.warmup,
                                        args.repeats, args.mapped)))

@@ -39,9 +39,9 @@ holds after the call smaller, and were no slower: brain at op granularity 47.3â€
 a forward in runs, 48.6â€“48.8 whole (``benchmarks/bench_conv_runs.py``). The samples are
 computed one by one whatever the batch (an im2col and a ``dgemm`` per sample, samples
 spread over the threads), but MKL's ``dgemm`` sums in an order that depends on its
-operands' alignment: a sample that sits
-at another offset modulo 64 bytes in a run's buffers than in the whole batch's can come
-out different (23 of 394 random convolutions split at such offsets differed; docs/speed.md).
+operands' alignment: a sample that sits at another offset modulo 64 bytes in a run's
+buffers than in the whole batch's can come out different (23 of 394 random
+convolutions split at such offsets differed; docs/speed.md).
 So the batch is split only where one sample's input, im2col buffer and output (each
 group's and all of them) are whole multiples of 64 bytes: every buffer PyTorch allocates
 is 64-byte aligned, so every sample then sits at the offset it has in the whole call,
