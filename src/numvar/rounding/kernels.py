@@ -42,6 +42,8 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from .. import _numba_compile  # noqa: F401  (numba's IR copies in linear time: compile time)
+
 MODE_IEEE, MODE_SR, MODE_UD, MODE_RANDOM = 0, 1, 2, 3
 MODE_UP, MODE_DOWN, MODE_ZERO, MODE_FARTHEST = 4, 5, 6, 7
 _MODE_CODES = {"ieee": MODE_IEEE, "sr": MODE_SR, "ud": MODE_UD, "random": MODE_RANDOM,
