@@ -170,3 +170,49 @@ def test_the_switch_and_a_changed_numba_leave_numba_alone(monkeypatch):
         assert all(F.apply().values())
     assert inline_closurecall.InlineWorker.inline_ir.__code__ is not F.ORIGINAL_CODE[
         inline.name]
+
+
+def _imports(path, module: str) -> set[str]:
+    """The numvar modules ``module`` (at ``path``) imports, relative imports resolved."""
+    import ast
+
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.startswith("numvar")}
+
+
+def test_every_cached_kernel_module_applies_the_fixes_before_it_compiles():
+    """Each module with cached numba kernels imports ``numvar.rounding.kernels`` (which
+    imports ``numvar._numba_compile``), directly or through the modules it imports: read
+    from the sources (an import in a fresh interpreter per module would take seconds)."""
+    from pathlib import Path
+
+    import numvar
+
+    root = Path(numvar.__file__).parent
+    modules = {}
+    for path in root.rglob("*.py"):
+        name = ".".join(("numvar",) + path.relative_to(root).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = path
+    graph = {name: _imports(path, name) & modules.keys() for name, path in modules.items()}
+    assert "numvar._numba_compile" in graph["numvar.rounding.kernels"]
+    kernels = [name for name, path in modules.items() if "cache=True" in path.read_text()]
+    assert len(kernels) >= 15, kernels
+    for name in kernels:
+        seen, todo = set(), [name]
+        while todo:
+            current = todo.pop()
+            if current not in seen:
+                seen.add(current)
+                todo += graph[current]
+        assert "numvar.rounding.kernels" in seen or name == "numvar.rounding.kernels", name

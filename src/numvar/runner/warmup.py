@@ -27,10 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: Seconds of a cold compilation of the warm-up (numba 0.68, empty cache): 205 s of CPU
-#: at flop on a 2-core EPYC (13 min of wall time with the machine shared eightfold); what
-#: the "first run only" message announces.
-COLD_ESTIMATE_S = {"flop": 200, "op": 60}
+#: Seconds of a cold compilation of the warm-up (numba 0.68.1, empty cache, one core of
+#: an AMD EPYC Zen 4, 2026-12-08, ``NUMVAR_WARMUP=1 python -m numvar.runner.warmup sr
+#: flop``): 233–245 s at flop, 65 s at op, with numba's IR copies fixed by
+#: :mod:`numvar._numba_compile` (the digits demo's announced compile: 497 s without the
+#: fixes, 225 s with them), then about 30 s more at flop for the narrow product kernel
+#: with a bias (the demo: 275 s); what the "first run only" message announces.
+COLD_ESTIMATE_S = {"flop": 270, "op": 65}
 
 
 class CompileTimer:
@@ -114,6 +117,10 @@ def _warm_model(dtype_name: str, mode: str, granularity: str) -> None:
     dw = rand(2, 1, 3, 3, grad=True)  # depthwise: conv_kernels' group products
     lstm = torch.nn.LSTM(5, 4, batch_first=True).to(dtype)
     x = rand(3, 7)
+    # binary32: 32 rows × 5 columns, the narrow product kernel with a linear layer's bias
+    # (a classifier's last layer: the digits demo compiled them in its first realization,
+    # 40 s); binary64 models keep a row (its narrow kernel is 11 s more of every first run)
+    xb, bias = rand(32 if dtype == torch.float32 else 3, 7), rand(5, grad=True)
     img = rand(2, 2, 6, 6)
     opts = [torch.optim.SGD([w], lr=0.1, momentum=0.9), torch.optim.Adam([k], lr=0.01)]
     with fuzzy(mode=mode, granularity=granularity, seed=0):
@@ -125,8 +132,10 @@ def _warm_model(dtype_name: str, mode: str, granularity: str) -> None:
         # signature's second call)
         c = F.avg_pool2d(F.hardswish(c) + F.hardswish(c).relu(), 2)
         p = F.log_softmax(out.reshape(3, 4) @ rand(4, 6), dim=1)
+        q = torch.softmax(F.linear(xb, w, bias), dim=1)
         loss = (p.mean() + c.pow(2).mean() + torch.sqrt(h.abs() + 1).sum() / h.numel()
-                + F.mse_loss(h.sum(1), x[:, 0]) + F.cross_entropy(p, torch.tensor([0, 1, 2])))
+                + F.mse_loss(h.sum(1), x[:, 0]) + F.cross_entropy(p, torch.tensor([0, 1, 2]))
+                + q[:, 0].mean())
         loss.backward()
         for opt in opts:
             opt.step()
