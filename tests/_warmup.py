@@ -2,11 +2,12 @@
 start (``tests/conftest.py`` runs this in the pytest-xdist controller).
 
 Why: on a cold cache (a fresh clone, as in CI) the binary32 contraction alone takes
-~1.5 CPU-minutes to compile (``kernels._contract_fast32`` and the vectorised loops it
+~2 CPU-minutes to compile (``kernels._contract_fast32`` and the vectorised loops it
 calls, one copy per rounding mode; ~5 before :mod:`numvar._numba_compile` fixed numba's
-IR copies), and every xdist worker that needs it before it is cached compiles it again: measured on a fresh clone on 2 cores, both workers compiled it
-(306 s and 309 s), and the README's and formats.md's example tests took 350 s each,
-waiting on it. Here each heavy kernel is compiled once, in parallel over the cores,
+IR copies), and every xdist worker that needs it before it is cached compiles it again:
+measured on a fresh clone on 2 cores (before that fix), both workers compiled it (306 s
+and 309 s), and the README's and formats.md's example tests took 350 s each, waiting on
+it. Here each heavy kernel is compiled once, in parallel over the cores,
 leaves first (each cached loop on its own core), then the entry points that call them
 (which then load the leaves from the cache instead of compiling them again); the
 workers find everything in the cache.

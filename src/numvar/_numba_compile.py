@@ -30,8 +30,9 @@ that function is left as it is and its :data:`APPLIED` entry is false. The fixes
 what numba's compiler spends, not what it compiles: the same machine code
 (``tests/test_numba_compile.py`` compares a kernel's assembly both ways; measured on
 numvar's five heaviest kernels, ``_narrow32``, ``_cleanfma32``, ``_clean64``, ``_row64``
-and ``_tile32``: the same assembly, byte for byte). ``NUMVAR_NUMBA_FIXES=0`` leaves
-numba alone.
+and ``_tile32``, each compiled in a process with the fixes and one without: the same
+assembly byte for byte, numba's per-compile version number taken out of the symbol
+names). ``NUMVAR_NUMBA_FIXES=0`` leaves numba alone.
 """
 
 from __future__ import annotations
